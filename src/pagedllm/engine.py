@@ -1,0 +1,212 @@
+"""LLMEngine (add_request / abort_request / step) and the offline LLM.generate() API."""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm import sizing
+from pagedllm.config import CacheConfig, SchedulerConfig
+from pagedllm.kv_cache import KVCacheManager
+from pagedllm.model_runner import ModelRunner
+from pagedllm.models import LlamaForCausalLM
+from pagedllm.output_processor import RequestTextState
+from pagedllm.request import FinishReason, Request, RequestOutput, SamplingParams
+from pagedllm.scheduler import Scheduler
+from pagedllm.tokenizer import Tokenizer
+from pagedllm.weights import load_checkpoint
+
+logger = logging.getLogger("pagedllm")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+
+
+class PromptTooLongError(ValueError):
+    """prompt + max_tokens does not fit the context; both numbers are in the message."""
+
+    def __init__(self, num_prompt_tokens: int, max_tokens: int, max_model_len: int):
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+        super().__init__(
+            f"this model's maximum context length is {max_model_len} tokens, but the request "
+            f"has {num_prompt_tokens} prompt tokens and asks for {max_tokens} more "
+            f"({num_prompt_tokens + max_tokens} in all)")
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    kv_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    last_step_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, model: str | None = None, *, dtype: str = "float32", block_size: int = 16,
+                 kv_cache_memory: int | float | None = None, max_num_seqs: int | str = "auto",
+                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
+                 max_model_len: int | None = None):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        started = time.monotonic()
+        checkpoint = load_checkpoint(model)
+        self.model_config = config = checkpoint.config
+        self.model_path = checkpoint.path
+        self.tokenizer = Tokenizer.from_checkpoint(checkpoint)
+        torch_dtype = DTYPES[dtype]
+        self.dtype = dtype
+        net = LlamaForCausalLM(config, torch_dtype)
+        net.load_weights(checkpoint.weights)
+        del checkpoint
+
+        element_size = torch.tensor([], dtype=torch_dtype).element_size()
+        self.kv_memory_bytes = sizing.resolve_kv_memory(kv_cache_memory)
+        num_blocks = sizing.num_blocks_for_memory(self.kv_memory_bytes, config, element_size, block_size)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory of {self.kv_memory_bytes} bytes holds no block of "
+                             f"{block_size} tokens")
+        capacity = num_blocks * block_size
+        if max_model_len is None:
+            max_model_len = min(config.max_position_embeddings, capacity)
+        if not 1 <= max_model_len <= config.max_position_embeddings:
+            raise ValueError(f"max_model_len must be 1-{config.max_position_embeddings}, "
+                             f"got {max_model_len}")
+        if max_model_len > capacity:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache capacity of "
+                             f"{capacity} tokens; raise kv_cache_memory or lower max_model_len")
+        if max_num_seqs == "auto":
+            max_num_seqs = sizing.auto_max_num_seqs(num_blocks, block_size, max_model_len)
+        if int(max_num_seqs) < 1:
+            raise ValueError(f"max_num_seqs must be 'auto' or positive, got {max_num_seqs}")
+        self.cache_config = CacheConfig(block_size, num_blocks, enable_prefix_caching)
+        self.scheduler_config = SchedulerConfig(
+            max_num_seqs=int(max_num_seqs),
+            max_num_batched_tokens=int(max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            max_model_len=max_model_len)
+        self.kv_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.scheduler_config, self.kv_manager)
+        self.runner = ModelRunner(net, config, num_blocks, block_size, torch_dtype)
+        self._text_states: dict[str, RequestTextState] = {}
+        self._ids = itertools.count()
+        logger.info(
+            "loaded %s (%s) in %.1fs; KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); "
+            "maximum concurrency for %d-token requests: %.2fx; max_num_seqs=%d",
+            config.name, dtype, time.monotonic() - started, num_blocks, block_size, capacity,
+            self.kv_memory_bytes / 2**30, max_model_len, capacity / max_model_len,
+            self.scheduler_config.max_num_seqs)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.cache_config.num_blocks * self.cache_config.block_size
+
+    # -- requests ---------------------------------------------------------------------------
+    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        token_ids = list(prompt)
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:3]}")
+        return token_ids
+
+    def add_request(self, request_id: str | None, prompt: str | list[int],
+                    params: SamplingParams | None = None, *, user: str | None = None,
+                    cache_salt: str | None = None) -> Request:
+        params = params or SamplingParams()
+        prompt_ids = self.tokenize_prompt(prompt)
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        max_len = self.scheduler_config.max_model_len
+        max_tokens = params.max_tokens if params.max_tokens is not None else max(1, max_len - len(prompt_ids))
+        if len(prompt_ids) + max_tokens > max_len:
+            raise PromptTooLongError(len(prompt_ids), max_tokens, max_len)
+        request = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params,
+                          eos_token_ids=self.tokenizer.eos_token_ids, max_model_len=max_len,
+                          user=user, cache_salt=cache_salt)
+        self.scheduler.add_request(request)
+        self._text_states[request.request_id] = RequestTextState(request, self.tokenizer)
+        return request
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Abort in any state; blocks are free at once. Returns the final output, if known."""
+        request = self.scheduler.finish_request(request_id, FinishReason.ABORT)
+        state = self._text_states.pop(request_id, None)
+        return state.make_output() if request is not None and state is not None else None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        results = self.runner.execute(out)
+        for request_id, (_, logprob) in results.items():
+            if logprob is not None:
+                self.scheduler.requests[request_id].logprobs.append(logprob)
+        updated = self.scheduler.update_from_output(
+            out, {rid: token for rid, (token, _) in results.items()})
+        outputs = []
+        for request in updated:
+            state = self._text_states[request.request_id]
+            if state.add_token(request.all_token_ids[-1]) and not request.is_finished:
+                self.scheduler.finish_request(request.request_id, FinishReason.STOP)
+            outputs.append(state.make_output())
+            if request.is_finished:
+                del self._text_states[request.request_id]
+        return outputs
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler.stats
+        kv = self.kv_manager
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_blocks_used=kv.num_blocks - kv.num_free_blocks, kv_blocks_total=kv.num_blocks,
+            kv_usage=kv.usage(), prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits, num_preemptions=s.num_preemptions,
+            num_prompt_tokens=s.num_prompt_tokens, num_generation_tokens=s.num_generation_tokens,
+            last_step_tokens=s.last_step_tokens)
+
+
+class LLM:
+    """Offline batch generation: LLM(model=None).generate(prompts, SamplingParams(...))."""
+
+    def __init__(self, model: str | None = None, **engine_kwargs):
+        self.engine = LLMEngine(model, **engine_kwargs)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | list[str] | list[list[int]],
+                 params: SamplingParams | None = None) -> list[RequestOutput]:
+        """One finished output per prompt (n per prompt, grouped, when params.n > 1), in order."""
+        params = params or SamplingParams()
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        order = []
+        for prompt in prompts:
+            for _ in range(params.n):
+                order.append(self.engine.add_request(None, prompt, params).request_id)
+        finished: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+        return [finished[rid] for rid in order]

@@ -1,0 +1,108 @@
+"""Per-request block tables over a BlockPool, with prefix-cache lookup.
+
+A request's table grows as its tokens are scheduled: nothing is reserved for the maximum
+length, and only the last block is ever partly empty. Full blocks are hashed (chained with
+the parent's hash and the request's cache salt) and registered for reuse.
+"""
+from __future__ import annotations
+
+from pagedllm.kv_cache.block_pool import BlockHash, BlockPool, KVBlock, hash_block_tokens
+from pagedllm.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.req_blocks: dict[str, list[KVBlock]] = {}
+        self._req_hashes: dict[str, list[BlockHash]] = {}
+        self._num_cached_blocks: dict[str, int] = {}  # blocks of the request registered so far
+
+    # -- queries ----------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def usage(self) -> float:
+        return self.pool.usage()
+
+    def block_table(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _block_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
+        """Hashes of the request's first num_full_blocks blocks, extended lazily and memoised."""
+        hashes = self._req_hashes.setdefault(request.request_id, [])
+        tokens = request.all_token_ids
+        while len(hashes) < num_full_blocks:
+            start = len(hashes) * self.block_size
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, tokens[start:start + self.block_size],
+                                            request.cache_salt))
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """The longest cached prefix of the request, as (blocks, number of tokens).
+
+        A hit never covers the last known token: it must be computed to get logits."""
+        if not self.enable_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks = []
+        for block_hash in self._block_hashes(request, max_blocks):
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks, len(blocks) * self.block_size
+
+    # -- changes ----------------------------------------------------------------------------
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed_blocks: list[KVBlock] | None = None) -> bool:
+        """Make room for num_new_tokens more tokens after the request's computed ones (plus
+        any prefix-hit blocks, which it takes a reference on). False, changing nothing, when
+        the pool cannot supply the blocks."""
+        computed_blocks = computed_blocks or []
+        blocks = self.req_blocks.setdefault(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        total_tokens = num_computed + num_new_tokens
+        num_new_blocks = self.blocks_needed(total_tokens) - len(blocks) - len(computed_blocks)
+        # Cached hits sitting in the free queue stop being free once we take them.
+        num_evictable_hits = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.pool.num_free_blocks - num_evictable_hits:
+            if not blocks:
+                del self.req_blocks[request.request_id]
+            return False
+        self.pool.touch(computed_blocks)
+        blocks.extend(computed_blocks)
+        if num_new_blocks > 0:
+            blocks.extend(self.pool.allocate(num_new_blocks))
+        self._cache_full_blocks(request, blocks, total_tokens)
+        return True
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_tokens: int) -> None:
+        """Register blocks that this step fills completely (their tokens are all known)."""
+        if not self.enable_caching:
+            return
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        hashes = self._block_hashes(request, num_full)
+        for i in range(start, num_full):
+            self.pool.cache_block(blocks[i], hashes[i])
+        self._num_cached_blocks[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first, and forget its table."""
+        blocks = self.req_blocks.pop(request.request_id, [])
+        self.pool.free(reversed(blocks))
+        self._num_cached_blocks.pop(request.request_id, None)
+        self._req_hashes.pop(request.request_id, None)

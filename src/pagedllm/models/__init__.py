@@ -1,0 +1,3 @@
+from pagedllm.models.llama import LlamaForCausalLM
+
+__all__ = ["LlamaForCausalLM"]

@@ -1,0 +1,66 @@
+"""Token ids -> text for each request: incremental detokenization and stop strings.
+
+Stop strings are found on text, so they are found even when split across tokens; the stop
+string itself is never returned. While a request runs, the last (longest stop - 1)
+characters are held back, since they might be the start of a stop string.
+"""
+from __future__ import annotations
+
+from pagedllm.request import Request, RequestOutput
+from pagedllm.tokenizer import Tokenizer
+
+
+class RequestTextState:
+    def __init__(self, request: Request, tokenizer: Tokenizer):
+        self.request = request
+        self.detokenizer = tokenizer.new_detokenizer(
+            request.prompt_token_ids, request.params.skip_special_tokens)
+        self.stops = request.params.stop
+        self.hold_back = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.num_emitted_chars = 0
+        self.num_emitted_tokens = 0
+        self.stopped_by_string = False
+
+    def add_token(self, token_id: int) -> bool:
+        """Detokenize one new token; True when it completes a stop string."""
+        if self.stopped_by_string:
+            return True
+        piece = self.detokenizer.step(token_id)
+        if not piece:
+            return False
+        search_from = max(0, len(self.text) - self.hold_back)
+        self.text += piece
+        if self.stops:
+            hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
+            if hits:
+                self.text = self.text[:min(hits)]
+                self.stopped_by_string = True
+        return self.stopped_by_string
+
+    def make_output(self) -> RequestOutput:
+        """The request's output after a step, with only what is new since the last one."""
+        request = self.request
+        finished = request.is_finished
+        visible = len(self.text) if finished else max(self.num_emitted_chars,
+                                                      len(self.text) - self.hold_back)
+        new_text = self.text[self.num_emitted_chars:visible]
+        self.num_emitted_chars = visible
+        token_ids = request.output_token_ids
+        new_token_ids = token_ids[self.num_emitted_tokens:]
+        logprobs = request.logprobs if request.params.logprobs is not None else None
+        new_logprobs = logprobs[self.num_emitted_tokens:] if logprobs is not None else None
+        self.num_emitted_tokens = len(token_ids)
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=token_ids,
+            text=self.text[:visible],
+            new_token_ids=new_token_ids,
+            new_text=new_text,
+            finished=finished,
+            finish_reason=request.finish_reason.value if request.finish_reason else None,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            logprobs=logprobs,
+            new_logprobs=new_logprobs,
+        )

@@ -1,0 +1,177 @@
+"""What a request is: its sampling parameters, its state inside the engine, and its outputs."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range; `param` names the field."""
+
+    def __init__(self, param: str, message: str):
+        self.param = param
+        super().__init__(f"{param}: {message}")
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int | None = 16  # None: up to the context length
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: the chosen token's logprob plus top-k
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    def validate(self) -> None:
+        def check(ok: bool, param: str, message: str):
+            if not ok:
+                raise SamplingParamsError(param, message)
+
+        check(isinstance(self.n, int) and 1 <= self.n <= 16, "n", f"must be 1-16, got {self.n}")
+        check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+              f"must be at least 1, got {self.max_tokens}")
+        check(0.0 <= self.temperature <= 100.0, "temperature", f"must be 0-100, got {self.temperature}")
+        check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(self.top_k >= 0, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
+        check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+              f"must be in [-2, 2], got {self.presence_penalty}")
+        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+              f"must be in [-2, 2], got {self.frequency_penalty}")
+        check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
+              f"must be in (0, 2], got {self.repetition_penalty}")
+        check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
+              f"must be 0-20, got {self.logprobs}")
+        check(len(self.stop) <= 16, "stop", "at most 16 stop strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class Request:
+    """One sequence inside the engine. Scheduling is by counters, not modes: a step gives it
+    some of its (num_tokens - num_computed_tokens) uncomputed tokens."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 *, eos_token_ids: tuple[int, ...] = (), max_model_len: int,
+                 user: str | None = None, cache_salt: str | None = None,
+                 arrival_time: float | None = None):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.eos_token_ids = () if params.ignore_eos else tuple(eos_token_ids)
+        self.max_model_len = max_model_len
+        self.user = user
+        self.cache_salt = cache_salt
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # set when first scheduled
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.logprobs: list = []  # one entry per output token when params.logprobs is set
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self) -> FinishReason | None:
+        """Token-level stop conditions after a new token (stop strings are checked on text)."""
+        last = self.all_token_ids[-1]
+        if last in self.eos_token_ids or last in self.params.stop_token_ids:
+            return FinishReason.STOP
+        if self.params.max_tokens is not None and self.num_output_tokens >= self.params.max_tokens:
+            return FinishReason.LENGTH
+        if self.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, "
+                f"computed={self.num_computed_tokens}/{self.num_tokens})")
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token_id, logprob) of the most likely alternatives
+
+
+@dataclass
+class RequestOutput:
+    """The state of a request after a step: cumulative fields plus this step's delta."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # all generated so far
+    text: str  # all generated text so far (stop strings removed)
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    new_logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

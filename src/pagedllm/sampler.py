@@ -1,0 +1,112 @@
+"""Next-token sampling for a batch of rows with per-row parameters.
+
+Order (as in vLLM): penalties on raw logits -> greedy rows take the argmax -> temperature ->
+top-k / top-p / min-p masks -> sample. Sampling is an exponential race (argmax of p / q with
+q ~ Exp(1)), drawing each row's noise from its own generator when seeded, so a seed gives
+the same tokens whatever else is in the batch. Logprobs are of the raw model distribution.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm.request import SamplingParams, TokenLogprob
+
+
+@dataclass
+class SamplingRow:
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None = None
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Repetition penalty over prompt + output tokens; presence / frequency over output only."""
+    vocab_size = logits.shape[1]
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)),
+                                dtype=torch.long)
+            if seen.numel():
+                values = logits[i, seen]
+                logits[i, seen] = torch.where(values > 0, values / p.repetition_penalty,
+                                              values * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
+            counts = torch.bincount(torch.tensor(row.output_token_ids, dtype=torch.long),
+                                    minlength=vocab_size)[:vocab_size].to(logits.dtype)
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def truncation_mask(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                    min_p: torch.Tensor) -> torch.Tensor:
+    """True where a token is kept. top_k [N] (0 = off), top_p [N], min_p [N]; logits already
+    divided by temperature. The most likely token is always kept."""
+    vocab_size = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab_size).unsqueeze(0)
+    k = torch.where(top_k > 0, top_k, vocab_size).unsqueeze(1)
+    keep_sorted = rank < k
+    probs = sorted_logits.masked_fill(~keep_sorted, float("-inf")).softmax(dim=-1)
+    # Keep a token while the mass before it is below top_p.
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep_sorted &= mass_before < top_p.unsqueeze(1)
+    keep_sorted &= probs >= min_p.unsqueeze(1) * probs[:, :1]
+    keep_sorted[:, 0] = True
+    keep = torch.empty_like(keep_sorted)
+    keep.scatter_(1, order, keep_sorted)
+    return keep
+
+
+def _exponential_noise(rows: list[SamplingRow], shape: tuple[int, int]) -> torch.Tensor:
+    noise = torch.empty(shape)
+    for i, row in enumerate(rows):
+        noise[i].exponential_(generator=row.generator)
+    return noise
+
+
+def compute_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list[SamplingRow]):
+    wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    result: list[TokenLogprob | None] = [None] * len(rows)
+    if not wanted:
+        return result
+    logprobs = raw_logits[wanted].log_softmax(dim=-1)
+    max_top = max(rows[i].params.logprobs for i in wanted)
+    top_values, top_ids = logprobs.topk(max(max_top, 1), dim=-1)
+    for j, i in enumerate(wanted):
+        n = rows[i].params.logprobs
+        chosen = int(token_ids[i])
+        result[i] = TokenLogprob(
+            token_id=chosen, logprob=float(logprobs[j, chosen]),
+            top=list(zip(top_ids[j, :n].tolist(), top_values[j, :n].tolist())))
+    return result
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
+        """logits [N, vocab] float32 -> (token ids [N] list, logprobs list of TokenLogprob|None)."""
+        raw = logits
+        logits = apply_penalties(logits.clone(), rows) if _any_penalty(rows) else logits
+        token_ids = logits.argmax(dim=-1)
+        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if sampled:
+            sub_rows = [rows[i] for i in sampled]
+            sub = logits[sampled] / torch.tensor([r.params.temperature for r in sub_rows]).unsqueeze(1)
+            keep = truncation_mask(
+                sub,
+                torch.tensor([r.params.top_k for r in sub_rows]),
+                torch.tensor([r.params.top_p for r in sub_rows]),
+                torch.tensor([r.params.min_p for r in sub_rows]),
+            )
+            probs = sub.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+            noise = _exponential_noise(sub_rows, tuple(probs.shape))
+            token_ids[sampled] = (probs / noise).argmax(dim=-1)
+        return token_ids.tolist(), compute_logprobs(raw, token_ids, rows)
+
+
+def _any_penalty(rows: list[SamplingRow]) -> bool:
+    return any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty
+               or r.params.frequency_penalty for r in rows)

@@ -1,0 +1,175 @@
+"""Continuous-batching scheduler: every step it re-plans which requests run and how many
+tokens each computes, within a token budget and the KV blocks available.
+
+Pure Python, no torch. Prefill, chunked prefill, decode and a resumed preempted request are
+the same case: a request gets min(uncomputed tokens, remaining budget) tokens.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pagedllm.config import SchedulerConfig
+from pagedllm.kv_cache import KVCacheManager
+from pagedllm.request import FinishReason, Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    block_table: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the request's last known token, so it gets logits."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class SchedulerStats:
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up at admission
+    prefix_cache_hits: int = 0  # of which found in the cache
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
+    num_generation_tokens: int = 0
+    last_step_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager):
+        self.config = config
+        self.kv = kv_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the newest is last
+        self.requests: dict[str, Request] = {}
+        self.stats = SchedulerStats()
+
+    # -- queue changes --------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request_id: str, reason: FinishReason) -> Request | None:
+        """Finish (or abort) a request in any state; its blocks are freed at once."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        return request
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- planning -------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        # Running requests first, oldest first; when blocks run out, preempt the newest.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(
+                    request, num_new, self.kv.block_table(request.request_id)))
+                budget -= num_new
+                index += 1
+
+        # Then admit waiting requests in order while budget, slots and blocks last. Not in
+        # a step that had to preempt: memory is short, admitting more would thrash.
+        while (self.waiting and budget > 0 and not out.preempted
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[0]
+            cached_blocks, num_cached = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_cached, budget)
+            if not self.kv.allocate_slots(request, num_new, cached_blocks):
+                break
+            self.waiting.popleft()
+            self._admit(request, num_cached)
+            out.scheduled.append(ScheduledRequest(
+                request, num_new, self.kv.block_table(request.request_id)))
+            budget -= num_new
+
+        self.stats.last_step_tokens = out.num_scheduled_tokens
+        return out
+
+    def _admit(self, request: Request, num_cached: int) -> None:
+        if request.num_cached_tokens < 0:  # first admission, not a resume
+            request.num_cached_tokens = num_cached
+            self.stats.num_prompt_tokens += request.num_prompt_tokens
+        self.stats.prefix_cache_queries += request.num_tokens
+        self.stats.prefix_cache_hits += num_cached
+        request.num_computed_tokens = num_cached
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute preemption: drop its blocks; it waits at the front of the queue and
+        usually finds its own prefix still cached when it comes back."""
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # -- results --------------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput,
+                           sampled: dict[str, int]) -> list[Request]:
+        """Advance counters, append sampled tokens, finish requests that hit a token-level
+        stop. Returns the requests that got a new token this step."""
+        updated = []
+        for item in out.scheduled:
+            request = item.request
+            if request.is_finished:  # aborted between schedule and update
+                continue
+            request.num_computed_tokens += item.num_new_tokens
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            request.append_token(token)
+            self.stats.num_generation_tokens += 1
+            updated.append(request)
+            reason = request.check_stop()
+            if reason is not None:
+                self.finish_request(request.request_id, reason)
+        return updated

@@ -1,0 +1,230 @@
+"""Tokenizer built with the `tokenizers` package from GGUF metadata or tokenizer.json,
+chat templates rendered in jinja2's sandbox, and incremental detokenization for streaming.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+from pagedllm.weights.errors import ModelLoadError
+
+# Pre-tokenizer regexes by llama.cpp's `tokenizer.ggml.pre` name.
+_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLIT_REGEXES = {"llama-bpe": _LLAMA3_REGEX, "llama3": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}
+# Pre-tokenizers that split digits one by one before GPT-2's byte-level regex.
+_DIGIT_SPLIT = ("smollm", "starcoder", "refact")
+
+_TOKEN_TYPE_CONTROL = 3
+_TOKEN_TYPE_USER_DEFINED = 4
+
+
+class ChatTemplateError(ValueError):
+    """The chat template failed to render for these messages."""
+
+
+def _byte_level_pre_tokenizer(pre: str | None):
+    if pre in _SPLIT_REGEXES:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_SPLIT_REGEXES[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGIT_SPLIT:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    return byte_level
+
+
+def _merges_from_scores(tokens: list[str], scores: Sequence[float]) -> list[tuple[str, str]]:
+    """SentencePiece BPE stores scores, not merges: a merge a+b exists when a, b and ab are
+    all tokens, ranked by the score of ab (higher merges first)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for token, score in zip(tokens, scores):
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                merges.append((score, vocab[left], vocab[right], left, right))
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
+    return [(left, right) for _, _, _, left, right in merges]
+
+
+def _tokenizer_from_gguf(path: str, meta: dict) -> HFTokenizer:
+    kind = meta.get("tokenizer.ggml.model")
+    tokens = list(meta.get("tokenizer.ggml.tokens") or [])
+    if not tokens:
+        raise ModelLoadError(path, "GGUF has no tokenizer.ggml.tokens")
+    vocab = {token: i for i, token in enumerate(tokens)}
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    if kind == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+        tok = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False))
+        tok.pre_tokenizer = _byte_level_pre_tokenizer(meta.get("tokenizer.ggml.pre"))
+        tok.decoder = decoders.ByteLevel()
+    elif kind == "llama":
+        scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+        unk = tokens[unk_id] if unk_id is not None else None
+        tok = HFTokenizer(models.BPE(vocab, _merges_from_scores(tokens, scores),
+                                     unk_token=unk, byte_fallback=True, fuse_unk=True))
+        steps = [normalizers.Replace(" ", "▁")]
+        if meta.get("tokenizer.ggml.add_space_prefix", True):
+            steps.insert(0, normalizers.Prepend("▁"))
+        tok.normalizer = normalizers.Sequence(steps)
+        dec = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        if meta.get("tokenizer.ggml.add_space_prefix", True):
+            dec.append(decoders.Strip(" ", 1, 0))
+        tok.decoder = decoders.Sequence(dec)
+    else:
+        raise ModelLoadError(path, f"unknown tokenizer model {kind!r}; supported: gpt2, llama")
+    types = meta.get("tokenizer.ggml.token_type") or []
+    special = [AddedToken(tokens[i], special=True, normalized=False)
+               for i, t in enumerate(types) if t in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED)]
+    tok.add_special_tokens(special)
+    return tok
+
+
+def _token_text(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus its chat template."""
+
+    def __init__(self, tokenizer: HFTokenizer, *, bos_token_id: int | None, add_bos: bool,
+                 eos_token_ids: Sequence[int], chat_template: str | None):
+        self._tok = tokenizer
+        self.bos_token_id = bos_token_id
+        self.add_bos = add_bos and bos_token_id is not None
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.chat_template = chat_template
+        self._template = None
+        if chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise_template_error
+            self._template = env.from_string(chat_template)
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def from_checkpoint(cls, checkpoint) -> Tokenizer:
+        source = checkpoint.tokenizer_source
+        if "gguf" in source:
+            return cls.from_gguf_metadata(checkpoint.path, source["gguf"])
+        return cls.from_folder(source["folder"], checkpoint.config.eos_token_ids,
+                               checkpoint.config.bos_token_id)
+
+    @classmethod
+    def from_gguf_metadata(cls, path: str, meta: dict) -> Tokenizer:
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        eos_ids = [eos] if eos is not None else []
+        eot = meta.get("tokenizer.ggml.eot_token_id")
+        if eot is not None and eot not in eos_ids:
+            eos_ids.append(eot)
+        return cls(_tokenizer_from_gguf(path, meta),
+                   bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token",
+                                         meta.get("tokenizer.ggml.model") == "llama")),
+                   eos_token_ids=eos_ids, chat_template=meta.get("tokenizer.chat_template"))
+
+    @classmethod
+    def from_folder(cls, folder: str, eos_token_ids=(), bos_token_id=None) -> Tokenizer:
+        path = os.path.join(folder, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise ModelLoadError(folder, "folder has no tokenizer.json")
+        try:
+            tok = HFTokenizer.from_file(path)
+        except Exception as exc:  # noqa: BLE001 - the tokenizers error is a plain Exception
+            raise ModelLoadError(path, f"not a readable tokenizer.json ({exc})") from exc
+        config = {}
+        config_path = os.path.join(folder, "tokenizer_config.json")
+        if os.path.isfile(config_path):
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: take "default"
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        jinja_path = os.path.join(folder, "chat_template.jinja")
+        if template is None and os.path.isfile(jinja_path):
+            with open(jinja_path, encoding="utf-8") as f:
+                template = f.read()
+        eos_ids = list(eos_token_ids)
+        eos_text = _token_text(config.get("eos_token"))
+        if eos_text is not None and tok.token_to_id(eos_text) is not None:
+            eos_id = tok.token_to_id(eos_text)
+            if eos_id not in eos_ids:
+                eos_ids.append(eos_id)
+        bos_text = _token_text(config.get("bos_token"))
+        if bos_text is not None and tok.token_to_id(bos_text) is not None:
+            bos_token_id = tok.token_to_id(bos_text)
+        # tokenizer.json's post-processor already adds BOS where the model wants it.
+        return cls(tok, bos_token_id=bos_token_id, add_bos=False, eos_token_ids=eos_ids,
+                   chat_template=template)
+
+    # -- text <-> ids ---------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def backend(self) -> HFTokenizer:
+        return self._tok
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The text one token stands for on its own (for logprobs)."""
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
+    # -- chat -----------------------------------------------------------------------------
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise ChatTemplateError("this model has no chat template")
+        bos = self._tok.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
+        eos = self._tok.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=bos, eos_token=eos)
+        except TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+    def new_detokenizer(self, prompt_token_ids: Sequence[int] = (),
+                        skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self._tok, prompt_token_ids, skip_special_tokens)
+
+
+def _raise_template_error(message: str):
+    raise TemplateError(message)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text pieces; never emits half a UTF-8 character.
+
+    Built on tokenizers' DecodeStream, which holds back bytes until they form whole
+    characters. Seeding it with the prompt's tail makes the first token decode with the
+    right leading space (SentencePiece strips it at the start of a text).
+    """
+
+    def __init__(self, tokenizer: HFTokenizer, prompt_token_ids: Sequence[int] = (),
+                 skip_special_tokens: bool = True):
+        self._tok = tokenizer
+        self._stream = decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
+        for token_id in list(prompt_token_ids)[-4:]:
+            self._stream.step(tokenizer, token_id)
+
+    def step(self, token_id: int) -> str:
+        """Text newly completed by this token ('' while a character is still incomplete)."""
+        return self._stream.step(self._tok, token_id) or ""

@@ -1,0 +1,156 @@
+"""GGUF (llama.cpp's format) -> Checkpoint.
+
+The header is parsed over mmap by the `gguf` package and tensors are dequantized by its
+vectorised numpy code. llama.cpp's converter permutes the rows of attn_q / attn_k for the
+llama architecture (interleaved RoPE pairs); we undo it so one RoPE layout serves all.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from pagedllm.config import ModelConfig
+from pagedllm.weights.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+# Architectures whose q/k rows llama.cpp's converter permutes.
+PERMUTED_ARCHITECTURES = ("llama", "mistral")
+
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "embed_tokens.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def canonical_name(gguf_name: str) -> str | None:
+    """Map a GGUF tensor name to our canonical name; None for tensors we do not use."""
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
+        return f"layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}"
+    return None  # e.g. rope_freqs: precomputed tables we compute ourselves
+
+
+def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Invert llama.cpp's q/k row permutation (HF rotate-half layout <- interleaved pairs)."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _field_value(field):
+    try:
+        return field.contents()
+    except Exception:  # noqa: BLE001 - a malformed field is reported by its user
+        return None
+
+
+def _open_reader(path: str):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as exc:  # noqa: BLE001 - any parse failure means a bad file
+        size = os.path.getsize(path)
+        raise ModelLoadError(
+            path, f"not a readable GGUF file ({size} bytes; {type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            path, f"unknown architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+
+    def need(key):
+        value = meta.get(f"{arch}.{key}")
+        if value is None:
+            raise ModelLoadError(path, f"metadata field {arch}.{key} is missing")
+        return value
+
+    hidden = int(need("embedding_length"))
+    num_heads = int(need("attention.head_count"))
+    num_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", num_heads))
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(meta.get(f"{arch}.vocab_size", num_tokens)),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // num_heads)),
+        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        name=str(meta.get("general.name") or os.path.basename(path)),
+    )
+
+
+def load_gguf(path: str):
+    from gguf import GGMLQuantizationType, quants
+
+    from pagedllm.weights import Checkpoint
+
+    reader = _open_reader(path)
+    meta = {name: _field_value(field) for name, field in reader.fields.items()
+            if not name.startswith("GGUF.")}
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    config = _model_config(path, meta, {t.name for t in reader.tensors}, len(tokens))
+
+    file_size = os.path.getsize(path)
+    weights: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = canonical_name(tensor.name)
+        if name is None:
+            continue
+        type_name = GGMLQuantizationType(tensor.tensor_type).name
+        if type_name not in SUPPORTED_TENSOR_TYPES:
+            raise ModelLoadError(
+                path, f"tensor {tensor.name} has unsupported type {type_name}; "
+                f"supported: {', '.join(SUPPORTED_TENSOR_TYPES)}"
+            )
+        if tensor.data_offset + int(tensor.n_bytes) > file_size:
+            raise ModelLoadError(path, f"file is truncated: tensor {tensor.name} ends past "
+                                       f"byte {file_size}")
+        # np.array copies: memmapped F32 tensors are read-only views of the file.
+        array = np.array(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        if config.architecture in PERMUTED_ARCHITECTURES:
+            if tensor.name.endswith("attn_q.weight"):
+                array = unpermute_rows(array, config.num_heads)
+            elif tensor.name.endswith("attn_k.weight"):
+                array = unpermute_rows(array, config.num_kv_heads)
+        weights[name] = torch.from_numpy(np.ascontiguousarray(array))
+
+    tokenizer_source = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
+    return Checkpoint(path=path, config=config, weights=weights,
+                      tokenizer_source={"gguf": tokenizer_source})

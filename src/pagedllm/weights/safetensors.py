@@ -1,0 +1,94 @@
+"""Hugging Face checkpoint folder (config.json + *.safetensors) -> Checkpoint."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+
+from pagedllm.config import ModelConfig
+from pagedllm.weights.errors import ModelLoadError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(path, f"invalid JSON: {exc}") from exc
+
+
+def hf_model_config(folder: str, raw: dict) -> ModelConfig:
+    path = os.path.join(folder, "config.json")
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            path, f"unknown architecture {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in (None, "default"):
+        raise ModelLoadError(path, f"rope scaling type {rope_type!r} is not supported yet")
+    try:
+        hidden = int(raw["hidden_size"])
+        num_heads = int(raw["num_attention_heads"])
+        eos = raw.get("eos_token_id")
+        return ModelConfig(
+            architecture=model_type,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+            head_dim=int(raw.get("head_dim") or hidden // num_heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []),
+            name=os.path.basename(os.path.normpath(folder)),
+        )
+    except KeyError as exc:
+        raise ModelLoadError(path, f"required field {exc.args[0]!r} is missing") from exc
+
+
+def load_hf_folder(folder: str):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from pagedllm.weights import Checkpoint
+
+    config_path = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_path):
+        raise ModelLoadError(folder, "folder has no config.json (expected a Hugging Face checkpoint)")
+    config = hf_model_config(folder, _read_json(config_path))
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise ModelLoadError(folder, "folder has no *.safetensors weights")
+
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors = load_file(file)
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(file, f"not a readable safetensors file ({exc})") from exc
+        for name, tensor in tensors.items():
+            name = name.removeprefix("model.")
+            weights[name] = tensor.float()
+    if "lm_head.weight" not in weights and not config.tie_word_embeddings:
+        # Some tied checkpoints omit the flag; a missing head can only mean tied.
+        config = ModelConfig(**{**config.__dict__, "tie_word_embeddings": True})
+    if "embed_tokens.weight" not in weights:
+        raise ModelLoadError(folder, "weights have no embed_tokens.weight")
+
+    tokenizer_source = {"folder": folder}
+    tc_path = os.path.join(folder, "tokenizer_config.json")
+    if os.path.isfile(tc_path):
+        tokenizer_source["tokenizer_config"] = _read_json(tc_path)
+    return Checkpoint(path=folder, config=config, weights=weights, tokenizer_source=tokenizer_source)

@@ -1,0 +1,46 @@
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from tiny_models import tiny_hf_model, write_gguf, write_hf_folder  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return tiny_hf_model("llama", tie=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tiny_llama, tmp_path_factory):
+    return write_hf_folder(tiny_llama, tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gguf(tiny_llama, tmp_path_factory):
+    return write_gguf(tiny_llama, tmp_path_factory.mktemp("tiny_gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def real_llm():
+    """The default SmolLM2 model in float32, shared by the tests that need the real thing."""
+    from pagedllm import LLM
+
+    return LLM(dtype="float32", kv_cache_memory=512 << 20)
+
+
+@pytest.fixture(scope="session")
+def hf_reference():
+    """Hugging Face transformers on the same GGUF file: the reference implementation."""
+    from transformers import AutoModelForCausalLM
+
+    from pagedllm.weights import default_model_path
+
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()

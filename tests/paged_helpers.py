@@ -1,0 +1,49 @@
+"""Drive a model directly over a paged KV cache, without scheduler or engine."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from pagedllm.attention import AttentionMetadata
+
+
+def make_kv_caches(config, num_blocks: int, block_size: int, dtype=torch.float32):
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+            for _ in range(config.num_layers)]
+
+
+def run_paged(model, seqs: list[list[int]], *, block_size: int = 4, chunk: int | None = None,
+              seed: int = 0, num_blocks: int = 256) -> list[torch.Tensor]:
+    """Run sequences together through the model, each prefilled in chunks of `chunk` tokens
+    (all in one batch per round), with block tables scattered at random over the cache.
+    Returns per sequence the float32 logits of every position."""
+    rng = random.Random(seed)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(-(-len(s) // block_size))] for s in seqs]
+    kv = make_kv_caches(model.config, num_blocks, block_size, model.dtype)
+    done = [0] * len(seqs)
+    logits: list[list[torch.Tensor]] = [[] for _ in seqs]
+    while any(d < len(s) for d, s in zip(done, seqs)):
+        ids, pos, slots, qsl, lens, tbls, owners = [], [], [], [0], [], [], []
+        for i, s in enumerate(seqs):
+            if done[i] >= len(s):
+                continue
+            n = len(s) - done[i] if chunk is None else min(chunk, len(s) - done[i])
+            r = range(done[i], done[i] + n)
+            ids += s[done[i]:done[i] + n]
+            pos += list(r)
+            slots += [tables[i][p // block_size] * block_size + p % block_size for p in r]
+            qsl.append(qsl[-1] + n)
+            lens.append(done[i] + n)
+            tbls.append(tables[i])
+            owners.append(i)
+            done[i] += n
+        meta = AttentionMetadata.build(slots, qsl, lens, tbls, block_size)
+        hidden = model(torch.tensor(ids), torch.tensor(pos), kv, meta)
+        out = model.compute_logits(hidden)
+        for j, i in enumerate(owners):
+            logits[i].append(out[qsl[j]:qsl[j + 1]])
+    return [torch.cat(parts) for parts in logits]

@@ -1,0 +1,177 @@
+"""Checkpoint loading: GGUF and HF folders agree with transformers; bad files get clear errors."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from pagedllm.models import LlamaForCausalLM
+from pagedllm.weights import ModelLoadError, default_model_path, load_checkpoint
+from pagedllm.weights.gguf import unpermute_rows
+from paged_helpers import run_paged
+from tiny_models import _permute, tiny_hf_model, write_gguf, write_hf_folder
+
+PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 1, 200, 13, 64, 128, 31]
+
+
+def our_logits(path, tokens=PROMPT):
+    checkpoint = load_checkpoint(path)
+    model = LlamaForCausalLM(checkpoint.config)
+    model.load_weights(checkpoint.weights)
+    return run_paged(model, [tokens])[0]
+
+
+def hf_logits(model, tokens=PROMPT):
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()
+
+
+@pytest.mark.parametrize("arch,tie", [("llama", True), ("llama", False), ("qwen2", True)])
+def test_hf_folder_logits_match_transformers(tmp_path, arch, tie):
+    model = tiny_hf_model(arch, tie=tie, seed=1)
+    folder = write_hf_folder(model, tmp_path)
+    ours = our_logits(folder)
+    assert torch.allclose(ours, hf_logits(model), atol=1e-4, rtol=0)
+    assert load_checkpoint(folder).config.tie_word_embeddings == tie
+
+
+def test_gguf_logits_match_transformers_on_same_file(tiny_llama, tiny_llama_gguf):
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(tiny_llama_gguf)
+    reference = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    ours = our_logits(tiny_llama_gguf)
+    assert torch.allclose(ours, hf_logits(reference), atol=1e-4, rtol=0)
+    # F32 GGUF holds the HF weights exactly, so the original model agrees too.
+    assert torch.allclose(ours, hf_logits(tiny_llama), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+def test_quantized_gguf_types_load_close_to_float(tmp_path, qtype):
+    model = tiny_hf_model("llama", seed=2)
+    path = write_gguf(model, tmp_path / "q.gguf", qtype)
+    checkpoint = load_checkpoint(path)
+    reference = model.state_dict()
+    for name, tensor in checkpoint.weights.items():
+        expected = reference["model." + name].float()
+        scale = expected.abs().max().item()
+        assert (tensor - expected).abs().max().item() <= 0.15 * scale, name
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_gguf_logits_match_transformers(tmp_path, qtype):
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(3)
+    # k-quant rows hold 256-value blocks: a tiny model with 256-wide matrices.
+    model = HFLlama(LlamaConfig(vocab_size=260, hidden_size=256, intermediate_size=256,
+                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=512, tie_word_embeddings=True)).eval()
+    path = write_gguf(model, tmp_path / "k.gguf", qtype)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="k.gguf", dtype=torch.float32)
+    ours = our_logits(path)
+    assert torch.allclose(ours, hf_logits(reference), atol=1e-4, rtol=1e-4)
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+    weights = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
+    assert np.array_equal(unpermute_rows(_permute(weights, 8), 8), weights)
+
+
+def test_default_model_is_found_and_loads():
+    path = default_model_path()
+    assert path.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    checkpoint = load_checkpoint(None)
+    assert checkpoint.config.architecture == "llama"
+    assert checkpoint.config.num_layers == 30
+    assert checkpoint.config.num_kv_heads == 3
+    assert checkpoint.weights["embed_tokens.weight"].shape == (49152, 576)
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+def test_missing_file_names_the_path(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(ModelLoadError, match="nope.gguf.*no such file"):
+        load_checkpoint(str(missing))
+
+
+def test_truncated_gguf_is_reported(tiny_llama_gguf, tmp_path):
+    data = open(tiny_llama_gguf, "rb").read()
+    for cut in (100, len(data) // 2, len(data) - 64):
+        broken = tmp_path / f"cut{cut}.gguf"
+        broken.write_bytes(data[:cut])
+        with pytest.raises(ModelLoadError, match=f"cut{cut}.gguf") as info:
+            load_checkpoint(str(broken))
+        assert "truncated" in str(info.value) or "not a readable GGUF" in str(info.value)
+
+
+def test_not_a_gguf_file(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"hello, this is not a model" * 10)
+    with pytest.raises(ModelLoadError, match="junk.gguf.*not a readable GGUF"):
+        load_checkpoint(str(junk))
+
+
+def test_unknown_gguf_architecture(tmp_path, tiny_llama):
+    path = write_gguf(tiny_llama, tmp_path / "gpt.gguf", arch="llama")
+    import gguf
+    reader = gguf.GGUFReader(path, "r+")
+    field = reader.fields["general.architecture"]
+    field.parts[field.data[0]][:] = np.frombuffer(b"falcn", dtype=np.uint8)
+    del reader
+    with pytest.raises(ModelLoadError, match="gpt.gguf.*unknown architecture 'falcn'"):
+        load_checkpoint(path)
+
+
+def test_unsupported_tensor_type(tmp_path, tiny_llama):
+    import gguf
+    path = write_gguf(tiny_llama, tmp_path / "q2.gguf")
+    reader = gguf.GGUFReader(path, "r+")
+    # Relabel one F32 tensor as IQ2_XXS in the header: a type we do not support.
+    tensor = reader.tensors[1]
+    field = reader.fields[f"{tensor.name}"] if tensor.name in reader.fields else None
+    assert field is None
+    del reader
+    from gguf import GGUFReader
+    r = GGUFReader(path)
+    name = r.tensors[1].name
+    del r
+    data = bytearray(open(path, "rb").read())
+    # Header entry: name (u64 len + bytes), n_dims (u32), dims (u64 each), type (u32).
+    needle = len(name).to_bytes(8, "little") + name.encode()
+    at = data.index(needle) + len(needle)
+    n_dims = int.from_bytes(data[at:at + 4], "little")
+    type_at = at + 4 + 8 * n_dims
+    data[type_at:type_at + 4] = int(gguf.GGMLQuantizationType.IQ2_XXS).to_bytes(4, "little")
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(ModelLoadError, match="q2.gguf") as info:
+        load_checkpoint(path)
+    assert "IQ2_XXS" in str(info.value) or "not a readable GGUF" in str(info.value)
+
+
+def test_folder_without_config_json(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_checkpoint(str(tmp_path))
+
+
+def test_folder_with_unknown_architecture(tmp_path, tiny_llama_folder):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_llama_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "gpt_neox"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="config.json.*unknown architecture 'gpt_neox'"):
+        load_checkpoint(str(folder))
+
+
+def test_folder_with_corrupt_safetensors(tmp_path, tiny_llama_folder):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_llama_folder, folder)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 3])
+    with pytest.raises(ModelLoadError, match="model.safetensors.*not a readable safetensors"):
+        load_checkpoint(str(folder))

@@ -1,0 +1,150 @@
+"""Tiny random Llama-family checkpoints written to disk, for tests that need no real model."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import torch
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's bytes_to_unicode: the 256 printable characters byte-level BPE uses."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+                  bos_token_id=1, eos_token_id=0)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    # Random init is small; widen the weights so logits differ meaningfully between tokens.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model.eval()
+
+
+def write_hf_folder(model, folder) -> str:
+    """config.json + model.safetensors + a byte-level tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    model.save_pretrained(folder, safe_serialization=True)
+    vocab = {ch: i for i, ch in enumerate(byte_level_alphabet())}
+    for i, tok in enumerate(SPECIAL_TOKENS):
+        vocab[tok] = 256 + i
+    tokenizer = Tokenizer(models.BPE(vocab, []))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"eos_token": "<|endoftext|>", "chat_template": CHATML}, f)
+    return str(folder)
+
+
+def _permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's converter permutation of q/k rows (the one our loader undoes)."""
+    rows = weights.shape[0]
+    return (weights.reshape(num_heads, 2, rows // num_heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+# The gguf package cannot quantize to k-quants, so such tensors get random blocks with sane
+# scales: (bytes per 256-value block, byte offsets of the float16 scale fields).
+K_QUANT_LAYOUT = {"Q4_K": (144, (0, 2)), "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def random_k_quant_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    block_bytes, scale_offsets = K_QUANT_LAYOUT[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    for offset in scale_offsets:
+        blocks[:, :, offset:offset + 2] = scale
+    return blocks.reshape(rows, -1)
+
+
+def write_gguf(model, path, qtype: str = "F32", arch: str = "llama") -> str:
+    """Write an HF Llama model as llama.cpp would: GGUF names, permuted q/k, gpt2 tokenizer."""
+    import gguf
+
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name("tiny")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(byte_level_alphabet() + SPECIAL_TOKENS)
+    writer.add_token_types([1] * 256 + [3] * len(SPECIAL_TOKENS))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(257)
+    writer.add_eos_token_id(256)
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)
+
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    for name, tensor in model.state_dict().items():
+        array = tensor.float().numpy()
+        if name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            out = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            out = f"blk.{layer}.{names[module]}.{kind}"
+            if arch == "llama" and module == "self_attn.q_proj":
+                array = _permute(array, cfg.num_attention_heads)
+            elif arch == "llama" and module == "self_attn.k_proj":
+                array = _permute(array, cfg.num_key_value_heads)
+        if array.ndim == 2 and qtype in K_QUANT_LAYOUT:
+            writer.add_tensor(out, random_k_quant_blocks(qtype, *array.shape), raw_dtype=qt)
+        elif array.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
+            data = gguf.quants.quantize(array, qt)
+            writer.add_tensor(out, data, raw_dtype=qt)
+        else:
+            writer.add_tensor(out, np.ascontiguousarray(array, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
