@@ -1,0 +1,147 @@
+"""Sampler: masks, penalties, seeds and logprobs tested directly on made-up logits."""
+import math
+
+import pytest
+import torch
+
+from pagedllm.request import SamplingParams, SamplingParamsError
+from pagedllm.sampler import Sampler, SamplingRow, apply_penalties, truncation_mask
+
+V = 8
+
+
+def row(**kw):
+    seed = kw.pop("seed", None)
+    params = SamplingParams(seed=seed, **kw)
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return SamplingRow(params, kw.pop("prompt", [0]), [], gen)
+
+
+def sample_many(logits, make_row, n=2000):
+    sampler = Sampler()
+    counts = torch.zeros(V)
+    for _ in range(n // 50):
+        rows = [make_row() for _ in range(50)]
+        tokens, _ = sampler(logits.repeat(50, 1), rows)
+        counts += torch.bincount(torch.tensor(tokens), minlength=V)
+    return counts / counts.sum()
+
+
+def test_greedy_takes_argmax():
+    logits = torch.tensor([[0.1, 3.0, 2.9, -1, 0, 0, 0, 0], [5, 0, 0, 0, 0, 0, 0, 6.0]])
+    tokens, logprobs = Sampler()(logits[0:1], [row(temperature=0)])
+    assert tokens == [1] and logprobs == [None]
+    tokens, _ = Sampler()(logits, [row(temperature=0), row(temperature=0)])
+    assert tokens == [1, 7]
+
+
+def test_top_k_mask_keeps_k_best():
+    logits = torch.tensor([[1.0, 5, 3, 4, 2, 0, -1, -2]])
+    keep = truncation_mask(logits, torch.tensor([3]), torch.tensor([1.0]), torch.tensor([0.0]))
+    assert keep[0].tolist() == [False, True, True, True, False, False, False, False]
+
+
+def test_top_p_mask_keeps_smallest_set_reaching_p():
+    probs = torch.tensor([[0.5, 0.3, 0.1, 0.05, 0.05, 0, 0, 0]]) + 1e-9
+    keep = truncation_mask(probs.log(), torch.tensor([0]), torch.tensor([0.75]), torch.tensor([0.0]))
+    assert keep[0].tolist()[:5] == [True, True, False, False, False]
+    keep = truncation_mask(probs.log(), torch.tensor([0]), torch.tensor([0.85]), torch.tensor([0.0]))
+    assert keep[0].tolist()[:5] == [True, True, True, False, False]
+    # Top token alone exceeds p: it is still kept.
+    keep = truncation_mask(probs.log(), torch.tensor([0]), torch.tensor([0.1]), torch.tensor([0.0]))
+    assert keep[0].sum() == 1 and keep[0, 0]
+
+
+def test_min_p_mask_relative_to_top():
+    probs = torch.tensor([[0.5, 0.3, 0.1, 0.04, 0.03, 0.03, 0, 0]]) + 1e-9
+    keep = truncation_mask(probs.log(), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([0.15]))
+    assert keep[0].tolist()[:4] == [True, True, True, False]
+
+
+def test_masks_are_per_row():
+    logits = torch.tensor([[1.0, 5, 3, 4, 2, 0, -1, -2]]).repeat(2, 1)
+    keep = truncation_mask(logits, torch.tensor([1, 0]), torch.tensor([1.0, 1.0]), torch.tensor([0.0, 0.0]))
+    assert keep[0].sum() == 1 and keep[1].sum() == V
+
+
+def test_temperature_one_matches_softmax_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1, -1, -2, -3]])
+    freq = sample_many(logits, lambda: row(temperature=1.0), n=6000)
+    assert torch.allclose(freq, logits.softmax(-1)[0], atol=0.03)
+
+
+def test_top_k_sampling_never_leaves_the_top_k():
+    logits = torch.tensor([[2.0, 1.9, 1.8, 1.7, 1.6, 1.5, 1.4, 1.3]])
+    freq = sample_many(logits, lambda: row(temperature=1.0, top_k=2), n=1000)
+    assert freq[2:].sum() == 0 and freq[0] > 0.3 and freq[1] > 0.3
+
+
+def test_low_temperature_concentrates():
+    logits = torch.tensor([[2.0, 1.5, 0, 0, 0, 0, 0, 0]])
+    hot = sample_many(logits, lambda: row(temperature=2.0), n=2000)
+    cold = sample_many(logits, lambda: row(temperature=0.2), n=2000)
+    assert cold[0] > 0.85 > hot[0]
+
+
+def test_seed_reproduces_whatever_the_batch():
+    logits = torch.randn(1, V)
+    alone = [Sampler()(logits, [row(temperature=1.0, seed=7)])[0][0] for _ in range(3)]
+
+    def in_batch(position):
+        rows = [row(temperature=1.0) for _ in range(4)]
+        rows[position] = row(temperature=1.0, seed=7)
+        batch = torch.cat([torch.randn(position, V), logits, torch.randn(3 - position, V)])
+        return Sampler()(batch, rows)[0][position]
+
+    assert len(set(alone)) == 1
+    assert {in_batch(p) for p in range(4)} == {alone[0]}
+    # A seeded stream continues deterministically across steps.
+    r1, r2 = row(temperature=1.0, seed=3), row(temperature=1.0, seed=3)
+    seq1 = [Sampler()(logits, [r1])[0][0] for _ in range(20)]
+    seq2 = [Sampler()(torch.cat([torch.randn(1, V), logits]), [row(temperature=1.0), r2])[0][1]
+            for _ in range(20)]
+    assert seq1 == seq2
+    assert len(set(seq1)) > 1  # it is sampling, not argmax
+
+
+def test_repetition_penalty_divides_positive_multiplies_negative():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0, 0, 0, 0, 0]])
+    r = SamplingRow(SamplingParams(repetition_penalty=2.0), [0, 1], [], None)
+    out = apply_penalties(logits.clone(), [r])
+    assert out[0, :3].tolist() == [1.0, -4.0, 1.0]
+
+
+def test_presence_and_frequency_penalties_count_output_tokens():
+    logits = torch.zeros(1, V)
+    r = SamplingRow(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), [3, 3, 3],
+                    [1, 1, 1, 2], None)
+    out = apply_penalties(logits.clone(), [r])
+    assert out[0].tolist() == pytest.approx([0, -(0.5 + 0.75), -(0.5 + 0.25), 0, 0, 0, 0, 0])
+
+
+def test_penalty_changes_greedy_choice():
+    logits = torch.tensor([[3.0, 2.9, 0, 0, 0, 0, 0, 0]])
+    r = SamplingRow(SamplingParams(temperature=0, frequency_penalty=1.0), [], [0], None)
+    assert Sampler()(logits, [r])[0] == [1]
+
+
+def test_logprobs_of_chosen_and_top_alternatives():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0, 0, 0, 0, 0]])
+    tokens, logprobs = Sampler()(logits, [row(temperature=0, logprobs=2)])
+    lp = logprobs[0]
+    expected = logits.log_softmax(-1)[0]
+    assert lp.token_id == 0 and lp.logprob == pytest.approx(expected[0].item())
+    assert [t for t, _ in lp.top] == [0, 1]
+    assert lp.top[1][1] == pytest.approx(expected[1].item())
+    assert math.exp(lp.logprob) < 1
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -1), ("top_p", 0), ("top_p", 1.5), ("top_k", -5), ("min_p", 2),
+    ("presence_penalty", 3), ("frequency_penalty", -3), ("repetition_penalty", 0),
+    ("max_tokens", 0), ("n", 0), ("logprobs", 50),
+])
+def test_bad_params_name_the_field(field, value):
+    with pytest.raises(SamplingParamsError) as info:
+        SamplingParams(**{field: value})
+    assert info.value.param == field
