@@ -1,0 +1,60 @@
+"""The real default model (SmolLM2-135M Q4_1 GGUF) in float32 against Hugging Face transformers."""
+import pytest
+import torch
+
+from pagedllm import SamplingParams
+from pagedllm.text_prompts import make_prompt_token_ids
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "<|im_start|>user\nName three colours of the rainbow.<|im_end|>\n<|im_start|>assistant\n",
+    "Once upon a time, in a small village by the sea,",
+]
+
+
+def hf_greedy(model, prompt_ids, num_tokens):
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt_ids):]
+
+
+def test_greedy_continuations_match_transformers(real_llm, hf_reference):
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    outputs = real_llm.generate(PROMPTS, params)
+    for prompt, output in zip(PROMPTS, outputs):
+        expected = hf_greedy(hf_reference, output.prompt_token_ids, 32)
+        assert output.token_ids == expected, prompt
+        assert output.finish_reason == "length"
+
+
+def test_prompt_logits_match_transformers(real_llm, hf_reference):
+    from paged_helpers import run_paged
+
+    ids = real_llm.tokenizer.encode(PROMPTS[3])
+    ours = run_paged(real_llm.engine.runner.model, [ids], block_size=16)[0]
+    with torch.no_grad():
+        reference = hf_reference(torch.tensor([ids])).logits[0]
+    # float32 throughout; what differs is summation order only.
+    assert (ours - reference).abs().max().item() < 1e-3
+
+
+def test_chat_generation_is_sensible(real_llm):
+    tok = real_llm.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    (out,) = real_llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0))
+    assert "Paris" in out.text
+    assert out.finish_reason in ("stop", "length")
+
+
+def test_eight_prompts_together_equal_alone(real_llm):
+    lengths = [30, 600, 75, 250, 140, 410, 45, 330]
+    prompts = make_prompt_token_ids(real_llm.tokenizer, lengths, seed=1)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    together = real_llm.generate(prompts, params)
+    alone = [real_llm.generate([p], params)[0] for p in prompts]
+    for t, a in zip(together, alone):
+        assert t.token_ids == a.token_ids
+        assert t.text == a.text
