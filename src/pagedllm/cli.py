@@ -1,8 +1,9 @@
-"""Command line: pagedllm generate | serve."""
+"""Command line: pagedllm serve | chat | generate."""
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -10,11 +11,12 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-num-seqs", default="auto")
+    parser.add_argument("--max-num-seqs", default="auto", help="parallel slots, or 'auto'")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=float, default=None,
                         help="bytes, or a fraction (0-1] of available memory")
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--no-prefix-caching", action="store_true")
 
 
 def engine_kwargs(args) -> dict:
@@ -24,7 +26,15 @@ def engine_kwargs(args) -> dict:
     max_num_seqs = args.max_num_seqs if args.max_num_seqs == "auto" else int(args.max_num_seqs)
     return dict(dtype=args.dtype, block_size=args.block_size, kv_cache_memory=memory,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                max_model_len=args.max_model_len)
+                max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
+
+
+def cmd_serve(args) -> int:
+    from pagedllm.server.runner import load_engine_with_progress, serve
+
+    engine = load_engine_with_progress(args.model, **engine_kwargs(args))
+    return serve(engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
+                 grace_seconds=args.shutdown_grace, max_body_bytes=args.max_body_bytes)
 
 
 def cmd_generate(args) -> int:
@@ -34,16 +44,52 @@ def cmd_generate(args) -> int:
     prompt = args.prompt
     if args.chat:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            seed=args.seed)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     for output in llm.generate([prompt], params):
         print(output.text)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pagedllm")
+def cmd_chat(args) -> int:
+    from pagedllm.chat import chat_loop, stream_from_server, stream_in_process
+
+    if args.url:
+        api_key = args.api_key or os.environ.get("PAGEDLLM_API_KEY")
+
+        def stream(messages):
+            return stream_from_server(args.url, messages, args.max_tokens, args.temperature, api_key)
+    else:
+        from pagedllm.engine import LLMEngine
+        engine = LLMEngine(args.model, **engine_kwargs(args))
+
+        def stream(messages):
+            return stream_in_process(engine, messages, args.max_tokens, args.temperature)
+    return chat_loop(stream, args.system)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagedllm", description="LLM inference server")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _add_engine_args(serve)
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--shutdown-grace", type=float, default=30.0,
+                       help="seconds running requests get to finish on SIGTERM")
+    serve.add_argument("--max-body-bytes", type=int, default=None)
+    serve.set_defaults(func=cmd_serve)
+
+    chat = sub.add_parser("chat", help="interactive chat in the terminal")
+    _add_engine_args(chat)
+    chat.add_argument("--url", default=None, help="a running server (default: in-process)")
+    chat.add_argument("--api-key", default=None)
+    chat.add_argument("--system", default=None)
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.set_defaults(func=cmd_chat)
+
     gen = sub.add_parser("generate", help="one-shot generation")
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=64)
@@ -51,9 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     _add_engine_args(gen)
-    args = parser.parse_args(argv)
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return {"generate": cmd_generate}[args.command](args)
+    return args.func(args)
 
 
 if __name__ == "__main__":

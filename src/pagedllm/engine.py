@@ -57,13 +57,13 @@ class LLMEngine:
     def __init__(self, model: str | None = None, *, dtype: str = "float32", block_size: int = 16,
                  kv_cache_memory: int | float | None = None, max_num_seqs: int | str = "auto",
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, load_progress=None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         started = time.monotonic()
-        checkpoint = load_checkpoint(model)
+        checkpoint = load_checkpoint(model, load_progress)
         self.model_config = config = checkpoint.config
         self.model_path = checkpoint.path
         self.tokenizer = Tokenizer.from_checkpoint(checkpoint)
@@ -127,6 +127,14 @@ class LLMEngine:
     def add_request(self, request_id: str | None, prompt: str | list[int],
                     params: SamplingParams | None = None, *, user: str | None = None,
                     cache_salt: str | None = None) -> Request:
+        request = self.make_request(request_id, prompt, params, user=user, cache_salt=cache_salt)
+        self.add(request)
+        return request
+
+    def make_request(self, request_id: str | None, prompt: str | list[int],
+                     params: SamplingParams | None = None, *, user: str | None = None,
+                     cache_salt: str | None = None) -> Request:
+        """Validate and build a request without touching engine state (safe from any thread)."""
         params = params or SamplingParams()
         prompt_ids = self.tokenize_prompt(prompt)
         if not prompt_ids:
@@ -138,9 +146,11 @@ class LLMEngine:
         request = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params,
                           eos_token_ids=self.tokenizer.eos_token_ids, max_model_len=max_len,
                           user=user, cache_salt=cache_salt)
+        return request
+
+    def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
         self._text_states[request.request_id] = RequestTextState(request, self.tokenizer)
-        return request
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort in any state; blocks are free at once. Returns the final output, if known."""

@@ -63,4 +63,6 @@ class RequestTextState:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             logprobs=logprobs,
             new_logprobs=new_logprobs,
+            queue_time=(request.first_scheduled_time - request.arrival_time
+                        if request.first_scheduled_time is not None else None),
         )

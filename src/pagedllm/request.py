@@ -102,6 +102,7 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set when first scheduled
+        self.first_scheduled_time: float | None = None
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
@@ -171,6 +172,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
     new_logprobs: list[TokenLogprob] | None = None
+    queue_time: float | None = None  # seconds from arrival to first scheduling
 
     @property
     def num_prompt_tokens(self) -> int:

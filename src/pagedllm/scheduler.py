@@ -6,6 +6,7 @@ the same case: a request gets min(uncomputed tokens, remaining budget) tokens.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -135,6 +136,7 @@ class Scheduler:
     def _admit(self, request: Request, num_cached: int) -> None:
         if request.num_cached_tokens < 0:  # first admission, not a resume
             request.num_cached_tokens = num_cached
+            request.first_scheduled_time = time.monotonic()
             self.stats.num_prompt_tokens += request.num_prompt_tokens
         self.stats.prefix_cache_queries += request.num_tokens
         self.stats.prefix_cache_hits += num_cached

@@ -43,8 +43,9 @@ def default_model_path() -> str:
     return path
 
 
-def load_checkpoint(path: str | None) -> Checkpoint:
-    """Load a GGUF file or a Hugging Face folder; None means the default model."""
+def load_checkpoint(path: str | None, progress=None) -> Checkpoint:
+    """Load a GGUF file or a Hugging Face folder; None means the default model.
+    progress(done, total), if given, is called as tensors are read."""
     from pagedllm.weights.gguf import load_gguf
     from pagedllm.weights.safetensors import load_hf_folder
 
@@ -52,10 +53,10 @@ def load_checkpoint(path: str | None) -> Checkpoint:
         path = default_model_path()
     path = os.fspath(path)
     if os.path.isdir(path):
-        return load_hf_folder(path)
+        return load_hf_folder(path, progress)
     if not os.path.exists(path):
         raise ModelLoadError(path, "no such file or folder")
-    return load_gguf(path)
+    return load_gguf(path, progress)
 
 
 __all__ = ["Checkpoint", "ModelLoadError", "default_model_path", "load_checkpoint"]

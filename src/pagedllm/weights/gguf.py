@@ -112,11 +112,11 @@ def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int
         attention_bias="blk.0.attn_q.bias" in tensor_names,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=(int(eos),) if eos is not None else (),
-        name=str(meta.get("general.name") or os.path.basename(path)),
+        name=os.path.basename(path).removesuffix(".gguf"),
     )
 
 
-def load_gguf(path: str):
+def load_gguf(path: str, progress=None):
     from gguf import GGMLQuantizationType, quants
 
     from pagedllm.weights import Checkpoint
@@ -129,7 +129,9 @@ def load_gguf(path: str):
 
     file_size = os.path.getsize(path)
     weights: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
+    for index, tensor in enumerate(reader.tensors):
+        if progress is not None:
+            progress(index + 1, len(reader.tensors))
         name = canonical_name(tensor.name)
         if name is None:
             continue

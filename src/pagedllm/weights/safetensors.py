@@ -58,7 +58,7 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
         raise ModelLoadError(path, f"required field {exc.args[0]!r} is missing") from exc
 
 
-def load_hf_folder(folder: str):
+def load_hf_folder(folder: str, progress=None):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -73,7 +73,9 @@ def load_hf_folder(folder: str):
         raise ModelLoadError(folder, "folder has no *.safetensors weights")
 
     weights: dict[str, torch.Tensor] = {}
-    for file in files:
+    for index, file in enumerate(files):
+        if progress is not None:
+            progress(index + 1, len(files))
         try:
             tensors = load_file(file)
         except (SafetensorError, OSError) as exc:

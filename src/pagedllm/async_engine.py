@@ -1,0 +1,137 @@
+"""The engine loop thread and per-request asyncio streams.
+
+HTTP handlers never touch the engine: they post commands (add, abort) to a thread-safe
+queue and read their own asyncio.Queue of RequestOutputs. One thread owns the engine and
+runs step() while there is work, applying commands between steps, so an abort frees the
+request's blocks within one step.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from pagedllm.engine import LLMEngine
+from pagedllm.request import Request, RequestOutput
+
+logger = logging.getLogger("pagedllm.async")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine failed while running this request."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
+        self._thread.start()
+
+    # -- called from the event loop -------------------------------------------------------
+    async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:
+        """Stream the outputs of a request made with engine.make_request; leaving the
+        iteration early (a client disconnect) aborts the request."""
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request.request_id] = stream
+        self._post(("add", request))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._post(("abort", request_id))
+
+    def abort_all(self) -> None:
+        """Abort every request; each stream gets a final output with finish_reason 'abort'."""
+        self._post(("abort_all", None))
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stopped = True
+        self._wakeup.set()
+        self._thread.join(timeout)
+
+    def _post(self, command) -> None:
+        self._commands.put(command)
+        self._wakeup.set()
+
+    # -- the engine thread ----------------------------------------------------------------
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        final = isinstance(item, BaseException) or item.finished
+        if final:
+            del self._streams[request_id]
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (server shutting down)
+            pass
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                kind, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                if arg.request_id in self._streams:
+                    self.engine.add(arg)
+            elif kind == "abort":
+                final = self.engine.abort_request(arg)
+                if final is not None:
+                    self._deliver(arg, final)
+            elif kind == "abort_all":
+                for request_id in list(self.engine.scheduler.requests):
+                    final = self.engine.abort_request(request_id)
+                    if final is not None:
+                        self._deliver(request_id, final)
+
+    def _run(self) -> None:
+        while not self._stopped:
+            self._apply_commands()
+            if not self.engine.has_unfinished_requests():
+                self._wakeup.wait(timeout=1.0)
+                self._wakeup.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - keep serving; fail only these requests
+                logger.exception("engine step failed; aborting the requests in it")
+                self._fail_all(exc)
+                continue
+            for output in outputs:
+                self._deliver(output.request_id, output)
+            time.sleep(0)  # let the HTTP thread run between steps
+
+    def _fail_all(self, exc: Exception) -> None:
+        for request_id in list(self.engine.scheduler.requests):
+            self.engine.abort_request(request_id)
+            self._deliver(request_id, EngineDeadError(f"engine error: {exc}"))

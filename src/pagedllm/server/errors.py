@@ -1,0 +1,65 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable", 500: "internal_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None,
+                   code: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def _field_name(loc: tuple) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    # Drop pydantic's union-branch labels such as "str" or "list[int]".
+    parts = [p for p in parts if not p.startswith(("list[", "str", "int", "function-"))]
+    return ".".join(parts) or None
+
+
+async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    param = _field_name(tuple(first.get("loc", ())))
+    if first.get("type") == "json_invalid":
+        return error_response(400, f"request body is not valid JSON: {first.get('msg')}", None,
+                              "invalid_json")
+    message = first.get("msg", "invalid request")
+    if param:
+        message = f"{param}: {message}"
+    return error_response(400, message, param, "invalid_value")
+
+
+async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+
+async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_response(exc.status_code, str(exc.detail), None, None,
+                          getattr(exc, "headers", None))
+
+
+async def unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    return error_response(500, f"internal error: {type(exc).__name__}")

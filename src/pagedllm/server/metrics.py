@@ -1,0 +1,76 @@
+"""Prometheus metrics under vLLM's names with a `pagedllm:` prefix.
+
+Engine counters are read from EngineStats at scrape time (a custom collector), so the
+engine thread never touches prometheus objects; request latencies are observed by the
+HTTP handlers as histograms.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+P = "pagedllm:"
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0, 160.0)
+_TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+
+
+class EngineStatsCollector:
+    def __init__(self, engine, model_name: str):
+        self.engine = engine
+        self.labels = {"model_name": model_name}
+
+    def _gauge(self, name, doc, value):
+        g = GaugeMetricFamily(P + name, doc, labels=list(self.labels))
+        g.add_metric(list(self.labels.values()), value)
+        return g
+
+    def _counter(self, name, doc, value):
+        c = CounterMetricFamily(P + name, doc, labels=list(self.labels))
+        c.add_metric(list(self.labels.values()), value)
+        return c
+
+    def collect(self):
+        s = self.engine.stats()
+        yield self._gauge("num_requests_running", "Requests in the running batch.", s.num_running)
+        yield self._gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+        yield self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", s.kv_usage)
+        yield self._gauge("num_kv_blocks", "KV-cache blocks in the pool.", s.kv_blocks_total)
+        yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                            s.prefix_cache_queries)
+        yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                            s.prefix_cache_hits)
+        yield self._counter("num_preemptions", "Requests preempted (recompute).", s.num_preemptions)
+        yield self._counter("prompt_tokens", "Prompt tokens of admitted requests.", s.num_prompt_tokens)
+        yield self._counter("generation_tokens", "Generated tokens.", s.num_generation_tokens)
+
+
+class ServerMetrics:
+    def __init__(self, engine, model_name: str):
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineStatsCollector(engine, model_name))
+        labels = ["model_name"]
+        self.model_name = model_name
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.", labels,
+                              registry=self.registry, buckets=_LATENCY_BUCKETS)
+        self.tpot = Histogram(P + "time_per_output_token_seconds",
+                              "Mean time per output token after the first.", labels,
+                              registry=self.registry, buckets=_TPOT_BUCKETS)
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "End-to-end request latency.", labels,
+                             registry=self.registry, buckets=_LATENCY_BUCKETS)
+        self.queue = Histogram(P + "request_queue_time_seconds", "Time waiting before first scheduled.",
+                               labels, registry=self.registry, buckets=_LATENCY_BUCKETS)
+        self.success = Counter(P + "request_success", "Finished requests by reason.",
+                               labels + ["finished_reason"], registry=self.registry)
+
+    def observe_request(self, *, ttft: float | None, e2e: float, num_output_tokens: int,
+                        queue_time: float | None, finish_reason: str | None) -> None:
+        label = self.model_name
+        if ttft is not None:
+            self.ttft.labels(label).observe(ttft)
+            if num_output_tokens > 1:
+                self.tpot.labels(label).observe((e2e - ttft) / (num_output_tokens - 1))
+        self.e2e.labels(label).observe(e2e)
+        if queue_time is not None:
+            self.queue.labels(label).observe(queue_time)
+        self.success.labels(label, finish_reason or "abort").inc()

@@ -1,0 +1,84 @@
+"""Run the HTTP server: load with a progress bar, print where it listens, drain on SIGTERM.
+
+SIGTERM (or Ctrl-C): stop accepting, let running requests finish for a grace period, then
+abort what is left (each stream gets a final chunk with finish_reason "abort"), exit 0.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import uvicorn
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from pagedllm import sizing
+from pagedllm.engine import LLMEngine
+from pagedllm.server.app import create_app
+
+logger = logging.getLogger("pagedllm.server")
+console = Console(stderr=True)
+
+
+def load_engine_with_progress(model: str | None, **engine_kwargs) -> LLMEngine:
+    with Progress(TextColumn("loading model"), BarColumn(), MofNCompleteColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("load", total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return LLMEngine(model, load_progress=update, **engine_kwargs)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state, grace_seconds: float, ready_message: str):
+        super().__init__(config)
+        self.pagedllm_state = state
+        self.grace_seconds = grace_seconds
+        self.ready_message = ready_message
+        self._drain_started = False
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets)
+        if self.started:
+            console.print(self.ready_message, soft_wrap=True)
+
+    def handle_exit(self, sig, frame):
+        if not self._drain_started:
+            self._drain_started = True
+            state = self.pagedllm_state
+            state.draining = True
+            logger.info("shutting down: %d request(s) in flight get %.0fs to finish",
+                        state.async_engine.num_in_flight, self.grace_seconds)
+            timer = threading.Timer(self.grace_seconds, state.async_engine.abort_all)
+            timer.daemon = True
+            timer.start()
+        super().handle_exit(sig, frame)
+
+
+def ready_message(engine: LLMEngine, host: str, port: int, served_name: str, scheme: str = "http") -> str:
+    cache = engine.cache_config
+    max_len = engine.scheduler_config.max_model_len
+    full = sizing.max_full_context_requests(cache.num_blocks, cache.block_size, max_len)
+    return (f"pagedllm ready at {scheme}://{host}:{port}/v1 — model {served_name} ({engine.dtype}) — "
+            f"KV capacity {engine.capacity_tokens} tokens = {full} concurrent {max_len}-token "
+            f"requests — max_num_seqs {engine.scheduler_config.max_num_seqs}")
+
+
+def serve(engine: LLMEngine, *, host: str, port: int, served_model_name: str | None,
+          grace_seconds: float = 30.0, max_body_bytes: int | None = None, ssl_certfile=None,
+          ssl_keyfile=None, app_factory=create_app, **app_kwargs) -> int:
+    kwargs = dict(app_kwargs)
+    if max_body_bytes is not None:
+        kwargs["max_body_bytes"] = max_body_bytes
+    app = app_factory(engine, served_model_name, **kwargs)
+    state = app.state.pagedllm
+    config = uvicorn.Config(app, host=host, port=port, log_level="info",
+                            timeout_graceful_shutdown=int(grace_seconds) + 5,
+                            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+    scheme = "https" if ssl_certfile else "http"
+    server = DrainingServer(config, state, grace_seconds,
+                            ready_message(engine, host, port, state.served_model_name, scheme))
+    server.run()
+    return 0
