@@ -44,3 +44,22 @@ def hf_reference():
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One real server process on the default model, shared by the HTTP tests."""
+    from server_process import ServerProcess
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    proc = ServerProcess("--kv-cache-memory", str(512 << 20), "--max-num-seqs", "16",
+                         "--served-model-name", "smollm2", log_path=str(log))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture()
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)

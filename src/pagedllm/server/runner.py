@@ -5,6 +5,7 @@ abort what is left (each stream gets a final chunk with finish_reason "abort"), 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 
@@ -38,6 +39,16 @@ class DrainingServer(uvicorn.Server):
         self.grace_seconds = grace_seconds
         self.ready_message = ready_message
         self._drain_started = False
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        # uvicorn re-raises the captured SIGTERM after shutting down, which would make the
+        # process die by signal; a drained shutdown is a clean exit, status 0.
+        with super().capture_signals():
+            yield
+            captured = getattr(self, "_captured_signals", None)
+            if captured is not None:
+                captured.clear()
 
     async def startup(self, sockets=None):
         await super().startup(sockets)
