@@ -1,4 +1,7 @@
+from pagedllm.attention.batched import BatchedBackend
 from pagedllm.attention.metadata import AttentionMetadata
 from pagedllm.attention.torch_reference import TorchReferenceBackend
 
-__all__ = ["AttentionMetadata", "TorchReferenceBackend"]
+BACKENDS = {"batched": BatchedBackend, "torch-reference": TorchReferenceBackend}
+
+__all__ = ["AttentionMetadata", "BACKENDS", "BatchedBackend", "TorchReferenceBackend"]

@@ -1,9 +1,20 @@
 """Per-step attention metadata: built once per step by the model runner, read by every layer."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
+
+
+@dataclass
+class DecodeBatch:
+    """The single-token sequences of a step, padded for one batched attention computation."""
+
+    rows: list[int]  # their rows in the flat token batch
+    rows_tensor: torch.Tensor
+    block_tables: torch.Tensor  # [S, max_blocks] int64, padded with block 0
+    padding_mask: torch.Tensor  # [S, 1, 1, max_blocks * block_size] True where padding
 
 
 @dataclass
@@ -20,8 +31,7 @@ class AttentionMetadata:
     seq_lens: list[int]  # [num_seqs] context length of each sequence after this step
     block_tables: list[list[int]]  # [num_seqs][num_blocks_i] block ids in order
     block_size: int
-    # Derived once per step so layers do no per-layer host work.
-    context_block_ids: list[torch.Tensor] | None = None
+    context_block_ids: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
     def build(cls, slot_mapping: list[int], query_start_loc: list[int], seq_lens: list[int],
@@ -42,3 +52,29 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
+
+    def num_queries(self, i: int) -> int:
+        return self.query_start_loc[i + 1] - self.query_start_loc[i]
+
+    def prefill_seq_indices(self) -> list[int]:
+        return [i for i in range(self.num_seqs) if self.num_queries(i) > 1]
+
+    def decode_batch(self) -> DecodeBatch | None:
+        return self._decode_batch
+
+    @cached_property
+    def _decode_batch(self) -> DecodeBatch | None:
+        # Computed on first use, i.e. once per step, then shared by every layer.
+        seqs = [i for i in range(self.num_seqs) if self.num_queries(i) == 1]
+        if not seqs:
+            return None
+        bs = self.block_size
+        max_blocks = max(-(-self.seq_lens[i] // bs) for i in seqs)
+        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
+        lens = torch.tensor([self.seq_lens[i] for i in seqs])
+        for row, i in enumerate(seqs):
+            ids = self.context_block_ids[i]
+            tables[row, : ids.numel()] = ids
+        padding = torch.arange(max_blocks * bs).unsqueeze(0) >= lens.unsqueeze(1)
+        rows = [self.query_start_loc[i] for i in seqs]
+        return DecodeBatch(rows, torch.tensor(rows), tables, padding.view(len(seqs), 1, 1, -1))

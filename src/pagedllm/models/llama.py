@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.attention import AttentionMetadata, TorchReferenceBackend
+from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
 
 
@@ -49,23 +49,25 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_heads, config.num_kv_heads, config.head_dim)
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        # q, k and v projections fused into one matrix: one GEMM instead of three.
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.rotary = rotary
-        self.backend = TorchReferenceBackend(self.num_heads, self.num_kv_heads, self.head_dim)
+        self.backend = BACKENDS[backend](self.num_heads, self.num_kv_heads, self.head_dim)
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata):
         num_tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         return self.o_proj(self.backend.forward(q, k, v, kv_cache, meta))
 
@@ -73,19 +75,21 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.intermediate_size = config.intermediate_size
+        # gate and up projections fused: one GEMM, then SiLU(gate) * up.
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, rotary)
+        self.self_attn = Attention(config, rotary, backend)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
@@ -95,13 +99,15 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 attention_backend: str = "batched"):
         super().__init__()
         self.config = config
         self.dtype = dtype
         rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.rotary = rotary
-        self.layers = nn.ModuleList(DecoderLayer(config, rotary) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, rotary, attention_backend)
+                                    for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Embedding and output head stay float32: bf16 logits flip greedy choices.
         self.embed_weight = torch.empty(0)
@@ -114,6 +120,7 @@ class LlamaForCausalLM(nn.Module):
         head = weights.pop("lm_head.weight", None)
         self.lm_head_weight = self.embed_weight if head is None or self.config.tie_word_embeddings \
             else head.float().contiguous()
+        weights = fuse_projections(weights, self.config.num_layers)
         missing, unexpected = self.load_state_dict(weights, strict=False)
         if missing or unexpected:
             raise ValueError(f"weights do not fit the model: missing {missing[:5]}, "
@@ -134,3 +141,18 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled."""
         return hidden.float() @ self.lm_head_weight.T
+
+
+def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """Canonical q/k/v and gate/up weights -> the fused qkv_proj and gate_up_proj."""
+    fused = dict(weights)
+    for i in range(num_layers):
+        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        for kind in ("weight", "bias"):
+            parts = [fused.pop(f"{attn}{p}_proj.{kind}", None) for p in "qkv"]
+            if all(p is not None for p in parts):
+                fused[f"{attn}qkv_proj.{kind}"] = torch.cat(parts)
+        gate, up = fused.pop(f"{mlp}gate_proj.weight", None), fused.pop(f"{mlp}up_proj.weight", None)
+        if gate is not None and up is not None:
+            fused[f"{mlp}gate_up_proj.weight"] = torch.cat([gate, up])
+    return fused

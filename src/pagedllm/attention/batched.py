@@ -1,0 +1,71 @@
+"""Paged attention without a Python loop over decode sequences.
+
+All single-token (decode) sequences of a step are handled in one batched computation: their
+block tables, padded to the longest, gather K/V from the cache in one indexing op, and a
+length mask hides the padding. Prefill chunks (several queries) still run one SDPA call per
+sequence, with the fused causal kernel when the chunk is the whole sequence. Per-step index
+tensors are built once in AttentionMetadata, never per layer. The torch reference backend
+is the oracle this one is tested against.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pagedllm.attention.metadata import AttentionMetadata
+from pagedllm.attention.torch_reference import write_kv
+
+
+class BatchedBackend:
+    name = "batched"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = head_dim ** -0.5
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        key_cache, value_cache = kv_cache
+        write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
+        batch = meta.decode_batch()
+        if batch is not None and len(batch.rows) == query.shape[0]:
+            return self._decode(query, key_cache, value_cache, batch).flatten(1)
+        output = torch.empty_like(query)
+        if batch is not None:
+            output[batch.rows_tensor] = self._decode(query[batch.rows_tensor], key_cache, value_cache, batch)
+        for i in meta.prefill_seq_indices():
+            start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+            output[start:end] = self._prefill(query[start:end], key_cache, value_cache, meta, i)
+        return output.flatten(1)
+
+    def _decode(self, query, key_cache, value_cache, batch) -> torch.Tensor:
+        """query [S, heads, D] (one token per sequence) -> [S, heads, D]."""
+        num_seqs = query.shape[0]
+        keys = key_cache[batch.block_tables].flatten(1, 2)  # [S, L, kv_heads, D]
+        values = value_cache[batch.block_tables].flatten(1, 2)
+        # Group query heads by their KV head: [S, kv_heads, group, D] x [S, kv_heads, D, L].
+        q = query.view(num_seqs, self.num_kv_heads, self.group, self.head_dim)
+        scores = torch.matmul(q, keys.permute(0, 2, 3, 1)).float() * self.scale
+        scores.masked_fill_(batch.padding_mask, float("-inf"))  # [S, 1, 1, L]
+        probs = scores.softmax(dim=-1).to(values.dtype)
+        out = torch.matmul(probs, values.transpose(1, 2))  # [S, kv_heads, group, D]
+        return out.view(num_seqs, self.num_heads, self.head_dim)
+
+    def _prefill(self, query, key_cache, value_cache, meta, i) -> torch.Tensor:
+        seq_len = meta.seq_lens[i]
+        num_queries = query.shape[0]
+        blocks = meta.context_block_ids[i]
+        keys = key_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)  # [kv_heads, L, D]
+        values = value_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)
+        whole = num_queries == seq_len
+        mask = None
+        if not whole:
+            query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
+            mask = torch.arange(seq_len).unsqueeze(0) <= query_pos
+        out = F.scaled_dot_product_attention(
+            query.transpose(0, 1), keys, values, attn_mask=mask, is_causal=whole,
+            scale=self.scale, enable_gqa=self.group > 1)
+        return out.transpose(0, 1)
