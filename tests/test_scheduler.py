@@ -124,7 +124,7 @@ def test_preemption_newest_first_then_resume_from_cached_prefix():
         if out.preempted:
             preempted_at = step
             assert [r.request_id for r in out.preempted] == ["b"]  # the newest goes
-            assert sched.waiting[0].request_id == "b"
+            assert sched.waiting.peek().request_id == "b"
             assert sched.requests["b"].num_computed_tokens == 0
             break
     assert preempted_at is not None

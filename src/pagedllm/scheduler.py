@@ -7,10 +7,10 @@ the same case: a request gets min(uncomputed tokens, remaining budget) tokens.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from pagedllm.config import SchedulerConfig
+from pagedllm.fair_queue import FairQueue
 from pagedllm.kv_cache import KVCacheManager
 from pagedllm.request import FinishReason, Request, RequestStatus
 
@@ -56,8 +56,9 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager):
         self.config = config
         self.kv = kv_manager
-        self.waiting: deque[Request] = deque()
+        self.waiting = FairQueue()
         self.running: list[Request] = []  # in admission order: the newest is last
+        self.max_running_per_user: dict[str, int] = {}  # per-key max_concurrent
         self.requests: dict[str, Request] = {}
         self.stats = SchedulerStats()
 
@@ -75,6 +76,7 @@ class Scheduler:
             return None
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
+            self._count_running(request, -1)
         else:
             self.waiting.remove(request)
         self.kv.free(request)
@@ -98,13 +100,16 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
 
-        # Running requests first, oldest first; when blocks run out, preempt the newest.
+        # Running requests first, oldest first; when blocks run out, preempt the newest
+        # request of the user furthest above its fair share.
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while not self.kv.allocate_slots(request, num_new):
-                victim = self.running.pop()
+                victim = self._pick_victim(index)
+                self.running.remove(victim)
+                self._count_running(victim, -1)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
@@ -115,23 +120,45 @@ class Scheduler:
                 budget -= num_new
                 index += 1
 
-        # Then admit waiting requests in order while budget, slots and blocks last. Not in
-        # a step that had to preempt: memory is short, admitting more would thrash.
+        # Then admit waiting requests in fair order while budget, slots and blocks last. Not
+        # in a step that had to preempt: memory is short, admitting more would thrash.
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
+            request = self.waiting.peek(self._user_may_run)
+            if request is None:
+                break
             cached_blocks, num_cached = self.kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(request, num_new, cached_blocks):
                 break
-            self.waiting.popleft()
+            self.waiting.pop(request)
             self._admit(request, num_cached)
             out.scheduled.append(ScheduledRequest(
                 request, num_new, self.kv.block_table(request.request_id)))
             budget -= num_new
 
+        for item in out.scheduled:
+            self.waiting.charge(FairQueue.user_of(item.request), item.num_new_tokens)
         self.stats.last_step_tokens = out.num_scheduled_tokens
         return out
+
+    def _user_may_run(self, user: str) -> bool:
+        cap = self.max_running_per_user.get(user)
+        return cap is None or self.waiting.num_running.get(user, 0) < cap
+
+    def _count_running(self, request: Request, delta: int) -> None:
+        user = FairQueue.user_of(request)
+        self.waiting.num_running[user] = self.waiting.num_running.get(user, 0) + delta
+
+    def _pick_victim(self, protected: int) -> Request:
+        """The newest running request of the user with the highest virtual time; requests
+        before index `protected` are already scheduled this step and never taken. With one
+        user this is plain newest-first."""
+        candidates = self.running[protected:]
+        vt = self.waiting.virtual_time
+        worst_user = max((FairQueue.user_of(r) for r in candidates),
+                         key=lambda u: vt.get(u, 0.0))
+        return [r for r in candidates if FairQueue.user_of(r) == worst_user][-1]
 
     def _admit(self, request: Request, num_cached: int) -> None:
         if request.num_cached_tokens < 0:  # first admission, not a resume
@@ -143,6 +170,7 @@ class Scheduler:
         request.num_computed_tokens = num_cached
         request.status = RequestStatus.RUNNING
         self.running.append(request)
+        self._count_running(request, +1)
 
     def _preempt(self, request: Request) -> None:
         """Recompute preemption: drop its blocks; it waits at the front of the queue and
