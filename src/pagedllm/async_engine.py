@@ -26,9 +26,19 @@ class EngineDeadError(RuntimeError):
 
 
 @dataclass
+class QueuePosition:
+    """Sent to streams that asked for it while their request waits: 1 = admitted next."""
+
+    position: int
+    queue_length: int
+
+
+@dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
+    report_position: bool = False
+    last_position: int | None = None
 
 
 class AsyncEngine:
@@ -42,10 +52,12 @@ class AsyncEngine:
         self._thread.start()
 
     # -- called from the event loop -------------------------------------------------------
-    async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:
-        """Stream the outputs of a request made with engine.make_request; leaving the
-        iteration early (a client disconnect) aborts the request."""
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+    async def generate(self, request: Request, report_position: bool = False
+                       ) -> AsyncIterator[RequestOutput | QueuePosition]:
+        """Stream the outputs of a request made with engine.make_request (and, if asked,
+        its queue position while it waits); leaving the iteration early (a client
+        disconnect) aborts the request."""
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), report_position)
         self._streams[request.request_id] = stream
         self._post(("add", request))
         finished = False
@@ -55,7 +67,7 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
-                if item.finished:
+                if isinstance(item, RequestOutput) and item.finished:
                     finished = True
                     return
         finally:
@@ -87,7 +99,7 @@ class AsyncEngine:
         stream = self._streams.get(request_id)
         if stream is None:
             return
-        final = isinstance(item, BaseException) or item.finished
+        final = isinstance(item, BaseException) or (isinstance(item, RequestOutput) and item.finished)
         if final:
             del self._streams[request_id]
         try:
@@ -114,9 +126,20 @@ class AsyncEngine:
                     if final is not None:
                         self._deliver(request_id, final)
 
+    def _report_positions(self) -> None:
+        if not any(s.report_position for s in self._streams.values()):
+            return
+        order = self.engine.scheduler.waiting.ordered()
+        for position, request in enumerate(order, 1):
+            stream = self._streams.get(request.request_id)
+            if stream is not None and stream.report_position and stream.last_position != position:
+                stream.last_position = position
+                self._deliver(request.request_id, QueuePosition(position, len(order)))
+
     def _run(self) -> None:
         while not self._stopped:
             self._apply_commands()
+            self._report_positions()
             if not self.engine.has_unfinished_requests():
                 self._wakeup.wait(timeout=1.0)
                 self._wakeup.clear()

@@ -30,11 +30,36 @@ def engine_kwargs(args) -> dict:
 
 
 def cmd_serve(args) -> int:
-    from pagedllm.server.runner import load_engine_with_progress, serve
+    from pagedllm.server.app import ServerOptions
+    from pagedllm.server.auth import KeyFileError, parse_key_file
+    from pagedllm.server.runner import check_binding, load_engine_with_progress, serve
 
+    # Refuse a bad setup before spending time loading the model.
+    refusal = check_binding(args.host, args.api_key_file, args.insecure_no_auth)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    if args.api_key_file:
+        try:
+            parse_key_file(args.api_key_file)
+        except KeyFileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        print("error: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
+        return 2
+    options = ServerOptions(
+        api_key_file=args.api_key_file, public_metrics=args.public_metrics,
+        shared_prefix_cache=args.shared_prefix_cache,
+        allowed_origins=[o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()],
+        max_queue=args.max_queue, max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout)
+    if args.max_body_bytes:
+        options.max_body_bytes = args.max_body_bytes
     engine = load_engine_with_progress(args.model, **engine_kwargs(args))
     return serve(engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
-                 grace_seconds=args.shutdown_grace, max_body_bytes=args.max_body_bytes)
+                 grace_seconds=args.shutdown_grace, options=options,
+                 ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
 
 
 def cmd_generate(args) -> int:
@@ -78,7 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="seconds running requests get to finish on SIGTERM")
-    serve.add_argument("--max-body-bytes", type=int, default=None)
+    serve.add_argument("--max-body-bytes", type=int, default=None, help="default 4 MiB")
+    shared = serve.add_argument_group("shared-server controls")
+    shared.add_argument("--api-key-file", default=None,
+                        help="lines of `NAME KEY [weight=W] [max_concurrent=C] [tokens_per_minute=T]`;"
+                             " re-read on SIGHUP")
+    shared.add_argument("--insecure-no-auth", action="store_true",
+                        help="allow a non-loopback bind without API keys")
+    shared.add_argument("--public-metrics", action="store_true", help="/metrics without a key")
+    shared.add_argument("--shared-prefix-cache", action="store_true",
+                        help="share cached prompt blocks across users (default: salted per user)")
+    shared.add_argument("--allowed-origins", default=None, help="comma-separated CORS origins")
+    shared.add_argument("--max-queue", type=int, default=None, help="waiting requests before 429")
+    shared.add_argument("--max-prompt-tokens", type=int, default=None)
+    shared.add_argument("--max-tokens-limit", type=int, default=None, help="cap on max_tokens")
+    shared.add_argument("--request-timeout", type=float, default=None, help="seconds, then abort")
+    shared.add_argument("--ssl-certfile", default=None)
+    shared.add_argument("--ssl-keyfile", default=None)
     serve.set_defaults(func=cmd_serve)
 
     chat = sub.add_parser("chat", help="interactive chat in the terminal")

@@ -1,12 +1,16 @@
-"""The FastAPI application: routes, error handlers, body limit, draining on shutdown."""
+"""The FastAPI application: routes, error handlers, auth, limits, draining on shutdown."""
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -14,14 +18,30 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pagedllm.async_engine import AsyncEngine
 from pagedllm.engine import LLMEngine
 from pagedllm.server import errors
+from pagedllm.server.auth import ApiKey, KeyStore
 from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
+from pagedllm.server.limits import TokenRateLimiter, check_queue
 from pagedllm.server.metrics import ServerMetrics
+from pagedllm.server.middleware import ApiKeyAuth, BodySizeLimit
 from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       TokenizeRequest)
 from pagedllm.tokenizer import ChatTemplateError
 
-DEFAULT_MAX_BODY_BYTES = 4 << 20
+logger = logging.getLogger("pagedllm.server")
+
+
+@dataclass
+class ServerOptions:
+    api_key_file: str | None = None
+    public_metrics: bool = False
+    shared_prefix_cache: bool = False  # share cached blocks across users
+    allowed_origins: list[str] = field(default_factory=list)
+    max_queue: int | None = None  # waiting requests; beyond -> 429
+    max_body_bytes: int = 4 << 20
+    max_prompt_tokens: int | None = None
+    max_tokens_limit: int | None = None  # cap on a request's max_tokens
+    request_timeout: float | None = None  # seconds
 
 
 @dataclass
@@ -30,7 +50,10 @@ class ServerState:
     async_engine: AsyncEngine
     served_model_name: str
     metrics: ServerMetrics
+    options: ServerOptions
+    keys: KeyStore
     created: int
+    rate_limiter: TokenRateLimiter = field(default_factory=TokenRateLimiter)
     draining: bool = False
 
     def check_model(self, model: str | None) -> None:
@@ -40,63 +63,69 @@ class ServerState:
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
                                 f"`{self.served_model_name}`.", "model", "model_not_found")
 
-    def cache_salt_for(self, user: str | None) -> str | None:
-        return None
+    def identity(self, http_request: HTTPRequest, user_field: str | None) -> tuple[str, ApiKey | None]:
+        """Who is asking: the API key's name, else the `user` field, else the client address."""
+        key = http_request.scope.get("state", {}).get("api_key")
+        if key is not None:
+            return key.name, key
+        if user_field:
+            return f"user:{user_field}", None
+        client = http_request.client
+        return f"addr:{client.host if client else 'unknown'}", None
 
+    def cache_salt_for(self, user: str) -> str | None:
+        # Salted by user so one user cannot learn another's prompts through cache timing.
+        return None if self.options.shared_prefix_cache else user
 
-class BodySizeLimit:
-    """ASGI middleware: a body over the limit gets 413 before any handler reads it."""
+    def admit(self, user: str, key: ApiKey | None, num_new: int) -> None:
+        """Raise 429 when the queue is full or the key is over its tokens per minute."""
+        if key is not None:
+            self.rate_limiter.check(key.name, key.tokens_per_minute)
+        waiting = max(0, self.async_engine.num_in_flight - self.engine.scheduler.num_running)
+        check_queue(waiting, num_new, self.options.max_queue)
 
-    def __init__(self, app, max_bytes: int):
-        self.app = app
-        self.max_bytes = max_bytes
+    def apply_key_policies(self) -> None:
+        """Weights and per-key concurrency caps into the scheduler (read by the engine
+        thread; each dict is replaced whole, never mutated)."""
+        scheduler = self.engine.scheduler
+        scheduler.waiting.weights = {k.name: k.weight for k in self.keys.keys}
+        scheduler.max_running_per_user = {k.name: k.max_concurrent for k in self.keys.keys
+                                          if k.max_concurrent}
 
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await self._reject(send)
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _BodyTooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await self._reject(send)
-
-    async def _reject(self, send):
-        response = errors.error_response(
-            413, f"request body is larger than the {self.max_bytes}-byte limit", None,
-            "body_too_large")
-        await response({"type": "http"}, None, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
+    def reload_keys(self) -> None:
+        if self.keys.reload():
+            self.apply_key_policies()
 
 
 def create_app(engine: LLMEngine, served_model_name: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               options: ServerOptions | None = None) -> FastAPI:
+    options = options or ServerOptions()
     name = served_model_name or engine.model_config.name
     async_engine = AsyncEngine(engine)
-    state = ServerState(engine, async_engine, name, ServerMetrics(engine, name), int(time.time()))
+    keys = KeyStore(options.api_key_file)
+    state = ServerState(engine, async_engine, name, ServerMetrics(engine, name), options, keys,
+                        int(time.time()))
+    state.apply_key_policies()
+
     @asynccontextmanager
     async def lifespan(_app):
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, state.reload_keys)
+        except (NotImplementedError, RuntimeError, ValueError):
+            logger.warning("SIGHUP key reload is not available here")
         yield
         async_engine.shutdown()
 
     app = FastAPI(title="pagedllm", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     app.state.pagedllm = state
+    # Added last = outermost: size limit, then CORS (answers preflights), then auth.
+    app.add_middleware(ApiKeyAuth, keys=keys, public_metrics=options.public_metrics)
+    if options.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins,
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(BodySizeLimit, max_bytes=options.max_body_bytes)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(APIError, errors.api_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)

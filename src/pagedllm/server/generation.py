@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from pagedllm.async_engine import QueuePosition
 from pagedllm.engine import PromptTooLongError
 from pagedllm.request import RequestOutput, SamplingParams, SamplingParamsError
 from pagedllm.server.errors import APIError
@@ -32,13 +33,21 @@ class Choice:
     request: object
     arrival: float
     first_token_time: float | None = None
+    user: str = ""
+    key: object = None
     final: RequestOutput | None = None
-    outputs: list[RequestOutput] = field(default_factory=list)
 
 
 def build_choices(state, prompts: list[str | list[int]], params: SamplingParams,
-                  user: str | None) -> list[Choice]:
+                  http_request: HTTPRequest, user_field: str | None) -> list[Choice]:
+    """Check limits and make one engine request per prompt x n (nothing is queued yet)."""
     engine = state.engine
+    options = state.options
+    user, key = state.identity(http_request, user_field)
+    if options.max_tokens_limit and params.max_tokens and params.max_tokens > options.max_tokens_limit:
+        raise APIError(400, f"max_tokens {params.max_tokens} is over this server's limit of "
+                            f"{options.max_tokens_limit}", "max_tokens", "invalid_value")
+    state.admit(user, key, len(prompts) * params.n)
     choices = []
     arrival = time.monotonic()
     for p_index, prompt in enumerate(prompts):
@@ -53,7 +62,11 @@ def build_choices(state, prompts: list[str | list[int]], params: SamplingParams,
                 raise APIError(400, str(exc), exc.param, "invalid_value") from exc
             except ValueError as exc:
                 raise APIError(400, str(exc), "prompt", "invalid_value") from exc
-            choices.append(Choice(len(choices), p_index, req, arrival))
+            limit = options.max_prompt_tokens
+            if limit and req.num_prompt_tokens > limit:
+                raise APIError(400, f"the prompt has {req.num_prompt_tokens} tokens, over this "
+                                    f"server's limit of {limit}", "prompt", "prompt_too_long")
+            choices.append(Choice(len(choices), p_index, req, arrival, user=user, key=key))
     return choices
 
 
@@ -62,23 +75,45 @@ def _child_params(params: SamplingParams, j: int) -> SamplingParams:
     return replace(params, n=1, seed=None if params.seed is None else params.seed + j)
 
 
-async def _drive(state, choice: Choice, sink: asyncio.Queue | None) -> None:
-    async for out in state.async_engine.generate(choice.request):
-        if choice.first_token_time is None and out.new_token_ids:
-            choice.first_token_time = time.monotonic()
-        if sink is not None:
-            await sink.put((choice, out))
-        if out.finished:
-            choice.final = out
-            end = time.monotonic()
-            state.metrics.observe_request(
-                ttft=None if choice.first_token_time is None else choice.first_token_time - choice.arrival,
-                e2e=end - choice.arrival, num_output_tokens=len(out.token_ids),
-                queue_time=out.queue_time, finish_reason=out.finish_reason)
+async def _drive(state, choice: Choice, sink: asyncio.Queue | None,
+                 report_position: bool = False) -> None:
+    timeout = state.options.request_timeout
+    timer = None
+    if timeout:
+        # An abort ends the stream with finish_reason "abort", like any other abort.
+        timer = asyncio.get_running_loop().call_later(
+            timeout, state.async_engine.abort, choice.request.request_id)
+    try:
+        async for out in state.async_engine.generate(choice.request, report_position):
+            if isinstance(out, QueuePosition):
+                if sink is not None:
+                    await sink.put((choice, out))
+                continue
+            await _on_output(state, choice, out, sink)
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+async def _on_output(state, choice: Choice, out: RequestOutput, sink) -> None:
+    if choice.first_token_time is None and out.new_token_ids:
+        choice.first_token_time = time.monotonic()
+    if sink is not None:
+        await sink.put((choice, out))
+    if not out.finished:
+        return
+    choice.final = out
+    ttft = None if choice.first_token_time is None else choice.first_token_time - choice.arrival
+    state.metrics.observe_request(
+        ttft=ttft, e2e=time.monotonic() - choice.arrival, num_output_tokens=len(out.token_ids),
+        queue_time=out.queue_time, finish_reason=out.finish_reason)
+    state.metrics.observe_user(choice.user, len(out.prompt_token_ids), len(out.token_ids))
+    if choice.key is not None:
+        state.rate_limiter.record(choice.key.name, len(out.prompt_token_ids) + len(out.token_ids))
 
 
 def _usage(choices: list[Choice]) -> dict:
-    prompt_tokens, cached, completion = 0, 0, 0
+    prompt_tokens, completion = 0, 0
     seen_prompts = {}
     for c in choices:
         final = c.final
@@ -115,14 +150,15 @@ async def _collect(state, http_request: HTTPRequest, choices: list[Choice]) -> b
             t.cancel()  # cancelling the generator aborts its engine request
 
 
-async def _merged(state, choices: list[Choice]) -> AsyncIterator[tuple[Choice, RequestOutput]]:
+async def _merged(state, choices: list[Choice], report_position: bool
+                  ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
     sink: asyncio.Queue = asyncio.Queue()
-    tasks = [asyncio.create_task(_drive(state, c, sink)) for c in choices]
+    tasks = [asyncio.create_task(_drive(state, c, sink, report_position)) for c in choices]
     remaining = len(choices)
     try:
         while remaining:
             choice, out = await sink.get()
-            if out.finished:
+            if isinstance(out, RequestOutput) and out.finished:
                 remaining -= 1
             yield choice, out
     finally:
@@ -135,12 +171,18 @@ def _sse(payload: dict) -> str:
 
 
 def _stream(state, choices, make_chunk, first_chunks=None, include_usage=False,
-            object_name="", response_id="", model="") -> StreamingResponse:
+            object_name="", response_id="", model="", report_position=False) -> StreamingResponse:
     async def events():
         try:
             for chunk in first_chunks or []:
                 yield _sse(chunk)
-            async for choice, out in _merged(state, choices):
+            async for choice, out in _merged(state, choices, report_position):
+                if isinstance(out, QueuePosition):
+                    # Extension: a chunk with no choices, which OpenAI clients skip.
+                    yield _sse({"id": response_id, "object": "queue.position", "created": now(),
+                                "model": model, "choices": [], "index": choice.index,
+                                "queue_position": out.position, "queue_length": out.queue_length})
+                    continue
                 chunk = make_chunk(choice, out)
                 if chunk is not None:
                     yield _sse(chunk)
@@ -180,7 +222,7 @@ async def create_completion(state, body: CompletionRequest, http_request: HTTPRe
     if body.echo:
         raise APIError(400, "echo is not supported", "echo", "unsupported")
     params = _params(body, body.max_tokens, body.logprobs)
-    choices = build_choices(state, body.prompts(), params, body.user)
+    choices = build_choices(state, body.prompts(), params, http_request, body.user)
     response_id, model = random_id("cmpl"), state.served_model_name
 
     if body.stream:
@@ -192,7 +234,7 @@ async def create_completion(state, body: CompletionRequest, http_request: HTTPRe
                                  "logprobs": _completion_logprobs(state, out.new_logprobs),
                                  "finish_reason": out.finish_reason}]}
         return _stream(state, choices, chunk, None, _include_usage(body), "text_completion",
-                       response_id, model)
+                       response_id, model, body.queue_position)
 
     if not await _collect(state, http_request, choices):
         return Response(status_code=CLIENT_CLOSED)
@@ -230,7 +272,7 @@ async def create_chat_completion(state, body: ChatCompletionRequest, http_reques
     params = _params(body, body.max_completion_tokens or body.max_tokens, top)
     # The template writes special tokens as text; encode without adding BOS twice.
     prompt_ids = state.engine.tokenizer.encode(prompt, add_special_tokens=False)
-    choices = build_choices(state, [prompt_ids], params, body.user)
+    choices = build_choices(state, [prompt_ids], params, http_request, body.user)
     response_id, model = random_id("chatcmpl"), state.served_model_name
     base = {"id": response_id, "object": "chat.completion.chunk", "model": model}
 
@@ -248,7 +290,7 @@ async def create_chat_completion(state, body: ChatCompletionRequest, http_reques
                  "logprobs": _chat_logprobs(state, out.new_logprobs),
                  "finish_reason": out.finish_reason}]}
         return _stream(state, choices, chunk, first, _include_usage(body),
-                       "chat.completion.chunk", response_id, model)
+                       "chat.completion.chunk", response_id, model, body.queue_position)
 
     if not await _collect(state, http_request, choices):
         return Response(status_code=CLIENT_CLOSED)

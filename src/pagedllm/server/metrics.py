@@ -43,6 +43,11 @@ class EngineStatsCollector:
         yield self._counter("num_preemptions", "Requests preempted (recompute).", s.num_preemptions)
         yield self._counter("prompt_tokens", "Prompt tokens of admitted requests.", s.num_prompt_tokens)
         yield self._counter("generation_tokens", "Generated tokens.", s.num_generation_tokens)
+        by_user = GaugeMetricFamily(P + "num_requests_waiting_by_user", "Waiting requests per user.",
+                                    labels=["model_name", "user"])
+        for user, count in self.engine.scheduler.waiting.waiting_by_user().items():
+            by_user.add_metric([self.labels["model_name"], user], count)
+        yield by_user
 
 
 class ServerMetrics:
@@ -62,6 +67,18 @@ class ServerMetrics:
                                labels, registry=self.registry, buckets=_LATENCY_BUCKETS)
         self.success = Counter(P + "request_success", "Finished requests by reason.",
                                labels + ["finished_reason"], registry=self.registry)
+        self.user_requests = Counter(P + "user_requests", "Finished requests per user (API key).",
+                                     ["user"], registry=self.registry)
+        self.user_prompt_tokens = Counter(P + "user_prompt_tokens", "Prompt tokens per user.",
+                                          ["user"], registry=self.registry)
+        self.user_completion_tokens = Counter(P + "user_completion_tokens",
+                                              "Completion tokens per user.", ["user"],
+                                              registry=self.registry)
+
+    def observe_user(self, user: str, prompt_tokens: int, completion_tokens: int) -> None:
+        self.user_requests.labels(user).inc()
+        self.user_prompt_tokens.labels(user).inc(prompt_tokens)
+        self.user_completion_tokens.labels(user).inc(completion_tokens)
 
     def observe_request(self, *, ttft: float | None, e2e: float, num_output_tokens: int,
                         queue_time: float | None, finish_reason: str | None) -> None:

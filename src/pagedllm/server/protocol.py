@@ -41,6 +41,8 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # Extension: while a streaming request waits, send chunks with its queue position.
+    queue_position: bool = False
 
     @field_validator("stop")
     @classmethod

@@ -15,7 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from pagedllm import sizing
 from pagedllm.engine import LLMEngine
-from pagedllm.server.app import create_app
+from pagedllm.server.app import ServerOptions, create_app
+from pagedllm.server.auth import is_loopback
 
 logger = logging.getLogger("pagedllm.server")
 console = Console(stderr=True)
@@ -77,13 +78,24 @@ def ready_message(engine: LLMEngine, host: str, port: int, served_name: str, sch
             f"requests — max_num_seqs {engine.scheduler_config.max_num_seqs}")
 
 
+def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -> str | None:
+    """Why this bind is refused, or None. Off loopback, a server needs keys."""
+    if is_loopback(host) or api_key_file:
+        return None
+    if insecure_no_auth:
+        console.print(f"[bold red]WARNING: serving on {host} with NO API KEYS: anyone who can "
+                      f"reach this address can use the model and read /metrics.[/]")
+        return None
+    return (f"refusing to listen on {host} without API keys: anyone on the network could use "
+            f"the server. Create a key file with one `NAME KEY` line per user, e.g.\n"
+            f"  echo \"alice $(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')\" > keys.txt\n"
+            f"and pass --api-key-file keys.txt (or --insecure-no-auth if you really mean it).")
+
+
 def serve(engine: LLMEngine, *, host: str, port: int, served_model_name: str | None,
-          grace_seconds: float = 30.0, max_body_bytes: int | None = None, ssl_certfile=None,
-          ssl_keyfile=None, app_factory=create_app, **app_kwargs) -> int:
-    kwargs = dict(app_kwargs)
-    if max_body_bytes is not None:
-        kwargs["max_body_bytes"] = max_body_bytes
-    app = app_factory(engine, served_model_name, **kwargs)
+          grace_seconds: float = 30.0, options: ServerOptions | None = None, ssl_certfile=None,
+          ssl_keyfile=None) -> int:
+    app = create_app(engine, served_model_name, options)
     state = app.state.pagedllm
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=int(grace_seconds) + 5,
