@@ -191,7 +191,7 @@ def bounded(tmp_path_factory):
     write_keys(keys)
     args = ["--api-key-file", str(keys), "--kv-cache-memory", str(256 << 20), "--max-num-seqs",
             "1", "--max-queue", "2", "--shared-prefix-cache", "--max-tokens-limit", "500",
-            "--max-prompt-tokens", "1000", "--request-timeout", "3"]
+            "--max-prompt-tokens", "1000", "--request-timeout", "8"]
     scheme = "http"
     if shutil.which("openssl"):
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -260,4 +260,4 @@ def test_request_timeout_aborts(bounded):
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "abort"
     assert r.json()["usage"]["completion_tokens"] < 490
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 40

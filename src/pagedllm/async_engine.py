@@ -41,6 +41,31 @@ class _Stream:
     last_position: int | None = None
 
 
+class RequestStream:
+    """The outputs of one submitted request (and, if asked, its queue position while it
+    waits). Leaving the iteration early (a client disconnect) aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream):
+        self._engine = engine
+        self.request_id = request_id
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput | QueuePosition]:
+        finished = False
+        try:
+            while True:
+                item = await self._stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, RequestOutput) and item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._engine.abort(self.request_id)
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
@@ -52,27 +77,18 @@ class AsyncEngine:
         self._thread.start()
 
     # -- called from the event loop -------------------------------------------------------
-    async def generate(self, request: Request, report_position: bool = False
-                       ) -> AsyncIterator[RequestOutput | QueuePosition]:
-        """Stream the outputs of a request made with engine.make_request (and, if asked,
-        its queue position while it waits); leaving the iteration early (a client
-        disconnect) aborts the request."""
+    def submit(self, request: Request, report_position: bool = False) -> RequestStream:
+        """Queue a request made with engine.make_request. Synchronous, so a caller that
+        checks queue room and submits without awaiting in between cannot be overtaken."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), report_position)
         self._streams[request.request_id] = stream
         self._post(("add", request))
-        finished = False
-        try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if isinstance(item, RequestOutput) and item.finished:
-                    finished = True
-                    return
-        finally:
-            if not finished:
-                self.abort(request.request_id)
+        return RequestStream(self, request.request_id, stream)
+
+    async def generate(self, request: Request, report_position: bool = False
+                       ) -> AsyncIterator[RequestOutput | QueuePosition]:
+        async for item in self.submit(request, report_position):
+            yield item
 
     def abort(self, request_id: str) -> None:
         self._post(("abort", request_id))

@@ -32,6 +32,7 @@ class Choice:
     prompt_index: int
     request: object
     arrival: float
+    stream: object = None  # the RequestStream once submitted
     first_token_time: float | None = None
     user: str = ""
     key: object = None
@@ -70,13 +71,18 @@ def build_choices(state, prompts: list[str | list[int]], params: SamplingParams,
     return choices
 
 
+def submit_choices(state, choices: list[Choice], report_position: bool = False) -> None:
+    """Queue every choice's request, with no await between the queue check and this."""
+    for choice in choices:
+        choice.stream = state.async_engine.submit(choice.request, report_position)
+
+
 def _child_params(params: SamplingParams, j: int) -> SamplingParams:
     from dataclasses import replace
     return replace(params, n=1, seed=None if params.seed is None else params.seed + j)
 
 
-async def _drive(state, choice: Choice, sink: asyncio.Queue | None,
-                 report_position: bool = False) -> None:
+async def _drive(state, choice: Choice, sink: asyncio.Queue | None) -> None:
     timeout = state.options.request_timeout
     timer = None
     if timeout:
@@ -84,7 +90,7 @@ async def _drive(state, choice: Choice, sink: asyncio.Queue | None,
         timer = asyncio.get_running_loop().call_later(
             timeout, state.async_engine.abort, choice.request.request_id)
     try:
-        async for out in state.async_engine.generate(choice.request, report_position):
+        async for out in choice.stream:
             if isinstance(out, QueuePosition):
                 if sink is not None:
                     await sink.put((choice, out))
@@ -150,10 +156,10 @@ async def _collect(state, http_request: HTTPRequest, choices: list[Choice]) -> b
             t.cancel()  # cancelling the generator aborts its engine request
 
 
-async def _merged(state, choices: list[Choice], report_position: bool
+async def _merged(state, choices: list[Choice]
                   ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
     sink: asyncio.Queue = asyncio.Queue()
-    tasks = [asyncio.create_task(_drive(state, c, sink, report_position)) for c in choices]
+    tasks = [asyncio.create_task(_drive(state, c, sink)) for c in choices]
     remaining = len(choices)
     try:
         while remaining:
@@ -171,12 +177,12 @@ def _sse(payload: dict) -> str:
 
 
 def _stream(state, choices, make_chunk, first_chunks=None, include_usage=False,
-            object_name="", response_id="", model="", report_position=False) -> StreamingResponse:
+            object_name="", response_id="", model="") -> StreamingResponse:
     async def events():
         try:
             for chunk in first_chunks or []:
                 yield _sse(chunk)
-            async for choice, out in _merged(state, choices, report_position):
+            async for choice, out in _merged(state, choices):
                 if isinstance(out, QueuePosition):
                     # Extension: a chunk with no choices, which OpenAI clients skip.
                     yield _sse({"id": response_id, "object": "queue.position", "created": now(),
@@ -233,9 +239,11 @@ async def create_completion(state, body: CompletionRequest, http_request: HTTPRe
                     "choices": [{"index": choice.index, "text": out.new_text,
                                  "logprobs": _completion_logprobs(state, out.new_logprobs),
                                  "finish_reason": out.finish_reason}]}
+        submit_choices(state, choices, body.queue_position)
         return _stream(state, choices, chunk, None, _include_usage(body), "text_completion",
-                       response_id, model, body.queue_position)
+                       response_id, model)
 
+    submit_choices(state, choices)
     if not await _collect(state, http_request, choices):
         return Response(status_code=CLIENT_CLOSED)
     return JSONResponse({
@@ -289,9 +297,11 @@ async def create_chat_completion(state, body: ChatCompletionRequest, http_reques
                 {"index": choice.index, "delta": delta,
                  "logprobs": _chat_logprobs(state, out.new_logprobs),
                  "finish_reason": out.finish_reason}]}
+        submit_choices(state, choices, body.queue_position)
         return _stream(state, choices, chunk, first, _include_usage(body),
-                       "chat.completion.chunk", response_id, model, body.queue_position)
+                       "chat.completion.chunk", response_id, model)
 
+    submit_choices(state, choices)
     if not await _collect(state, http_request, choices):
         return Response(status_code=CLIENT_CLOSED)
     return JSONResponse({
