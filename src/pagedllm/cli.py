@@ -92,6 +92,37 @@ def cmd_chat(args) -> int:
     return chat_loop(stream, args.system)
 
 
+def cmd_plan(args) -> int:
+    from pagedllm import sizing
+    from pagedllm.plan import make_plan, print_plan
+    from pagedllm.weights import ModelLoadError
+
+    try:
+        parallels = [int(p) for p in args.parallel.split(",") if p.strip()]
+        memory = sizing.parse_bytes(args.memory) if args.memory else None
+    except ValueError as exc:
+        print(f"error: --parallel is a list of integers and --memory a size like 8GiB ({exc})",
+              file=sys.stderr)
+        return 2
+    if not parallels or min(parallels) < 1 or args.context < 1:
+        print("error: --parallel and --context must be positive", file=sys.stderr)
+        return 2
+    try:
+        plan = make_plan(args.model, dtype=args.dtype, context=args.context, parallels=parallels,
+                         memory=memory, block_size=args.block_size)
+    except ModelLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_plan(plan, args.json)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from pagedllm.bench_cli import run_bench
+
+    return run_bench(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedllm", description="LLM inference server")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +162,36 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.set_defaults(func=cmd_chat)
 
+    plan = sub.add_parser("plan", help="KV-cache sizing: memory for N parallel requests")
+    plan.add_argument("--model", default=None)
+    plan.add_argument("--context", type=int, default=4096)
+    plan.add_argument("--parallel", default="1,2,4,8,16,32")
+    plan.add_argument("--memory", default=None, help="e.g. 8GiB (default: this machine's free memory)")
+    plan.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    plan.add_argument("--block-size", type=int, default=16)
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
+
+    bench = sub.add_parser("bench", help="load benchmark: N concurrent streams, recommends N")
+    bench.add_argument("--base-url", default="http://127.0.0.1:8000")
+    bench.add_argument("--model", default=None, help="served model name (default: the first listed)")
+    bench.add_argument("--api-key", default=None, help="default: $PAGEDLLM_API_KEY or $OPENAI_API_KEY")
+    bench.add_argument("--concurrency", default="1,2,4,8")
+    bench.add_argument("--requests", type=int, default=None,
+                       help="requests per level (default: 3 x N, at least 6)")
+    bench.add_argument("--prompt-tokens", default="128:768", help="MIN:MAX prompt length")
+    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--shared-prefix-tokens", type=int, default=0)
+    bench.add_argument("--slo-ttft-p95", type=float, default=2000.0, help="ms")
+    bench.add_argument("--slo-tpot-p95", type=float, default=100.0, help="ms")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--tokenizer", default=None, help="model file whose tokenizer sizes prompts")
+    bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
+    bench.add_argument("--launch", action="store_true",
+                       help="start a pagedllm server for the run and stop it after")
+    bench.add_argument("--launch-args", default="", help="extra arguments for the launched server")
+    bench.set_defaults(func=cmd_bench)
+
     gen = sub.add_parser("generate", help="one-shot generation")
     gen.add_argument("prompt")
     gen.add_argument("--max-tokens", type=int, default=64)
@@ -145,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     return args.func(args)
 
 

@@ -5,6 +5,8 @@ Memory scales with parallel requests x context length; every figure the engine l
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pagedllm.config import ModelConfig
 
 # `max_num_seqs="auto"` assumes requests use up to this many tokens on average when the
@@ -21,15 +23,8 @@ def kv_bytes_per_token(config: ModelConfig, element_size: int) -> int:
 
 
 def available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import os
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    import psutil
+    return int(psutil.virtual_memory().available)
 
 
 def resolve_kv_memory(kv_cache_memory: int | float | None) -> int:
@@ -61,3 +56,67 @@ def max_full_context_requests(num_blocks: int, block_size: int, context_len: int
 def auto_max_num_seqs(num_blocks: int, block_size: int, max_model_len: int) -> int:
     typical = min(max_model_len, AUTO_TYPICAL_REQUEST_TOKENS)
     return max(1, min(AUTO_MAX_NUM_SEQS, max_full_context_requests(num_blocks, block_size, typical)))
+
+
+@dataclass(frozen=True)
+class ParallelFit:
+    parallel: int
+    kv_bytes: int  # parallel x context, rounded up to whole blocks
+    total_bytes: int  # weights + KV
+    fits: bool
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    model: str
+    dtype: str
+    context: int
+    block_size: int
+    kv_bytes_per_token: int
+    kv_bytes_per_request: int  # one full-context request, whole blocks
+    weight_bytes: int
+    memory_bytes: int
+    kv_budget_bytes: int  # memory - weights
+    max_parallel: int  # largest parallel count that fits
+    rows: list[ParallelFit]
+    warnings: list[str]
+
+
+def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
+                  memory_bytes: int, block_size: int = 16) -> CapacityPlan:
+    """Memory = weights + parallel x context x KV bytes per token (whole blocks)."""
+    config = summary.config
+    per_token = kv_bytes_per_token(config, element_size)
+    per_request = blocks_for_tokens(context, block_size) * block_size * per_token
+    weight_bytes = summary.weight_bytes(element_size)
+    budget = max(0, memory_bytes - weight_bytes)
+    rows = [ParallelFit(n, n * per_request, weight_bytes + n * per_request,
+                        weight_bytes + n * per_request <= memory_bytes) for n in parallels]
+    warnings = []
+    if context > config.max_position_embeddings:
+        warnings.append(f"context {context} is longer than the model's {config.max_position_embeddings}")
+    if weight_bytes > memory_bytes:
+        warnings.append(f"the weights alone need {gib(weight_bytes)}, more than the {gib(memory_bytes)} given")
+    for row in rows:
+        if not row.fits:
+            warnings.append(f"{row.parallel} x {context} tokens needs {gib(row.total_bytes)} "
+                            f"(weights {gib(weight_bytes)} + KV {gib(row.kv_bytes)}), "
+                            f"more than the {gib(memory_bytes)} given")
+    return CapacityPlan(config.name, dtype, context, block_size, per_token, per_request, weight_bytes,
+                        memory_bytes, budget, budget // per_request if per_request else 0, rows,
+                        warnings)
+
+
+def gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
+
+
+def parse_bytes(text: str) -> int:
+    """'8GiB', '512MiB', '2GB', '1e9' -> bytes."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
+             "gb": 10**9, "tb": 10**12, "k": 2**10, "m": 2**20, "g": 2**30, "b": 1}
+    value = text.strip().lower()
+    for unit, scale in sorted(units.items(), key=lambda u: -len(u[0])):
+        if value.endswith(unit):
+            return int(float(value[: -len(unit)]) * scale)
+    return int(float(value))

@@ -1,0 +1,127 @@
+"""Wiring of `pagedllm bench`: arguments, optional server launch, progress bar, outputs."""
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pagedllm.bench import make_prompts, run_level, served_model
+from pagedllm.bench_report import recommend, render_table, summarize_level, write_json, write_plot
+
+
+def _parse_levels(text: str) -> list[int]:
+    levels = sorted({int(v) for v in text.split(",") if v.strip()})
+    if not levels or levels[0] < 1:
+        raise ValueError("concurrency levels must be positive integers")
+    return levels
+
+
+def _launch(extra: str):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "pagedllm.cli", "serve", "--port", str(port),
+                             *shlex.split(extra)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the launched server exited with status {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the launched server did not start within 300 s")
+
+
+def run_bench(args) -> int:
+    console = Console()
+    try:
+        levels = _parse_levels(args.concurrency)
+        low, high = (int(v) for v in args.prompt_tokens.split(":"))
+        if not 1 <= low <= high:
+            raise ValueError("--prompt-tokens is MIN:MAX with 1 <= MIN <= MAX")
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    api_key = args.api_key or os.environ.get("PAGEDLLM_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    proc = None
+    base_url = args.base_url.rstrip("/")
+    if args.launch:
+        console.print("launching a pagedllm server for the run...")
+        proc, base_url = _launch(args.launch_args)
+    try:
+        return _run(args, console, levels, (low, high), base_url, headers)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+
+
+def _run(args, console, levels, lengths, base_url, headers) -> int:
+    try:
+        model = args.model or served_model(base_url, headers)
+    except Exception as exc:  # noqa: BLE001 - report any connection problem plainly
+        console.print(f"[red]error:[/] cannot reach {base_url}/v1/models: {exc}")
+        return 2
+    tokenizer = _tokenizer(args.tokenizer)
+    per_level = {n: args.requests or max(6, 3 * n) for n in levels}
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("bench", total=sum(per_level.values()))
+        for index, n in enumerate(levels):
+            progress.update(task, description=f"N={n}")
+            prompts = make_prompts(tokenizer, per_level[n], lengths, args.shared_prefix_tokens,
+                                   seed=args.seed * 1000 + index)
+            records, duration, peaks = asyncio.run(run_level(
+                base_url, model, n, prompts, args.max_tokens, headers,
+                on_done=lambda: progress.advance(task)))
+            results.append(summarize_level(n, records, duration, peaks))
+    recommendation = recommend(results, args.slo_ttft_p95, args.slo_tpot_p95)
+    console.print(render_table(results))
+    for level in results:
+        for error in level.errors or []:
+            console.print(f"[yellow]N={level.concurrency} error:[/] {error}")
+    settings = {"base_url": base_url, "model": model, "concurrency": levels,
+                "requests_per_level": per_level, "prompt_tokens": list(lengths),
+                "max_tokens": args.max_tokens, "shared_prefix_tokens": args.shared_prefix_tokens,
+                "slo_ttft_p95_ms": args.slo_ttft_p95, "slo_tpot_p95_ms": args.slo_tpot_p95,
+                "seed": args.seed}
+    os.makedirs(args.out, exist_ok=True)
+    json_path, png_path = os.path.join(args.out, "bench.json"), os.path.join(args.out, "bench.png")
+    write_json(json_path, settings, results, recommendation)
+    write_plot(png_path, results, f"{model} at {base_url}")
+    if recommendation["concurrency"]:
+        console.print(f"recommended: N = [bold]{recommendation['concurrency']}[/] "
+                      f"({recommendation['reason']}): {recommendation['command']}")
+    else:
+        console.print(f"[yellow]no recommendation:[/] {recommendation['reason']}")
+    console.print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
+def _tokenizer(path: str | None):
+    """Prompts are sized with a local tokenizer (the default model's unless told)."""
+    from pagedllm.tokenizer import Tokenizer
+    from pagedllm.weights import default_model_path
+
+    path = path or default_model_path()
+    if os.path.isdir(path):
+        return Tokenizer.from_folder(path)
+    from gguf import GGUFReader
+    reader = GGUFReader(path)
+    meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    return Tokenizer.from_gguf_metadata(path, meta)

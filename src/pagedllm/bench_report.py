@@ -1,0 +1,150 @@
+"""Load-benchmark results: per-level statistics, the SLO recommendation, table, JSON, plot."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass
+class Percentiles:
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
+
+    @classmethod
+    def of(cls, values_s: list[float]) -> Percentiles:
+        if not values_s:
+            return cls(None, None, None, None)
+        ms = np.asarray(values_s) * 1000.0
+        p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+        return cls(float(p50), float(p95), float(p99), float(ms.mean()))
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    num_requests: int
+    num_errors: int
+    duration_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    itl_ms: Percentiles
+    e2e_ms: Percentiles
+    peak_kv_usage: float | None
+    peak_server_rss_bytes: int | None
+    peak_gpu_memory_mib: float | None
+    meets_slo: bool = False
+    errors: list[str] | None = None
+
+
+def summarize_level(concurrency: int, records, duration: float, peaks) -> LevelResult:
+    ok = [r for r in records if r.error is None]
+    out_tokens = sum(r.output_tokens for r in ok)
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok
+             if r.ttft is not None and r.output_tokens > 1]
+    return LevelResult(
+        concurrency=concurrency, num_requests=len(records), num_errors=len(records) - len(ok),
+        duration_s=duration, requests_per_s=len(ok) / duration,
+        output_tokens_per_s=out_tokens / duration,
+        total_tokens_per_s=(out_tokens + prompt_tokens) / duration,
+        mean_prompt_tokens=prompt_tokens / len(ok) if ok else 0.0,
+        mean_output_tokens=out_tokens / len(ok) if ok else 0.0,
+        ttft_ms=Percentiles.of([r.ttft for r in ok if r.ttft is not None]),
+        tpot_ms=Percentiles.of(tpots),
+        itl_ms=Percentiles.of([gap for r in ok for gap in r.itls]),
+        e2e_ms=Percentiles.of([r.e2e for r in ok]),
+        peak_kv_usage=peaks.kv_usage, peak_server_rss_bytes=peaks.server_rss_bytes,
+        peak_gpu_memory_mib=peaks.gpu_memory_mib,
+        errors=sorted({r.error for r in records if r.error})[:5] or None)
+
+
+def meets_slo(level: LevelResult, slo_ttft_p95_ms: float | None, slo_tpot_p95_ms: float | None) -> bool:
+    if level.num_errors or level.ttft_ms.p95 is None:
+        return False
+    if slo_ttft_p95_ms is not None and level.ttft_ms.p95 > slo_ttft_p95_ms:
+        return False
+    if slo_tpot_p95_ms is not None and level.tpot_ms.p95 is not None and level.tpot_ms.p95 > slo_tpot_p95_ms:
+        return False
+    return True
+
+
+def recommend(levels: list[LevelResult], slo_ttft_p95_ms: float | None,
+              slo_tpot_p95_ms: float | None) -> dict:
+    """The highest N whose p95 latencies meet the targets (and had no errors)."""
+    for level in levels:
+        level.meets_slo = meets_slo(level, slo_ttft_p95_ms, slo_tpot_p95_ms)
+    passing = [lv.concurrency for lv in levels if lv.meets_slo]
+    targets = f"TTFT p95 <= {slo_ttft_p95_ms} ms, TPOT p95 <= {slo_tpot_p95_ms} ms"
+    if not passing:
+        return {"concurrency": None, "command": None,
+                "reason": f"no level met the targets ({targets}); lower the load or relax them"}
+    best = max(passing)
+    return {"concurrency": best, "command": f"pagedllm serve --max-num-seqs {best}",
+            "reason": f"highest N meeting {targets}"}
+
+
+def write_json(path: str, settings: dict, levels: list[LevelResult], recommendation: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"settings": settings, "levels": [asdict(lv) for lv in levels],
+                   "recommendation": recommendation}, f, indent=2)
+
+
+def write_plot(path: str, levels: list[LevelResult], title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = [lv.concurrency for lv in levels]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    left.plot(ns, [lv.total_tokens_per_s for lv in levels], "o-", label="total tokens/s")
+    left.plot(ns, [lv.output_tokens_per_s for lv in levels], "s-", label="output tokens/s")
+    left.set_xlabel("concurrent requests (N)")
+    left.set_ylabel("tokens/s")
+    left.set_xscale("log", base=2)
+    left.set_title("throughput")
+    left.legend()
+    right.plot(ns, [lv.ttft_ms.p95 or 0 for lv in levels], "o-", label="TTFT p95")
+    right.plot(ns, [lv.tpot_ms.p95 or 0 for lv in levels], "s-", label="TPOT p95")
+    right.set_xlabel("concurrent requests (N)")
+    right.set_ylabel("ms")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_title("p95 latency")
+    right.legend()
+    for ax in (left, right):
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render_table(levels: list[LevelResult]):
+    from rich.table import Table
+
+    def f(value, digits=0):
+        return "-" if value is None else f"{value:,.{digits}f}"
+
+    table = Table("N", "req/s", "out tok/s", "total tok/s", "TTFT p50/p95 ms", "TPOT p50/p95 ms",
+                  "ITL p95 ms", "E2E p95 ms", "KV peak", "RSS peak", "SLO")
+    for lv in levels:
+        table.add_row(
+            str(lv.concurrency), f(lv.requests_per_s, 2), f(lv.output_tokens_per_s, 1),
+            f(lv.total_tokens_per_s, 1), f"{f(lv.ttft_ms.p50)} / {f(lv.ttft_ms.p95)}",
+            f"{f(lv.tpot_ms.p50, 1)} / {f(lv.tpot_ms.p95, 1)}", f(lv.itl_ms.p95, 1),
+            f(lv.e2e_ms.p95), "-" if lv.peak_kv_usage is None else f"{lv.peak_kv_usage:.0%}",
+            "-" if lv.peak_server_rss_bytes is None else f"{lv.peak_server_rss_bytes / 2**30:.2f} GiB",
+            "[green]yes[/]" if lv.meets_slo else "[red]no[/]" + (f" ({lv.num_errors} err)" if lv.num_errors else ""))
+    return table

@@ -1,0 +1,47 @@
+"""`pagedllm plan`: how much memory N parallel requests at context L need, and how many fit."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from pagedllm import sizing
+from pagedllm.weights.inspect import summarize_checkpoint
+
+ELEMENT_SIZES = {"float32": 4, "bfloat16": 2}
+
+
+def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[int],
+              memory: int | None, block_size: int = 16) -> sizing.CapacityPlan:
+    summary = summarize_checkpoint(model)
+    memory_bytes = memory if memory is not None else sizing.available_memory_bytes()
+    return sizing.plan_capacity(summary, dtype=dtype, element_size=ELEMENT_SIZES[dtype],
+                                context=context, parallels=parallels, memory_bytes=memory_bytes,
+                                block_size=block_size)
+
+
+def print_plan(plan: sizing.CapacityPlan, as_json: bool, console: Console | None = None) -> None:
+    console = console or Console()
+    if as_json:
+        print(json.dumps(dataclasses.asdict(plan), indent=2))
+        return
+    g = sizing.gib
+    console.print(f"model {plan.model} ({plan.dtype}), context {plan.context} tokens, "
+                  f"block size {plan.block_size}")
+    console.print(f"KV cache: {plan.kv_bytes_per_token:,} bytes per token = "
+                  f"2 x layers x kv_heads x head_dim x bytes; {g(plan.kv_bytes_per_request)} "
+                  f"per full-context request")
+    console.print(f"weights: {g(plan.weight_bytes)}; memory: {g(plan.memory_bytes)}; "
+                  f"left for KV: {g(plan.kv_budget_bytes)}")
+    table = Table("parallel", "KV memory", "weights + KV", "fits")
+    for row in plan.rows:
+        table.add_row(str(row.parallel), g(row.kv_bytes), g(row.total_bytes),
+                      "yes" if row.fits else "[red]no[/]")
+    console.print(table)
+    console.print(f"largest parallel count that fits: [bold]{plan.max_parallel}[/] "
+                  f"(pagedllm serve --max-num-seqs {max(plan.max_parallel, 1)} "
+                  f"--max-model-len {plan.context})")
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")

@@ -1,0 +1,53 @@
+"""A checkpoint's config and parameter counts without loading its weights (for `plan`)."""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass
+
+from pagedllm.config import ModelConfig
+from pagedllm.weights.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    config: ModelConfig
+    num_embedding_params: int  # embed_tokens (and lm_head when untied): held in float32
+    num_body_params: int  # everything else: held in the model dtype
+
+    def weight_bytes(self, element_size: int) -> int:
+        return self.num_embedding_params * 4 + self.num_body_params * element_size
+
+
+def summarize_checkpoint(path: str | None) -> CheckpointSummary:
+    from pagedllm.weights import default_model_path
+    from pagedllm.weights.gguf import _model_config, _open_reader, canonical_name
+    from pagedllm.weights.safetensors import _read_json, hf_model_config
+
+    path = default_model_path() if path is None else os.fspath(path)
+    counts: dict[str, int] = {}
+    if os.path.isdir(path):
+        config_path = os.path.join(path, "config.json")
+        if not os.path.isfile(config_path):
+            raise ModelLoadError(path, "folder has no config.json (expected a Hugging Face checkpoint)")
+        config = hf_model_config(path, _read_json(config_path))
+        from safetensors import safe_open
+        for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+            with safe_open(file, "pt") as f:
+                for name in f.keys():
+                    counts[name.removeprefix("model.")] = math.prod(f.get_slice(name).get_shape())
+    else:
+        if not os.path.exists(path):
+            raise ModelLoadError(path, "no such file or folder")
+        reader = _open_reader(path)
+        meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+        config = _model_config(path, meta, {t.name for t in reader.tensors},
+                               len(meta.get("tokenizer.ggml.tokens") or []))
+        for tensor in reader.tensors:
+            name = canonical_name(tensor.name)
+            if name is not None:
+                counts[name] = int(tensor.n_elements)
+    embedding = counts.pop("embed_tokens.weight", 0) + counts.pop("lm_head.weight", 0)
+    return CheckpointSummary(config, embedding, sum(counts.values()))

@@ -1,0 +1,139 @@
+"""`pagedllm plan` figures against hand computation; bench statistics and recommendation."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pagedllm import sizing
+from pagedllm.bench import MemoryPeaks, RequestRecord
+from pagedllm.bench_report import Percentiles, recommend, summarize_level
+from pagedllm.plan import make_plan
+
+
+def test_plan_default_model_by_hand():
+    # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64; float32 = 4 bytes.
+    plan = make_plan(None, dtype="float32", context=4096, parallels=[1, 2, 8], memory=3 << 29)
+    per_token = 2 * 30 * 3 * 64 * 4
+    assert plan.kv_bytes_per_token == per_token == 46080
+    assert plan.kv_bytes_per_request == 4096 * per_token  # 4096 is whole 16-token blocks
+    # Embedding 49152 x 576 in float32, tied head; the rest of the ~135M parameters in float32.
+    assert plan.weight_bytes == 134_515_008 * 4
+    assert [r.kv_bytes for r in plan.rows] == [n * 4096 * per_token for n in (1, 2, 8)]
+    budget = (3 << 29) - plan.weight_bytes
+    assert plan.max_parallel == budget // (4096 * per_token)
+    assert [r.fits for r in plan.rows] == [True, True, False]
+    assert any("8 x 4096 tokens needs" in w for w in plan.warnings)
+
+
+def test_plan_tiny_hf_model_bfloat16_rounds_to_blocks(tiny_llama_folder):
+    # Tiny model: 2 layers, 2 KV heads, head_dim 16; bfloat16 = 2 bytes; 1000 -> 63 blocks.
+    plan = make_plan(tiny_llama_folder, dtype="bfloat16", context=1000, parallels=[3],
+                     memory=10 << 20)
+    per_token = 2 * 2 * 2 * 16 * 2
+    assert plan.kv_bytes_per_token == per_token
+    assert plan.kv_bytes_per_request == 63 * 16 * per_token
+    assert plan.rows[0].kv_bytes == 3 * 63 * 16 * per_token
+    # Embedding 260 x 64 float32 (tied); body: 2 layers of attention, MLP and norms in bf16.
+    body = 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    assert plan.weight_bytes == 260 * 64 * 4 + body * 2
+    assert plan.context > 0 and plan.max_parallel == ((10 << 20) - plan.weight_bytes) // plan.kv_bytes_per_request
+
+
+def test_engine_uses_the_same_sizing(real_llm):
+    engine = real_llm.engine
+    per_token = sizing.kv_bytes_per_token(engine.model_config, 4)
+    assert engine.cache_config.num_blocks == engine.kv_memory_bytes // (per_token * 16)
+
+
+def test_plan_cli_json_and_errors(tiny_llama_folder):
+    out = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan", "--model", tiny_llama_folder,
+                          "--context", "512", "--parallel", "1,4", "--memory", "1MiB", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert [r["parallel"] for r in data["rows"]] == [1, 4]
+    assert data["memory_bytes"] == 1 << 20
+    bad = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan", "--parallel", "x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--parallel" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan", "--model", "/nope.gguf"],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "/nope.gguf" in missing.stderr
+
+
+def test_parse_bytes():
+    assert sizing.parse_bytes("8GiB") == 8 << 30
+    assert sizing.parse_bytes("512MiB") == 512 << 20
+    assert sizing.parse_bytes("2GB") == 2 * 10**9
+    assert sizing.parse_bytes("1000") == 1000
+    with pytest.raises(ValueError):
+        sizing.parse_bytes("lots")
+
+
+def level(n, ttft_p95, tpot_p95, errors=0):
+    records = [RequestRecord(100, 10, ttft=ttft_p95 / 1000, e2e=ttft_p95 / 1000 + 9 * tpot_p95 / 1000)
+               for _ in range(5)]
+    records += [RequestRecord(100, error="HTTP 500") for _ in range(errors)]
+    return summarize_level(n, records, 2.0, MemoryPeaks())
+
+
+def test_recommendation_picks_highest_level_meeting_targets():
+    levels = [level(1, 100, 20), level(2, 150, 30), level(4, 400, 45), level(8, 900, 80)]
+    rec = recommend(levels, slo_ttft_p95_ms=500, slo_tpot_p95_ms=50)
+    assert rec["concurrency"] == 4 and rec["command"] == "pagedllm serve --max-num-seqs 4"
+    assert [lv.meets_slo for lv in levels] == [True, True, True, False]
+
+
+def test_recommendation_when_no_level_meets_it():
+    rec = recommend([level(1, 3000, 20), level(2, 4000, 30)], 500, 50)
+    assert rec["concurrency"] is None and "no level met" in rec["reason"]
+
+
+def test_recommendation_skips_levels_with_errors():
+    rec = recommend([level(1, 100, 10), level(2, 100, 10, errors=1)], 500, 50)
+    assert rec["concurrency"] == 1
+
+
+def test_level_statistics():
+    lv = level(2, 200, 40)
+    assert lv.num_requests == 5 and lv.num_errors == 0
+    assert lv.ttft_ms.p95 == pytest.approx(200)
+    assert lv.tpot_ms.p50 == pytest.approx(40)
+    assert lv.output_tokens_per_s == pytest.approx(25.0)
+    assert lv.total_tokens_per_s == pytest.approx(275.0)
+    assert Percentiles.of([]).p50 is None
+
+
+def test_bench_against_a_real_server(server, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pagedllm.cli", "bench", "--base-url", server.url,
+                          "--concurrency", "1,2", "--requests", "3", "--prompt-tokens", "32:64",
+                          "--max-tokens", "8", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "recommended" in out.stdout or "no recommendation" in out.stdout
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["settings"]["model"] == "smollm2"
+    assert [lv["concurrency"] for lv in data["levels"]] == [1, 2]
+    for lv in data["levels"]:
+        assert lv["num_requests"] == 3 and lv["num_errors"] == 0
+        assert lv["mean_output_tokens"] == 8
+        assert 32 <= lv["mean_prompt_tokens"] <= 70
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert set(lv[key]) == {"p50", "p95", "p99", "mean"} and lv[key]["p95"] > 0
+        for key in ("requests_per_s", "output_tokens_per_s", "total_tokens_per_s"):
+            assert lv[key] > 0
+        assert lv["peak_kv_usage"] is not None and lv["peak_server_rss_bytes"] > 0
+        assert "meets_slo" in lv
+    assert set(data["recommendation"]) == {"concurrency", "command", "reason"}
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_bench_bad_arguments():
+    out = subprocess.run([sys.executable, "-m", "pagedllm.cli", "bench", "--concurrency", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    out = subprocess.run([sys.executable, "-m", "pagedllm.cli", "bench", "--base-url",
+                          "http://127.0.0.1:9", "--concurrency", "1"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "cannot reach" in out.stdout
