@@ -58,3 +58,22 @@ def test_eight_prompts_together_equal_alone(real_llm):
     for t, a in zip(together, alone):
         assert t.token_ids == a.token_ids
         assert t.text == a.text
+
+
+def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
+    from pagedllm import LLM
+    from paged_helpers import run_paged
+
+    fast = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
+    model = fast.engine.runner.model
+    assert any(type(m).__name__ == "QuantLinear" for m in model.modules())  # int4 in use
+    ids = real_llm.tokenizer.encode(PROMPTS[3] + " The fisherman's daughter walked to the harbour.")
+    exact = run_paged(real_llm.engine.runner.model, [ids], block_size=16)[0]
+    # Prefill (dense bf16) and one-token steps (int4 kernel + C++ attention) both checked.
+    for chunk in (None, 1):
+        approx = run_paged(model, [ids], block_size=16, chunk=chunk)[0]
+        agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean().item()
+        assert agree >= 0.85, (chunk, agree)
+        assert (approx - exact).abs().mean() < 0.5
+    out = fast.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
+    assert "Paris" in out.text

@@ -9,7 +9,8 @@ import sys
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                        help="bfloat16 (default): fast, 4-bit weights kept 4-bit; float32: exact")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-seqs", default="auto", help="parallel slots, or 'auto'")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)

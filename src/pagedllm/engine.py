@@ -70,7 +70,7 @@ class LLMEngine:
         torch_dtype = DTYPES[dtype]
         self.dtype = dtype
         net = LlamaForCausalLM(config, torch_dtype)
-        net.load_weights(checkpoint.weights)
+        net.load_weights(checkpoint.weights, checkpoint.quantized)
         del checkpoint
 
         element_size = torch.tensor([], dtype=torch_dtype).element_size()

@@ -1,8 +1,8 @@
 """Paged attention without a Python loop over decode sequences.
 
-All single-token (decode) sequences of a step are handled in one batched computation: their
-block tables, padded to the longest, gather K/V from the cache in one indexing op, and a
-length mask hides the padding. Prefill chunks (several queries) still run one SDPA call per
+All single-token (decode) sequences of a step are handled in one call: the C++ kernel in
+pagedllm/kernels reads K/V straight from the blocks; without it, their block tables, padded
+to the longest, gather K/V in one indexing op and a length mask hides the padding. Prefill chunks (several queries) still run one SDPA call per
 sequence, with the fused causal kernel when the chunk is the whole sequence. Per-step index
 tensors are built once in AttentionMetadata, never per layer. The torch reference backend
 is the oracle this one is tested against.
@@ -19,7 +19,12 @@ from pagedllm.attention.torch_reference import write_kv
 class BatchedBackend:
     name = "batched"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, use_kernel: bool = True):
+        from pagedllm.kernels import paged_attention_ops
+
+        # The kernel is specialised for these shapes; others take the torch path.
+        supported = head_dim in (64, 128) and num_heads // num_kv_heads <= 8
+        self.kernel = paged_attention_ops() if use_kernel and supported else None
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -43,16 +48,19 @@ class BatchedBackend:
 
     def _decode(self, query, key_cache, value_cache, batch) -> torch.Tensor:
         """query [S, heads, D] (one token per sequence) -> [S, heads, D]."""
+        if self.kernel is not None:
+            return self.kernel.paged_decode_attention(query, key_cache, value_cache,
+                                                      batch.block_tables, batch.seq_lens, self.scale)
         num_seqs = query.shape[0]
-        keys = key_cache[batch.block_tables].flatten(1, 2)  # [S, L, kv_heads, D]
-        values = value_cache[batch.block_tables].flatten(1, 2)
+        # float32 math: CPU bf16 kernels are slow for these small, oddly shaped products.
+        keys = key_cache[batch.block_tables].flatten(1, 2).float()  # [S, L, kv_heads, D]
+        values = value_cache[batch.block_tables].flatten(1, 2).float()
         # Group query heads by their KV head: [S, kv_heads, group, D] x [S, kv_heads, D, L].
-        q = query.view(num_seqs, self.num_kv_heads, self.group, self.head_dim)
-        scores = torch.matmul(q, keys.permute(0, 2, 3, 1)).float() * self.scale
+        q = query.view(num_seqs, self.num_kv_heads, self.group, self.head_dim).float()
+        scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * self.scale
         scores.masked_fill_(batch.padding_mask, float("-inf"))  # [S, 1, 1, L]
-        probs = scores.softmax(dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values.transpose(1, 2))  # [S, kv_heads, group, D]
-        return out.view(num_seqs, self.num_heads, self.head_dim)
+        out = torch.matmul(scores.softmax(dim=-1), values.transpose(1, 2))  # [S, kv_heads, group, D]
+        return out.view(num_seqs, self.num_heads, self.head_dim).to(query.dtype)
 
     def _prefill(self, query, key_cache, value_cache, meta, i) -> torch.Tensor:
         seq_len = meta.seq_lens[i]

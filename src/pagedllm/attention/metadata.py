@@ -15,6 +15,7 @@ class DecodeBatch:
     rows_tensor: torch.Tensor
     block_tables: torch.Tensor  # [S, max_blocks] int64, padded with block 0
     padding_mask: torch.Tensor  # [S, 1, 1, max_blocks * block_size] True where padding
+    seq_lens: torch.Tensor  # [S] int64
 
 
 @dataclass
@@ -77,4 +78,4 @@ class AttentionMetadata:
             tables[row, : ids.numel()] = ids
         padding = torch.arange(max_blocks * bs).unsqueeze(0) >= lens.unsqueeze(1)
         rows = [self.query_start_loc[i] for i in seqs]
-        return DecodeBatch(rows, torch.tensor(rows), tables, padding.view(len(seqs), 1, 1, -1))
+        return DecodeBatch(rows, torch.tensor(rows), tables, padding.view(len(seqs), 1, 1, -1), lens)

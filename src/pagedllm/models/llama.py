@@ -11,6 +11,10 @@ from torch import nn
 
 from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
+from pagedllm.models.quant_linear import QuantLinear, int4_available
+from pagedllm.weights.q4 import Q4Weight
+
+LOGIT_REFINE_CANDIDATES = 16
 
 
 class RMSNorm(nn.Module):
@@ -113,8 +117,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_weight = torch.empty(0)
         self.lm_head_weight = torch.empty(0)
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Take canonical weights (float32 tensors); cast the body to the model dtype."""
+    def load_weights(self, weights: dict[str, torch.Tensor], quantized: dict | None = None) -> None:
+        """Take canonical weights (float32 tensors); cast the body to the model dtype. In
+        bfloat16, projections whose 4-bit originals are given also get the int4 kernel."""
         weights = dict(weights)
         self.embed_weight = weights.pop("embed_tokens.weight").float().contiguous()
         head = weights.pop("lm_head.weight", None)
@@ -127,6 +132,10 @@ class LlamaForCausalLM(nn.Module):
                              f"unexpected {unexpected[:5]}")
         self.layers.to(self.dtype)
         self.norm.to(self.dtype)
+        if self.dtype == torch.bfloat16:
+            self.lm_head_bf16 = self.lm_head_weight.to(torch.bfloat16)
+            if quantized and int4_available():
+                self._use_int4(fuse_quantized(quantized, self.config.num_layers))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -137,10 +146,27 @@ class LlamaForCausalLM(nn.Module):
             hidden = layer(positions, hidden, kv_cache, meta)
         return self.norm(hidden)
 
+    def _use_int4(self, quantized: dict) -> None:
+        for i, layer in enumerate(self.layers):
+            for parent, attr in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
+                                 (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
+                prefix = "self_attn" if parent is layer.self_attn else "mlp"
+                q4 = quantized.get(f"layers.{i}.{prefix}.{attr}.weight")
+                if q4 is not None:
+                    setattr(parent, attr, QuantLinear(getattr(parent, attr), q4))
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled."""
-        return hidden.float() @ self.lm_head_weight.T
+        """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled.
+
+        In bfloat16 the full product runs in bf16 (2-3x faster), then the top candidates are
+        recomputed in float32: bf16-rounded logits alone flip greedy choices on this model."""
+        if self.dtype != torch.bfloat16:
+            return hidden.float() @ self.lm_head_weight.T
+        logits = torch.nn.functional.linear(hidden.to(torch.bfloat16), self.lm_head_bf16).float()
+        top = logits.topk(LOGIT_REFINE_CANDIDATES, dim=-1).indices  # [N, k]
+        exact = torch.einsum("nh,nkh->nk", hidden.float(), self.lm_head_weight[top])
+        return logits.scatter_(1, top, exact)
 
 
 def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
@@ -155,4 +181,18 @@ def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[
         gate, up = fused.pop(f"{mlp}gate_proj.weight", None), fused.pop(f"{mlp}up_proj.weight", None)
         if gate is not None and up is not None:
             fused[f"{mlp}gate_up_proj.weight"] = torch.cat([gate, up])
+    return fused
+
+
+def fuse_quantized(quantized: dict, num_layers: int) -> dict:
+    """4-bit q/k/v and gate/up weights -> fused, like fuse_projections (all parts or none)."""
+    fused = dict(quantized)
+    for i in range(num_layers):
+        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        parts = [fused.pop(f"{attn}{p}_proj.weight", None) for p in "qkv"]
+        if all(p is not None for p in parts):
+            fused[f"{attn}qkv_proj.weight"] = Q4Weight.cat(parts)
+        parts = [fused.pop(f"{mlp}{p}_proj.weight", None) for p in ("gate", "up")]
+        if all(p is not None for p in parts):
+            fused[f"{mlp}gate_up_proj.weight"] = Q4Weight.cat(parts)
     return fused

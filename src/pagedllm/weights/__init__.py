@@ -26,6 +26,8 @@ class Checkpoint:
     weights: dict[str, torch.Tensor]
     # What the tokenizer is built from: GGUF metadata fields, or a HF folder.
     tokenizer_source: dict = field(default_factory=dict)
+    # 4-bit originals of some weights (GGUF Q4_0 / Q4_1), for the int4 kernel.
+    quantized: dict = field(default_factory=dict)
 
 
 def default_model_path() -> str:

@@ -13,6 +13,7 @@ import torch
 
 from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
+from pagedllm.weights.q4 import Q4Weight, decode_q4, row_order_unpermute
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -129,6 +130,7 @@ def load_gguf(path: str, progress=None):
 
     file_size = os.path.getsize(path)
     weights: dict[str, torch.Tensor] = {}
+    quantized: dict[str, Q4Weight] = {}
     for index, tensor in enumerate(reader.tensors):
         if progress is not None:
             progress(index + 1, len(reader.tensors))
@@ -146,13 +148,25 @@ def load_gguf(path: str, progress=None):
                                        f"byte {file_size}")
         # np.array copies: memmapped F32 tensors are read-only views of the file.
         array = np.array(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        if config.architecture in PERMUTED_ARCHITECTURES:
-            if tensor.name.endswith("attn_q.weight"):
-                array = unpermute_rows(array, config.num_heads)
-            elif tensor.name.endswith("attn_k.weight"):
-                array = unpermute_rows(array, config.num_kv_heads)
+        heads = _permuted_heads(config, tensor.name)
+        if heads:
+            array = unpermute_rows(array, heads)
         weights[name] = torch.from_numpy(np.ascontiguousarray(array))
+        if type_name in ("Q4_0", "Q4_1") and name != "embed_tokens.weight" and array.ndim == 2:
+            q4 = decode_q4(tensor.data, type_name, array.shape)
+            quantized[name] = q4.permute_rows(row_order_unpermute(array.shape[0], heads)) if heads else q4
 
     tokenizer_source = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     return Checkpoint(path=path, config=config, weights=weights,
-                      tokenizer_source={"gguf": tokenizer_source})
+                      tokenizer_source={"gguf": tokenizer_source}, quantized=quantized)
+
+
+def _permuted_heads(config: ModelConfig, gguf_name: str) -> int | None:
+    """How many heads llama.cpp permuted this tensor's rows by, or None."""
+    if config.architecture not in PERMUTED_ARCHITECTURES:
+        return None
+    if gguf_name.endswith("attn_q.weight"):
+        return config.num_heads
+    if gguf_name.endswith("attn_k.weight"):
+        return config.num_kv_heads
+    return None
