@@ -134,3 +134,12 @@ def test_free_releases_in_reverse_so_prefix_outlives_tail():
     kv.free(req)
     order = [b.block_id for b in kv.pool.free_queue]
     assert order == list(reversed(table))  # tail evicted first, prefix last
+
+
+def test_uncached_blocks_are_reused_before_untouched_ones():
+    pool = BlockPool(4)
+    a, b = pool.allocate(2)
+    pool.cache_block(a, b"full")
+    pool.free([b, a])  # b holds a partial block: no hash
+    assert [blk.block_id for blk in pool.free_queue] == [b.block_id, 2, 3, a.block_id]
+    assert pool.allocate(1)[0] is b

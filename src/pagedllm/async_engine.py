@@ -67,14 +67,20 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    """With start_thread=True the loop runs in its own thread; the server instead calls
+    run_loop() on the main thread, where torch's CPU kernels run ~1.4x faster per step than
+    on another thread (measured: BENCHMARKS.md), and serves HTTP from a helper thread."""
+
+    def __init__(self, engine: LLMEngine, start_thread: bool = True):
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, _Stream] = {}
         self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if start_thread:
+            self._thread = threading.Thread(target=self.run_loop, name="pagedllm-engine", daemon=True)
+            self._thread.start()
 
     # -- called from the event loop -------------------------------------------------------
     def submit(self, request: Request, report_position: bool = False) -> RequestStream:
@@ -104,7 +110,8 @@ class AsyncEngine:
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stopped = True
         self._wakeup.set()
-        self._thread.join(timeout)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _post(self, command) -> None:
         self._commands.put(command)
@@ -152,7 +159,8 @@ class AsyncEngine:
                 stream.last_position = position
                 self._deliver(request.request_id, QueuePosition(position, len(order)))
 
-    def _run(self) -> None:
+    def run_loop(self) -> None:
+        """Apply commands and step while there is work, until shutdown()."""
         while not self._stopped:
             self._apply_commands()
             self._report_positions()

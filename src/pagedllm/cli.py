@@ -18,9 +18,14 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="bytes, or a fraction (0-1] of available memory")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch compute threads (default: all cores; see BENCHMARKS.md)")
 
 
 def engine_kwargs(args) -> dict:
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     memory = args.kv_cache_memory
     if memory is not None and memory > 1:
         memory = int(memory)

@@ -22,9 +22,10 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        # torch.zeros of a large tensor maps fresh pages: memory becomes resident only as
-        # blocks are first written, so a generous pool costs nothing until it is used.
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+        # torch.empty maps fresh pages without touching them: memory becomes resident only
+        # as blocks are first written, so a generous pool costs nothing until it is used.
+        # Attention reads only slots it has written (padding is masked and zeroed).
+        self.kv_caches = [(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
                           for _ in range(config.num_layers)]
         self.sampler = Sampler()
 

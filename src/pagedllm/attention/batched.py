@@ -54,7 +54,9 @@ class BatchedBackend:
         num_seqs = query.shape[0]
         # float32 math: CPU bf16 kernels are slow for these small, oddly shaped products.
         keys = key_cache[batch.block_tables].flatten(1, 2).float()  # [S, L, kv_heads, D]
+        # Padding slots hold whatever the memory held: zero them, since 0 * NaN is NaN.
         values = value_cache[batch.block_tables].flatten(1, 2).float()
+        values.masked_fill_(batch.padding_mask.view(num_seqs, -1, 1, 1), 0.0)
         # Group query heads by their KV head: [S, kv_heads, group, D] x [S, kv_heads, D, L].
         q = query.view(num_seqs, self.num_kv_heads, self.group, self.head_dim).float()
         scores = torch.matmul(q, keys.permute(0, 2, 3, 1)) * self.scale

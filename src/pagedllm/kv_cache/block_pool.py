@@ -51,9 +51,15 @@ class FreeBlockQueue:
             self.append(block)
 
     def append(self, block: KVBlock) -> None:
-        last = self._tail.prev_free
-        last.next_free, block.prev_free = block, last
-        block.next_free, self._tail.prev_free = self._tail, block
+        self._insert_after(self._tail.prev_free, block)
+
+    def appendleft(self, block: KVBlock) -> None:
+        self._insert_after(self._head, block)
+
+    def _insert_after(self, prev: KVBlock, block: KVBlock) -> None:
+        nxt = prev.next_free
+        prev.next_free, block.prev_free = block, prev
+        block.next_free, nxt.prev_free = nxt, block
         self.num_free_blocks += 1
 
     def remove(self, block: KVBlock) -> None:
@@ -138,13 +144,19 @@ class BlockPool:
 
     def free(self, blocks: Iterable[KVBlock]) -> None:
         """Drop one reference from each block; callers pass a request's blocks in reverse
-        order, so its tail blocks are evicted before the prefix others may share."""
+        order, so its tail blocks are evicted before the prefix others may share. Blocks
+        without cached content go to the front of the queue, cached ones to the back."""
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise ValueError(f"{block} freed more times than taken")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
+                if block.block_hash is None:
+                    # Nothing worth keeping: reuse it first, before untouched blocks, so
+                    # resident memory tracks the working set rather than the pool size.
+                    self.free_queue.appendleft(block)
+                else:
+                    self.free_queue.append(block)  # LRU: cached content evicted last
 
     def reset_prefix_cache(self) -> None:
         for block in self.cached_blocks.values():

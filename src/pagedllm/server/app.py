@@ -1,9 +1,7 @@
 """The FastAPI application: routes, error handlers, auth, limits, draining on shutdown."""
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -98,10 +96,11 @@ class ServerState:
 
 
 def create_app(engine: LLMEngine, served_model_name: str | None = None,
-               options: ServerOptions | None = None) -> FastAPI:
+               options: ServerOptions | None = None, engine_thread: bool = True) -> FastAPI:
+    """engine_thread=False: the caller runs app.state.pagedllm.async_engine.run_loop()."""
     options = options or ServerOptions()
     name = served_model_name or engine.model_config.name
-    async_engine = AsyncEngine(engine)
+    async_engine = AsyncEngine(engine, start_thread=engine_thread)
     keys = KeyStore(options.api_key_file)
     state = ServerState(engine, async_engine, name, ServerMetrics(engine, name), options, keys,
                         int(time.time()))
@@ -109,11 +108,6 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
 
     @asynccontextmanager
     async def lifespan(_app):
-        loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGHUP, state.reload_keys)
-        except (NotImplementedError, RuntimeError, ValueError):
-            logger.warning("SIGHUP key reload is not available here")
         yield
         async_engine.shutdown()
 

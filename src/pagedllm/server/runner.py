@@ -5,8 +5,8 @@ abort what is left (each stream gets a final chunk with finish_reason "abort"), 
 """
 from __future__ import annotations
 
-import contextlib
 import logging
+import signal
 import threading
 
 import uvicorn
@@ -34,6 +34,8 @@ def load_engine_with_progress(model: str | None, **engine_kwargs) -> LLMEngine:
 
 
 class DrainingServer(uvicorn.Server):
+    """uvicorn on a helper thread; the main thread runs the engine and takes the signals."""
+
     def __init__(self, config: uvicorn.Config, state, grace_seconds: float, ready_message: str):
         super().__init__(config)
         self.pagedllm_state = state
@@ -41,22 +43,14 @@ class DrainingServer(uvicorn.Server):
         self.ready_message = ready_message
         self._drain_started = False
 
-    @contextlib.contextmanager
-    def capture_signals(self):
-        # uvicorn re-raises the captured SIGTERM after shutting down, which would make the
-        # process die by signal; a drained shutdown is a clean exit, status 0.
-        with super().capture_signals():
-            yield
-            captured = getattr(self, "_captured_signals", None)
-            if captured is not None:
-                captured.clear()
-
     async def startup(self, sockets=None):
         await super().startup(sockets)
         if self.started:
             console.print(self.ready_message, soft_wrap=True)
 
     def handle_exit(self, sig, frame):
+        """SIGTERM / SIGINT: refuse new work, give running requests the grace period, then
+        abort what is left; uvicorn stops listening at once and exits when streams end."""
         if not self._drain_started:
             self._drain_started = True
             state = self.pagedllm_state
@@ -95,7 +89,7 @@ def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -
 def serve(engine: LLMEngine, *, host: str, port: int, served_model_name: str | None,
           grace_seconds: float = 30.0, options: ServerOptions | None = None, ssl_certfile=None,
           ssl_keyfile=None) -> int:
-    app = create_app(engine, served_model_name, options)
+    app = create_app(engine, served_model_name, options, engine_thread=False)
     state = app.state.pagedllm
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=int(grace_seconds) + 5,
@@ -103,5 +97,15 @@ def serve(engine: LLMEngine, *, host: str, port: int, served_model_name: str | N
     scheme = "https" if ssl_certfile else "http"
     server = DrainingServer(config, state, grace_seconds,
                             ready_message(engine, host, port, state.served_model_name, scheme))
-    server.run()
-    return 0
+    http = threading.Thread(target=server.run, name="pagedllm-http", daemon=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, server.handle_exit)
+    signal.signal(signal.SIGHUP, lambda *_: state.reload_keys())
+    http.start()
+    # uvicorn's lifespan shutdown stops the loop; if uvicorn dies early, stop too.
+    watchdog = threading.Thread(target=lambda: (http.join(), state.async_engine.shutdown()),
+                                daemon=True)
+    watchdog.start()
+    state.async_engine.run_loop()
+    http.join(timeout=10)
+    return 0 if server.started else 1
