@@ -1,5 +1,4 @@
 """The real default model (SmolLM2-135M Q4_1 GGUF) in float32 against Hugging Face transformers."""
-import pytest
 import torch
 
 from pagedllm import SamplingParams

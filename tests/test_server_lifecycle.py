@@ -4,7 +4,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 

@@ -1,207 +1,16 @@
-"""POST /v1/completions and /v1/chat/completions: requests in, engine streams out.
-
-Each prompt x n becomes one engine request (the n samples share the prompt's KV blocks
-through the prefix cache). Streaming answers are SSE chunks ending with `data: [DONE]`;
-a client that goes away aborts its requests.
-"""
+"""POST /v1/completions and /v1/chat/completions: OpenAI requests in, OpenAI answers out
+(streamed as SSE chunks ending with `data: [DONE]`, or as one JSON body)."""
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from pagedllm.async_engine import QueuePosition
-from pagedllm.engine import PromptTooLongError
-from pagedllm.request import RequestOutput, SamplingParams, SamplingParamsError
+from pagedllm.request import SamplingParams, SamplingParamsError
+from pagedllm.server.choices import (CLIENT_CLOSED, build_choices, collect, sse_response,
+                                     submit_choices, usage_of)
 from pagedllm.server.errors import APIError
-from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, now, random_id,
-                                      usage)
+from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest, now, random_id
 from pagedllm.tokenizer import ChatTemplateError
-
-
-@dataclass
-class Choice:
-    """One engine request answering one choice; tracks what the client has seen."""
-
-    index: int
-    prompt_index: int
-    request: object
-    arrival: float
-    stream: object = None  # the RequestStream once submitted
-    first_token_time: float | None = None
-    user: str = ""
-    key: object = None
-    final: RequestOutput | None = None
-
-
-def build_choices(state, prompts: list[str | list[int]], params: SamplingParams,
-                  http_request: HTTPRequest, user_field: str | None) -> list[Choice]:
-    """Check limits and make one engine request per prompt x n (nothing is queued yet)."""
-    engine = state.engine
-    options = state.options
-    user, key = state.identity(http_request, user_field)
-    if options.max_tokens_limit and params.max_tokens and params.max_tokens > options.max_tokens_limit:
-        raise APIError(400, f"max_tokens {params.max_tokens} is over this server's limit of "
-                            f"{options.max_tokens_limit}", "max_tokens", "invalid_value")
-    state.admit(user, key, len(prompts) * params.n)
-    choices = []
-    arrival = time.monotonic()
-    for p_index, prompt in enumerate(prompts):
-        for j in range(params.n):
-            child = params if params.n == 1 else _child_params(params, j)
-            try:
-                req = engine.make_request(random_id("req"), prompt, child, user=user,
-                                          cache_salt=state.cache_salt_for(user))
-            except PromptTooLongError as exc:
-                raise APIError(400, str(exc), "max_tokens", "context_length_exceeded") from exc
-            except SamplingParamsError as exc:
-                raise APIError(400, str(exc), exc.param, "invalid_value") from exc
-            except ValueError as exc:
-                raise APIError(400, str(exc), "prompt", "invalid_value") from exc
-            limit = options.max_prompt_tokens
-            if limit and req.num_prompt_tokens > limit:
-                raise APIError(400, f"the prompt has {req.num_prompt_tokens} tokens, over this "
-                                    f"server's limit of {limit}", "prompt", "prompt_too_long")
-            choices.append(Choice(len(choices), p_index, req, arrival, user=user, key=key))
-    return choices
-
-
-def submit_choices(state, choices: list[Choice], report_position: bool = False) -> None:
-    """Queue every choice's request, with no await between the queue check and this."""
-    for choice in choices:
-        choice.stream = state.async_engine.submit(choice.request, report_position)
-
-
-def _child_params(params: SamplingParams, j: int) -> SamplingParams:
-    from dataclasses import replace
-    return replace(params, n=1, seed=None if params.seed is None else params.seed + j)
-
-
-async def _drive(state, choice: Choice, sink: asyncio.Queue | None) -> None:
-    timeout = state.options.request_timeout
-    timer = None
-    if timeout:
-        # An abort ends the stream with finish_reason "abort", like any other abort.
-        timer = asyncio.get_running_loop().call_later(
-            timeout, state.async_engine.abort, choice.request.request_id)
-    try:
-        async for out in choice.stream:
-            if isinstance(out, QueuePosition):
-                if sink is not None:
-                    await sink.put((choice, out))
-                continue
-            await _on_output(state, choice, out, sink)
-    finally:
-        if timer is not None:
-            timer.cancel()
-
-
-async def _on_output(state, choice: Choice, out: RequestOutput, sink) -> None:
-    if choice.first_token_time is None and out.new_token_ids:
-        choice.first_token_time = time.monotonic()
-    if sink is not None:
-        await sink.put((choice, out))
-    if not out.finished:
-        return
-    choice.final = out
-    ttft = None if choice.first_token_time is None else choice.first_token_time - choice.arrival
-    state.metrics.observe_request(
-        ttft=ttft, e2e=time.monotonic() - choice.arrival, num_output_tokens=len(out.token_ids),
-        queue_time=out.queue_time, finish_reason=out.finish_reason)
-    state.metrics.observe_user(choice.user, len(out.prompt_token_ids), len(out.token_ids))
-    if choice.key is not None:
-        state.rate_limiter.record(choice.key.name, len(out.prompt_token_ids) + len(out.token_ids))
-
-
-def _usage(choices: list[Choice]) -> dict:
-    prompt_tokens, completion = 0, 0
-    seen_prompts = {}
-    for c in choices:
-        final = c.final
-        if final is None:
-            continue
-        completion += len(final.token_ids)
-        best = seen_prompts.get(c.prompt_index)
-        if best is None:
-            prompt_tokens += len(final.prompt_token_ids)
-            seen_prompts[c.prompt_index] = final.num_cached_tokens
-        else:
-            seen_prompts[c.prompt_index] = max(best, final.num_cached_tokens)
-    return usage(prompt_tokens, completion, sum(seen_prompts.values()))
-
-
-CLIENT_CLOSED = 499  # nginx's status for a client that went away; nobody reads it
-
-
-async def _collect(state, http_request: HTTPRequest, choices: list[Choice]) -> bool:
-    """Run all choices to completion; abort them if the client disconnects meanwhile.
-    Returns False when the client went away."""
-    tasks = [asyncio.create_task(_drive(state, c, None)) for c in choices]
-    try:
-        while not all(t.done() for t in tasks):
-            done, _ = await asyncio.wait(tasks, timeout=0.5)
-            if await http_request.is_disconnected():
-                break
-        for t in tasks:
-            if t.done() and t.exception():
-                raise t.exception()
-        return all(c.final is not None for c in choices)
-    finally:
-        for t in tasks:
-            t.cancel()  # cancelling the generator aborts its engine request
-
-
-async def _merged(state, choices: list[Choice]
-                  ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
-    sink: asyncio.Queue = asyncio.Queue()
-    tasks = [asyncio.create_task(_drive(state, c, sink)) for c in choices]
-    remaining = len(choices)
-    try:
-        while remaining:
-            choice, out = await sink.get()
-            if isinstance(out, RequestOutput) and out.finished:
-                remaining -= 1
-            yield choice, out
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-def _stream(state, choices, make_chunk, first_chunks=None, include_usage=False,
-            object_name="", response_id="", model="") -> StreamingResponse:
-    async def events():
-        try:
-            for chunk in first_chunks or []:
-                yield _sse(chunk)
-            async for choice, out in _merged(state, choices):
-                if isinstance(out, QueuePosition):
-                    # Extension: a chunk with no choices, which OpenAI clients skip.
-                    yield _sse({"id": response_id, "object": "queue.position", "created": now(),
-                                "model": model, "choices": [], "index": choice.index,
-                                "queue_position": out.position, "queue_length": out.queue_length})
-                    continue
-                chunk = make_chunk(choice, out)
-                if chunk is not None:
-                    yield _sse(chunk)
-            if include_usage:
-                yield _sse({"id": response_id, "object": object_name, "created": now(),
-                            "model": model, "choices": [], "usage": _usage(choices)})
-        except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
-            yield _sse({"error": {"message": str(exc), "type": "internal_error",
-                                  "param": None, "code": None}})
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 # -- completions ---------------------------------------------------------------------------
@@ -240,18 +49,18 @@ async def create_completion(state, body: CompletionRequest, http_request: HTTPRe
                                  "logprobs": _completion_logprobs(state, out.new_logprobs),
                                  "finish_reason": out.finish_reason}]}
         submit_choices(state, choices, body.queue_position)
-        return _stream(state, choices, chunk, None, _include_usage(body), "text_completion",
+        return sse_response(state, choices, chunk, None, _include_usage(body), "text_completion",
                        response_id, model)
 
     submit_choices(state, choices)
-    if not await _collect(state, http_request, choices):
+    if not await collect(state, http_request, choices):
         return Response(status_code=CLIENT_CLOSED)
     return JSONResponse({
         "id": response_id, "object": "text_completion", "created": now(), "model": model,
         "choices": [{"index": c.index, "text": c.final.text,
                      "logprobs": _completion_logprobs(state, c.final.logprobs),
                      "finish_reason": c.final.finish_reason} for c in choices],
-        "usage": _usage(choices)})
+        "usage": usage_of(choices)})
 
 
 # -- chat ----------------------------------------------------------------------------------
@@ -298,11 +107,11 @@ async def create_chat_completion(state, body: ChatCompletionRequest, http_reques
                  "logprobs": _chat_logprobs(state, out.new_logprobs),
                  "finish_reason": out.finish_reason}]}
         submit_choices(state, choices, body.queue_position)
-        return _stream(state, choices, chunk, first, _include_usage(body),
+        return sse_response(state, choices, chunk, first, _include_usage(body),
                        "chat.completion.chunk", response_id, model)
 
     submit_choices(state, choices)
-    if not await _collect(state, http_request, choices):
+    if not await collect(state, http_request, choices):
         return Response(status_code=CLIENT_CLOSED)
     return JSONResponse({
         "id": response_id, "object": "chat.completion", "created": now(), "model": model,
@@ -310,7 +119,7 @@ async def create_chat_completion(state, body: ChatCompletionRequest, http_reques
                      "message": {"role": "assistant", "content": c.final.text},
                      "logprobs": _chat_logprobs(state, c.final.logprobs),
                      "finish_reason": c.final.finish_reason} for c in choices],
-        "usage": _usage(choices)})
+        "usage": usage_of(choices)})
 
 
 def _params(body, max_tokens, logprobs) -> SamplingParams:
