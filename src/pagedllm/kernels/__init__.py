@@ -20,7 +20,8 @@ def paged_attention_ops():
         from torch.utils.cpp_extension import load
 
         return load(name="pagedllm_paged_attention", sources=[_SOURCE],
-                    extra_cflags=["-O3", "-march=native", "-ffast-math"], verbose=False)
+                    extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build problem means: use the torch path
         logger.warning("C++ paged attention unavailable (%s); using the torch path",
                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

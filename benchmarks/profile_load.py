@@ -1,0 +1,45 @@
+"""Where the time goes at N=16: cProfile of the engine running a bench-like load.
+
+    .venv/bin/python benchmarks/profile_load.py [--budget 512] [--threads 2]
+
+32 requests (prompts 128-768 tokens, 128 output tokens), 16 at a time, bf16, no prefix
+caching; prints total tokens/s and the top functions by own time.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import random
+import time
+
+import torch
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.text_prompts import make_prompt_token_ids
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--budget", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    llm = LLM(dtype="bfloat16", max_num_seqs=16, kv_cache_memory=1 << 30,
+              max_num_batched_tokens=args.budget, enable_prefix_caching=False)
+    rng = random.Random(0)
+    lengths = [rng.randint(128, 768) for _ in range(32)]
+    prompts = make_prompt_token_ids(llm.tokenizer, lengths, seed=1)
+    llm.generate(prompts[:2], SamplingParams(max_tokens=4))
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    llm.generate(prompts, SamplingParams(max_tokens=128, temperature=0, ignore_eos=True))
+    profiler.disable()
+    elapsed = time.perf_counter() - start
+    print(f"budget {args.budget}: {elapsed:.1f} s, {(sum(lengths) + 128 * 32) / elapsed:.0f} total tok/s")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(10)
+
+
+if __name__ == "__main__":
+    main()
