@@ -22,7 +22,7 @@ from pagedllm.weights import load_checkpoint
 logger = logging.getLogger("pagedllm")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # measured: BENCHMARKS.md, "step budget"
 
 
 class PromptTooLongError(ValueError):

@@ -14,7 +14,7 @@ from pagedllm.config import ModelConfig
 AUTO_TYPICAL_REQUEST_TOKENS = 2048
 AUTO_MAX_NUM_SEQS = 64
 DEFAULT_KV_FRACTION = 0.1  # of available memory, when no budget is given
-DEFAULT_KV_MAX_BYTES = 1 << 30
+DEFAULT_KV_MAX_BYTES = 512 << 20
 
 
 def kv_bytes_per_token(config: ModelConfig, element_size: int) -> int:
@@ -29,7 +29,7 @@ def available_memory_bytes() -> int:
 
 def resolve_kv_memory(kv_cache_memory: int | float | None) -> int:
     """Bytes for the KV cache: an int is bytes, a float in (0, 1] a fraction of available
-    memory, None the default (a tenth of available memory, at most 1 GiB)."""
+    memory, None the default (a tenth of available memory, at most 512 MiB)."""
     if kv_cache_memory is None:
         return min(int(available_memory_bytes() * DEFAULT_KV_FRACTION), DEFAULT_KV_MAX_BYTES)
     if isinstance(kv_cache_memory, float) and 0 < kv_cache_memory <= 1:
