@@ -22,10 +22,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    llm = LLM(dtype=args.dtype, enable_prefix_caching=False)
+    llm = LLM(dtype=args.dtype, enable_prefix_caching=False,
+              max_num_batched_tokens=args.max_num_batched_tokens)
     prompts = make_prompt_token_ids(llm.tokenizer, LENGTHS, seed=0)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=4))  # warm-up
@@ -43,7 +45,8 @@ def main() -> None:
         assert same == len(prompts)
     out_tokens = sum(len(o.token_ids) for o in together)
     all_tokens = out_tokens + sum(LENGTHS)
-    print(f"dtype={args.dtype} threads={args.threads} requests={len(prompts)} "
+    print(f"dtype={args.dtype} threads={args.threads} budget={llm.engine.scheduler_config.max_num_batched_tokens} "
+          f"requests={len(prompts)} "
           f"prompt_tokens={sum(LENGTHS)} output_tokens={out_tokens}")
     print(f"one at a time: {sequential_s:6.2f} s  {out_tokens / sequential_s:7.1f} output tok/s  "
           f"{all_tokens / sequential_s:7.1f} total tok/s")

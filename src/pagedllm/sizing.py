@@ -11,7 +11,7 @@ from pagedllm.config import ModelConfig
 
 # `max_num_seqs="auto"` assumes requests use up to this many tokens on average when the
 # context is longer; preemption covers the rare request that needs more.
-AUTO_TYPICAL_REQUEST_TOKENS = 2048
+AUTO_TYPICAL_REQUEST_TOKENS = 1024
 AUTO_MAX_NUM_SEQS = 64
 DEFAULT_KV_FRACTION = 0.1  # of available memory, when no budget is given
 DEFAULT_KV_MAX_BYTES = 512 << 20
