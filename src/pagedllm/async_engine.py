@@ -91,11 +91,6 @@ class AsyncEngine:
         self._post(("add", request))
         return RequestStream(self, request.request_id, stream)
 
-    async def generate(self, request: Request, report_position: bool = False
-                       ) -> AsyncIterator[RequestOutput | QueuePosition]:
-        async for item in self.submit(request, report_position):
-            yield item
-
     def abort(self, request_id: str) -> None:
         self._post(("abort", request_id))
 
