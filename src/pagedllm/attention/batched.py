@@ -66,21 +66,16 @@ class BatchedBackend:
 
     def _prefill(self, query, key_cache, value_cache, meta, i) -> torch.Tensor:
         seq_len = meta.seq_lens[i]
-        num_queries = query.shape[0]
         blocks = meta.context_block_ids[i]
         keys = key_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)  # [kv_heads, L, D]
         values = value_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)
         if self.group > 1:
             keys = keys.repeat_interleave(self.group, dim=0)
             values = values.repeat_interleave(self.group, dim=0)
-        whole = num_queries == seq_len
-        mask = None
-        if not whole:
-            query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
-            mask = torch.arange(seq_len).unsqueeze(0) <= query_pos
+        mask = meta.prefill_mask(i)
         # 4-D inputs with expanded KV heads take torch's fused CPU kernel; 3-D inputs or
         # enable_gqa fall back to the math path, 2.5x slower here.
         out = F.scaled_dot_product_attention(
             query.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
-            attn_mask=mask, is_causal=whole, scale=self.scale)
+            attn_mask=mask, is_causal=mask is None, scale=self.scale)
         return out[0].transpose(0, 1)

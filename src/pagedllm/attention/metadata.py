@@ -33,6 +33,7 @@ class AttentionMetadata:
     block_tables: list[list[int]]  # [num_seqs][num_blocks_i] block ids in order
     block_size: int
     context_block_ids: list[torch.Tensor] = field(default_factory=list)
+    _prefill_masks: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, slot_mapping: list[int], query_start_loc: list[int], seq_lens: list[int],
@@ -59,6 +60,17 @@ class AttentionMetadata:
 
     def prefill_seq_indices(self) -> list[int]:
         return [i for i in range(self.num_seqs) if self.num_queries(i) > 1]
+
+    def prefill_mask(self, i: int) -> torch.Tensor | None:
+        """Causal mask [queries, seq_len] for a chunk that continues a sequence (None when the
+        chunk is the whole sequence: plain causal). Built once per step, shared by layers."""
+        if self.num_queries(i) == self.seq_lens[i]:
+            return None
+        if i not in self._prefill_masks:
+            seq_len, num_queries = self.seq_lens[i], self.num_queries(i)
+            query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
+            self._prefill_masks[i] = torch.arange(seq_len).unsqueeze(0) <= query_pos
+        return self._prefill_masks[i]
 
     def decode_batch(self) -> DecodeBatch | None:
         return self._decode_batch

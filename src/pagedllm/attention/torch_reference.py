@@ -42,11 +42,9 @@ class TorchReferenceBackend:
             blocks = meta.context_block_ids[i]
             keys = key_cache[blocks].flatten(0, 1)[:seq_len]  # [L, kv_heads, D]
             values = value_cache[blocks].flatten(0, 1)[:seq_len]
-            mask = None
-            if num_queries > 1:
-                # Query j sits at position seq_len - num_queries + j and sees keys up to it.
-                query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
-                mask = torch.arange(seq_len).unsqueeze(0) <= query_pos
+            # Query j sits at position seq_len - num_queries + j and sees keys up to it.
+            query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
+            mask = torch.arange(seq_len).unsqueeze(0) <= query_pos
             out = F.scaled_dot_product_attention(
                 query[start:end].transpose(0, 1),  # [heads, nq, D]
                 keys.transpose(0, 1), values.transpose(0, 1),
