@@ -19,12 +19,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def smollm():
-    import gguf as g
-
-    path = default_model_path()
-    reader = g.GGUFReader(path)
-    meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-    return Tokenizer.from_gguf_metadata(path, meta)
+    return Tokenizer.from_model_path(None)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pagedllm.bench import make_prompts, run_level, served_model
 from pagedllm.bench_report import recommend, render_table, summarize_level, write_json, write_plot
+from pagedllm.tokenizer import Tokenizer
 
 
 def _parse_levels(text: str) -> list[int]:
@@ -76,7 +77,8 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
     except Exception as exc:  # noqa: BLE001 - report any connection problem plainly
         console.print(f"[red]error:[/] cannot reach {base_url}/v1/models: {exc}")
         return 2
-    tokenizer = _tokenizer(args.tokenizer)
+    # Prompts are sized with a local tokenizer (the default model's unless told).
+    tokenizer = Tokenizer.from_model_path(args.tokenizer)
     per_level = {n: args.requests or max(6, 3 * n) for n in levels}
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -111,17 +113,3 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
         console.print(f"[yellow]no recommendation:[/] {recommendation['reason']}")
     console.print(f"wrote {json_path} and {png_path}")
     return 0
-
-
-def _tokenizer(path: str | None):
-    """Prompts are sized with a local tokenizer (the default model's unless told)."""
-    from pagedllm.tokenizer import Tokenizer
-    from pagedllm.weights import default_model_path
-
-    path = path or default_model_path()
-    if os.path.isdir(path):
-        return Tokenizer.from_folder(path)
-    from gguf import GGUFReader
-    reader = GGUFReader(path)
-    meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-    return Tokenizer.from_gguf_metadata(path, meta)

@@ -10,7 +10,7 @@ fair queueing and Linux's CFS). Pure Python, no torch.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from pagedllm.request import Request
 
@@ -80,9 +80,6 @@ class FairQueue:
 
     def __bool__(self) -> bool:
         return any(self._queues.values())
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self.ordered())
 
     def waiting_by_user(self) -> dict[str, int]:
         return {u: len(q) for u, q in self._queues.items() if q}

@@ -121,6 +121,19 @@ class Tokenizer:
                                checkpoint.config.bos_token_id)
 
     @classmethod
+    def from_model_path(cls, path: str | None) -> Tokenizer:
+        """The tokenizer of a GGUF file or HF folder (None: the default model), read without
+        loading the weights."""
+        from pagedllm.weights import default_model_path
+        from pagedllm.weights.gguf import read_gguf_header, tokenizer_metadata
+
+        path = default_model_path() if path is None else path
+        if os.path.isdir(path):
+            return cls.from_folder(path)
+        _, meta, _ = read_gguf_header(path)
+        return cls.from_gguf_metadata(path, tokenizer_metadata(meta))
+
+    @classmethod
     def from_gguf_metadata(cls, path: str, meta: dict) -> Tokenizer:
         eos = meta.get("tokenizer.ggml.eos_token_id")
         eos_ids = [eos] if eos is not None else []

@@ -30,9 +30,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: block_id * block_size + offset per token
     query_start_loc: list[int]  # [num_seqs + 1], host-side: no device syncs inside layers
     seq_lens: list[int]  # [num_seqs] context length of each sequence after this step
-    block_tables: list[list[int]]  # [num_seqs][num_blocks_i] block ids in order
     block_size: int
-    context_block_ids: list[torch.Tensor] = field(default_factory=list)
+    context_block_ids: list[torch.Tensor]  # per sequence: its blocks covering seq_lens[i]
     _prefill_masks: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -46,7 +45,6 @@ class AttentionMetadata:
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
             query_start_loc=list(query_start_loc),
             seq_lens=list(seq_lens),
-            block_tables=[list(t) for t in block_tables],
             block_size=block_size,
             context_block_ids=context_block_ids,
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pagedllm.kv_cache.block_pool import BlockHash, BlockPool, KVBlock, hash_block_tokens
 from pagedllm.request import Request
+from pagedllm.sizing import blocks_for_tokens
 
 
 class KVCacheManager:
@@ -35,7 +36,7 @@ class KVCacheManager:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for_tokens(num_tokens, self.block_size)
 
     def _block_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
         """Hashes of the request's first num_full_blocks blocks, extended lazily and memoised."""

@@ -75,7 +75,7 @@ class ServerState:
         # Salted by user so one user cannot learn another's prompts through cache timing.
         return None if self.options.shared_prefix_cache else user
 
-    def admit(self, user: str, key: ApiKey | None, num_new: int) -> None:
+    def admit(self, key: ApiKey | None, num_new: int) -> None:
         """Raise 429 when the queue is full or the key is over its tokens per minute."""
         if key is not None:
             self.rate_limiter.check(key.name, key.tokens_per_minute)

@@ -46,7 +46,7 @@ def build_choices(state, prompts: list[str | list[int]], params: SamplingParams,
     if options.max_tokens_limit and params.max_tokens and params.max_tokens > options.max_tokens_limit:
         raise APIError(400, f"max_tokens {params.max_tokens} is over this server's limit of "
                             f"{options.max_tokens_limit}", "max_tokens", "invalid_value")
-    state.admit(user, key, len(prompts) * params.n)
+    state.admit(key, len(prompts) * params.n)
     choices = []
     arrival = time.monotonic()
     for p_index, prompt in enumerate(prompts):

@@ -117,16 +117,25 @@ def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int
     )
 
 
+def read_gguf_header(path: str):
+    """(reader, metadata, ModelConfig) from a GGUF file's header; tensors stay on disk."""
+    reader = _open_reader(path)
+    meta = {name: _field_value(field) for name, field in reader.fields.items()
+            if not name.startswith("GGUF.")}
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    return reader, meta, _model_config(path, meta, {t.name for t in reader.tensors}, len(tokens))
+
+
+def tokenizer_metadata(meta: dict) -> dict:
+    return {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
+
+
 def load_gguf(path: str, progress=None):
     from gguf import GGMLQuantizationType, quants
 
     from pagedllm.weights import Checkpoint
 
-    reader = _open_reader(path)
-    meta = {name: _field_value(field) for name, field in reader.fields.items()
-            if not name.startswith("GGUF.")}
-    tokens = meta.get("tokenizer.ggml.tokens") or []
-    config = _model_config(path, meta, {t.name for t in reader.tensors}, len(tokens))
+    reader, meta, config = read_gguf_header(path)
 
     file_size = os.path.getsize(path)
     weights: dict[str, torch.Tensor] = {}
@@ -156,9 +165,8 @@ def load_gguf(path: str, progress=None):
             q4 = decode_q4(tensor.data, type_name, array.shape)
             quantized[name] = q4.permute_rows(row_order_unpermute(array.shape[0], heads)) if heads else q4
 
-    tokenizer_source = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     return Checkpoint(path=path, config=config, weights=weights,
-                      tokenizer_source={"gguf": tokenizer_source}, quantized=quantized)
+                      tokenizer_source={"gguf": tokenizer_metadata(meta)}, quantized=quantized)
 
 
 def _permuted_heads(config: ModelConfig, gguf_name: str) -> int | None:

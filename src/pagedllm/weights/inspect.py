@@ -22,7 +22,7 @@ class CheckpointSummary:
 
 def summarize_checkpoint(path: str | None) -> CheckpointSummary:
     from pagedllm.weights import default_model_path
-    from pagedllm.weights.gguf import _model_config, _open_reader, canonical_name
+    from pagedllm.weights.gguf import canonical_name, read_gguf_header
     from pagedllm.weights.safetensors import _read_json, hf_model_config
 
     path = default_model_path() if path is None else os.fspath(path)
@@ -40,10 +40,7 @@ def summarize_checkpoint(path: str | None) -> CheckpointSummary:
     else:
         if not os.path.exists(path):
             raise ModelLoadError(path, "no such file or folder")
-        reader = _open_reader(path)
-        meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-        config = _model_config(path, meta, {t.name for t in reader.tensors},
-                               len(meta.get("tokenizer.ggml.tokens") or []))
+        reader, _, config = read_gguf_header(path)
         for tensor in reader.tensors:
             name = canonical_name(tensor.name)
             if name is not None:
