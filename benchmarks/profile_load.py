@@ -23,9 +23,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--budget", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seqs", type=int, default=16)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM(dtype="bfloat16", max_num_seqs=16, kv_cache_memory=1 << 30,
+    llm = LLM(dtype="bfloat16", max_num_seqs=args.seqs, kv_cache_memory=1 << 30,
               max_num_batched_tokens=args.budget, enable_prefix_caching=False)
     rng = random.Random(0)
     lengths = [rng.randint(128, 768) for _ in range(32)]

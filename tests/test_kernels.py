@@ -1,15 +1,17 @@
-"""The C++ paged decode attention kernel against the torch reference backend."""
+"""The C++ kernels against their torch references: paged decode attention and the fused
+layer ops (RMSNorm with residual, RoPE + KV write, SiLU-and-mul)."""
 import pytest
 import torch
 
 from pagedllm.attention import AttentionMetadata, TorchReferenceBackend
 from pagedllm.attention.batched import BatchedBackend
-from pagedllm.kernels import paged_attention_ops
+from pagedllm.kernels import kernel_ops
+from pagedllm.models.layer_ops import TorchLayerOps
 
 
 @pytest.fixture(scope="module")
 def ops():
-    module = paged_attention_ops()
+    module = kernel_ops()
     assert module is not None, "the C++ kernel must build here (make install builds it)"
     return module
 
@@ -33,11 +35,8 @@ def test_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim):
     # One decode token per sequence, already written at its last slot.
     slots = [t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, lens)]
     meta = AttentionMetadata.build(slots, list(range(len(lens) + 1)), lens, tables, block_size)
-    slot_view = key_cache.view(-1, kv_heads, head_dim)
-    new_k = slot_view[torch.tensor(slots)].clone()
-    new_v = value_cache.view(-1, kv_heads, head_dim)[torch.tensor(slots)].clone()
     reference = TorchReferenceBackend(heads, kv_heads, head_dim).forward(
-        query.float(), new_k.float(), new_v.float(), (key_cache.float(), value_cache.float()), meta)
+        query.float(), (key_cache.float(), value_cache.float()), meta)
     batch = meta.decode_batch()
     out = ops.paged_decode_attention(query, key_cache, value_cache, batch.block_tables,
                                      batch.seq_lens, head_dim ** -0.5)
@@ -60,3 +59,80 @@ def test_kernel_rejects_bad_input(ops):
     with pytest.raises(RuntimeError, match="dtypes"):
         ops.paged_decode_attention(q.bfloat16(), cache, cache, torch.zeros(2, 1, dtype=torch.long),
                                    torch.ones(2, dtype=torch.long), 0.1)
+
+
+# bf16 results may differ by one rounding step (the C++ ops round once, torch after each op).
+FUSED_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 70])  # 70 rows: split across threads
+def test_rms_norm_matches_torch(ops, dtype, rows):
+    torch.manual_seed(1)
+    x = torch.randn(rows, 576).to(dtype)
+    weight = (torch.rand(576) + 0.5).to(dtype)
+    tol = FUSED_TOLERANCE[dtype]
+    assert torch.allclose(ops.rms_norm(x, None, weight, 1e-5),
+                          TorchLayerOps.rms_norm(x, None, weight, 1e-5), atol=tol, rtol=tol)
+    # With a residual: both add x into it in place, then normalise the sum.
+    residual = torch.randn(rows, 576).to(dtype)
+    res_fused, res_torch = residual.clone(), residual.clone()
+    out = ops.rms_norm(x, res_fused, weight, 1e-5)
+    expected = TorchLayerOps.rms_norm(x, res_torch, weight, 1e-5)
+    assert torch.equal(res_fused, res_torch)  # the add rounds exactly as torch's
+    assert torch.allclose(out, expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,tokens", [(9, 3, 64, 3), (4, 2, 16, 40)])
+def test_rope_write_kv_matches_torch(ops, dtype, heads, kv_heads, head_dim, tokens):
+    from pagedllm.models.llama import RotaryEmbedding
+
+    torch.manual_seed(2)
+    rotary = RotaryEmbedding(head_dim, 2048, 10000.0)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
+    positions = torch.randint(0, 2048, (tokens,))
+    slots = torch.randperm(8 * 16)[:tokens]
+    caches = []
+    for _ in range(2):
+        k = torch.zeros(8, 16, kv_heads, head_dim, dtype=dtype)
+        caches.append((k, torch.zeros_like(k)))
+    q_fused = ops.rope_write_kv(qkv, positions, rotary.cos, rotary.sin, *caches[0], slots, heads)
+    q_torch = TorchLayerOps.rope_write_kv(qkv, positions, rotary.cos, rotary.sin, *caches[1],
+                                          slots, heads)
+    tol = FUSED_TOLERANCE[dtype]
+    assert q_fused.shape == (tokens, heads, head_dim)
+    assert torch.allclose(q_fused, q_torch, atol=tol, rtol=tol)
+    assert torch.allclose(caches[0][0], caches[1][0], atol=tol, rtol=tol)
+    assert torch.equal(caches[0][1], caches[1][1])  # V is copied as is
+    assert caches[0][0].view(-1, kv_heads, head_dim)[slots].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_matches_torch(ops, dtype):
+    torch.manual_seed(3)
+    x = torch.randn(37, 2 * 1536) * 4
+    x[0, :6] = torch.tensor([-1e4, -100.0, -88.0, 88.0, 100.0, 1e4])  # exp overflows here
+    x = x.to(dtype)
+    assert ops.silu_and_mul(x).isfinite().all()
+    tol = FUSED_TOLERANCE[dtype]
+    assert torch.allclose(ops.silu_and_mul(x), TorchLayerOps.silu_and_mul(x), atol=tol, rtol=tol)
+
+
+def test_fused_ops_reject_bad_input(ops):
+    x = torch.randn(2, 8)
+    with pytest.raises(RuntimeError, match="contiguous 2-D"):
+        ops.rms_norm(x.t(), None, torch.ones(2), 1e-5)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        ops.silu_and_mul(x.double())
+    with pytest.raises(RuntimeError, match="residual must match"):
+        ops.rms_norm(x, torch.randn(3, 8), torch.ones(8), 1e-5)
+    cache = torch.zeros(2, 4, 1, 4)
+    cos = torch.ones(16, 4)
+    qkv = torch.randn(1, 12)
+    with pytest.raises(RuntimeError, match="slot out of the cache"):
+        ops.rope_write_kv(qkv, torch.tensor([0]), cos, cos, cache, cache.clone(), torch.tensor([8]), 1)
+    with pytest.raises(RuntimeError, match="position out of the RoPE table"):
+        ops.rope_write_kv(qkv, torch.tensor([16]), cos, cos, cache, cache.clone(), torch.tensor([0]), 1)
+    with pytest.raises(RuntimeError, match="qkv width"):
+        ops.rope_write_kv(qkv, torch.tensor([0]), cos, cos, cache, cache.clone(), torch.tensor([0]), 2)

@@ -13,28 +13,27 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.attention.metadata import AttentionMetadata
-from pagedllm.attention.torch_reference import write_kv
 
 
 class BatchedBackend:
     name = "batched"
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, use_kernel: bool = True):
-        from pagedllm.kernels import paged_attention_ops
+        from pagedllm.kernels import kernel_ops
 
         # The kernel is specialised for these shapes; others take the torch path.
         supported = head_dim in (64, 128) and num_heads // num_kv_heads <= 8
-        self.kernel = paged_attention_ops() if use_kernel and supported else None
+        self.kernel = kernel_ops() if use_kernel and supported else None
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.group = num_heads // num_kv_heads
         self.scale = head_dim ** -0.5
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, query: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """query [T, heads, D]; this step's K/V are already in the cache. Returns [T, heads * D]."""
         key_cache, value_cache = kv_cache
-        write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         batch = meta.decode_batch()
         if batch is not None and len(batch.rows) == query.shape[0]:
             return self._decode(query, key_cache, value_cache, batch).flatten(1)

@@ -28,12 +28,11 @@ class TorchReferenceBackend:
         self.head_dim = head_dim
         self.scale = head_dim ** -0.5
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        """query [T, heads, D], key/value [T, kv_heads, D]; cache [num_blocks, block_size, kv_heads, D].
-        Returns [T, heads * D]."""
+    def forward(self, query: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """query [T, heads, D]; cache [num_blocks, block_size, kv_heads, D], already holding this
+        step's K/V (written with write_kv). Returns [T, heads * D]."""
         key_cache, value_cache = kv_cache
-        write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
         output = torch.empty_like(query)
         for i in range(meta.num_seqs):
             start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]

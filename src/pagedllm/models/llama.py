@@ -11,6 +11,7 @@ from torch import nn
 
 from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
+from pagedllm.models.layer_ops import layer_ops
 from pagedllm.models.quant_linear import QuantLinear, int4_available
 from pagedllm.weights.q4 import Q4Weight
 
@@ -18,88 +19,84 @@ LOGIT_REFINE_CANDIDATES = 16
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float):
+    def __init__(self, hidden_size: int, eps: float, ops):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
         self.eps = eps
+        self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 whatever the activation dtype, as the reference does.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """norm(x); with a residual: residual += x in place, then norm(residual)."""
+        return self.ops.rms_norm(x, residual, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE with a precomputed float32 cos/sin table indexed by position."""
+    """Rotate-half RoPE tables: float32 cos/sin [max_positions, D], indexed by position."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, D]
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        # Plain attributes, not buffers: model.to(bfloat16) must leave them float32.
+        self.cos = emb.cos()
+        self.sin = emb.sin()
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_heads, config.num_kv_heads, config.head_dim)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # q, k and v projections fused into one matrix: one GEMM instead of three.
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size,
                                   bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
         self.rotary = rotary
+        self.ops = ops
         self.backend = BACKENDS[backend](self.num_heads, self.num_kv_heads, self.head_dim)
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata):
-        num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.backend.forward(q, k, v, kv_cache, meta))
+        key_cache, value_cache = kv_cache
+        # RoPE on q and k, and this step's K/V stored at their slots, in one op.
+        q = self.ops.rope_write_kv(self.qkv_proj(hidden), positions, self.rotary.cos,
+                                   self.rotary.sin, key_cache, value_cache, meta.slot_mapping,
+                                   self.num_heads)
+        return self.o_proj(self.backend.forward(q, kv_cache, meta))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, ops):
         super().__init__()
-        self.intermediate_size = config.intermediate_size
         # gate and up projections fused: one GEMM, then SiLU(gate) * up.
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.ops = ops
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, rotary, backend)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = Attention(config, rotary, backend, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.mlp = MLP(config, ops)
 
-    def forward(self, positions, hidden, kv_cache, meta):
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, positions, hidden, residual, kv_cache, meta):
+        """Pre-norm residual block. The residual stream is carried separately and the adds are
+        fused into the norms: returns (this layer's MLP output, residual before adding it)."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+        hidden = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -110,9 +107,11 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         self.rotary = rotary
-        self.layers = nn.ModuleList(DecoderLayer(config, rotary, attention_backend)
+        # The reference attention backend runs with the torch layer ops too: a pure-torch oracle.
+        ops = layer_ops(use_kernels=attention_backend != "torch-reference")
+        self.layers = nn.ModuleList(DecoderLayer(config, rotary, attention_backend, ops)
                                     for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         # Embedding and output head stay float32: bf16 logits flip greedy choices.
         self.embed_weight = torch.empty(0)
         self.lm_head_weight = torch.empty(0)
@@ -142,9 +141,10 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, H] in the model dtype."""
         hidden = self.embed_weight[input_ids].to(self.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, meta)
-        return self.norm(hidden)
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        return self.norm(hidden, residual)
 
     def _use_int4(self, quantized: dict) -> None:
         for i, layer in enumerate(self.layers):

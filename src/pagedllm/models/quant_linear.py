@@ -13,7 +13,7 @@ from torch import nn
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 
 # Rows (tokens) up to which the int4 kernel beats dense bf16 here.
-INT4_MAX_ROWS = 4
+INT4_MAX_ROWS = 16
 
 
 def int4_available() -> bool:
