@@ -1,9 +1,12 @@
-"""int4 (torch CPU kernel) vs dense bfloat16 vs float32 linear layers at the model's shapes.
+"""int4 (torch CPU kernel) vs dense bfloat16 linear layers at the model's shapes.
 
     .venv/bin/python benchmarks/linear_kernels.py [--threads 2]
 
-Prints microseconds per call by batch rows and the ratio dense-bf16 / int4; the row count
-where int4 stops winning sets INT4_MAX_ROWS in pagedllm/models/quant_linear.py.
+All four projections of 30 layers, each with its own weights as in the real model, so the
+weights stream from memory instead of sitting in cache (with one layer's weights reused, as
+an earlier version measured, int4 lost from 8 rows on; out of cache it wins up to ~20).
+Prints milliseconds per pass over all layers by batch rows and the ratio bf16 / int4; the
+row count where int4 stops winning sets INT4_MAX_ROWS in pagedllm/models/quant_linear.py.
 """
 from __future__ import annotations
 
@@ -15,15 +18,35 @@ import torch
 from pagedllm.weights.q4 import GROUP_SIZE
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+NUM_LAYERS = 30
 
 
-def timeit(fn, repeat=200) -> float:
-    for _ in range(5):
-        fn()
+def make_layers():
+    layers = []
+    for _ in range(NUM_LAYERS):
+        for out, inp in SHAPES.values():
+            codes = torch.randint(0, 16, (out, inp), dtype=torch.int32)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            scales_zeros = (torch.rand(inp // GROUP_SIZE, out, 2) * 0.01).bfloat16().contiguous()
+            layers.append((torch.randn(out, inp).bfloat16(), packed, scales_zeros, inp))
+    return layers
+
+
+def time_pass(layers, rows: int, int4: bool, repeat: int = 5) -> float:
+    inputs = {inp: torch.randn(rows, inp).bfloat16() for inp in (576, 1536)}
+
+    def one_pass():
+        for dense, packed, scales_zeros, inp in layers:
+            if int4:
+                torch.ops.aten._weight_int4pack_mm_for_cpu(inputs[inp], packed, GROUP_SIZE, scales_zeros)
+            else:
+                torch.nn.functional.linear(inputs[inp], dense)
+
+    one_pass()
     start = time.perf_counter()
     for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - start) / repeat * 1e6
+        one_pass()
+    return (time.perf_counter() - start) / repeat * 1e3
 
 
 def main() -> None:
@@ -31,26 +54,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"threads={args.threads}; microseconds per call for all four projections of a layer")
-    print(f"{'rows':>5} {'fp32':>8} {'bf16':>8} {'int4':>8}  bf16/int4")
-    weights = {}
-    for name, (out, inp) in SHAPES.items():
-        codes = torch.randint(0, 16, (out, inp), dtype=torch.int32)
-        scales = torch.rand(out, inp // GROUP_SIZE) * 0.01
-        zeros = torch.rand(out, inp // GROUP_SIZE) * 0.01
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-        sz = torch.stack([scales.T, zeros.T], dim=-1).bfloat16().contiguous()
-        dense = torch.randn(out, inp)
-        weights[name] = (dense, dense.bfloat16(), packed, sz, inp)
-    for rows in (1, 2, 4, 8, 12, 16, 32, 64, 256):
-        totals = [0.0, 0.0, 0.0]
-        for dense, dense_bf16, packed, sz, inp in weights.values():
-            x = torch.randn(rows, inp)
-            xb = x.bfloat16()
-            totals[0] += timeit(lambda: torch.nn.functional.linear(x, dense))
-            totals[1] += timeit(lambda: torch.nn.functional.linear(xb, dense_bf16))
-            totals[2] += timeit(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, packed, GROUP_SIZE, sz))
-        print(f"{rows:>5} {totals[0]:8.0f} {totals[1]:8.0f} {totals[2]:8.0f}  {totals[1] / totals[2]:.2f}x")
+    layers = make_layers()
+    print(f"threads={args.threads}; ms per pass over the projections of {NUM_LAYERS} layers")
+    print(f"{'rows':>5} {'bf16':>8} {'int4':>8}  bf16/int4")
+    for rows in (1, 2, 4, 8, 12, 16, 20, 24, 32, 64):
+        dense_ms, int4_ms = time_pass(layers, rows, False), time_pass(layers, rows, True)
+        print(f"{rows:>5} {dense_ms:8.2f} {int4_ms:8.2f}  {dense_ms / int4_ms:.2f}x")
 
 
 if __name__ == "__main__":
