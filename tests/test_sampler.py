@@ -145,3 +145,15 @@ def test_bad_params_name_the_field(field, value):
     with pytest.raises(SamplingParamsError) as info:
         SamplingParams(**{field: value})
     assert info.value.param == field
+
+
+def test_inverse_cdf_never_picks_zero_probability_tokens():
+    from pagedllm.sampler import sample_from_probs
+
+    # Zero mass at the ends and in the middle, including where the draw would be 0 or 1.
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).repeat(400, 1)
+    tokens = sample_from_probs(probs, [row(temperature=1.0, seed=i) for i in range(400)])
+    assert set(tokens.tolist()) == {1, 3}
+    one_hot = torch.zeros(3, V)
+    one_hot[:, V - 1] = 1.0
+    assert sample_from_probs(one_hot, [row(temperature=1.0) for _ in range(3)]).tolist() == [V - 1] * 3
