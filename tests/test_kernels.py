@@ -1,4 +1,4 @@
-"""The C++ kernels against their torch references: paged decode attention and the fused
+"""The C++ kernels against their torch references: paged decode and prefill attention, the fused
 layer ops (RMSNorm with residual, RoPE + KV write, SiLU-and-mul)."""
 import pytest
 import torch
@@ -42,6 +42,36 @@ def test_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim):
                                      batch.seq_lens, head_dim ** -0.5)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     assert (out.float().flatten(1) - reference).abs().max() < tolerance
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (16, 2, 128)])
+@pytest.mark.parametrize("start,chunk", [(0, 37), (45, 20), (0, 1), (16, 16)])
+def test_prefill_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim, start, chunk):
+    """A chunk of one sequence (from its start or continuing it) over scattered blocks."""
+    torch.manual_seed(4)
+    block_size, num_blocks = 16, 32
+    seq_len = start + chunk
+    table = torch.randperm(num_blocks)[: -(-seq_len // block_size)].tolist()
+    cache_shape = (num_blocks, block_size, kv_heads, head_dim)
+    key_cache = torch.randn(cache_shape, dtype=dtype)
+    value_cache = torch.randn(cache_shape, dtype=dtype)
+    query = torch.randn(chunk, heads, head_dim, dtype=dtype)
+    slots = [table[p // block_size] * block_size + p % block_size for p in range(start, seq_len)]
+    meta = AttentionMetadata.build(slots, [0, chunk], [seq_len], [table], block_size)
+    reference = TorchReferenceBackend(heads, kv_heads, head_dim).forward(
+        query.float(), (key_cache.float(), value_cache.float()), meta)
+    out = ops.paged_prefill_attention(query, key_cache, value_cache, meta.context_block_ids[0],
+                                      start, head_dim ** -0.5)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (out.float().flatten(1) - reference).abs().max() < tolerance
+
+
+def test_prefill_kernel_rejects_a_chunk_past_its_blocks(ops):
+    cache = torch.randn(4, 16, 3, 64)
+    with pytest.raises(RuntimeError, match="past its block table"):
+        ops.paged_prefill_attention(torch.randn(10, 9, 64), cache, cache,
+                                    torch.tensor([0], dtype=torch.long), 10, 0.125)
 
 
 def test_backend_uses_kernel_only_for_supported_shapes(ops):

@@ -4,6 +4,9 @@
 torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
                                      torch::Tensor value_cache, torch::Tensor block_tables,
                                      torch::Tensor seq_lens, double scale);
+torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
+                                      torch::Tensor value_cache, torch::Tensor block_table,
+                                      int64_t start, double scale);
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
                        torch::Tensor weight, double eps);
 torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos,
@@ -13,6 +16,8 @@ torch::Tensor silu_and_mul(torch::Tensor x);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU)");
+  m.def("paged_prefill_attention", &paged_prefill_attention,
+        "causal attention of one sequence's prefill chunk over the paged cache (CPU)");
   m.def("rms_norm", &rms_norm, "RMSNorm, optionally adding x into residual first (in place)",
         pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
   m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k; k and v written to the paged cache");

@@ -157,9 +157,17 @@ static void decode_kernel(const scalar_t* query, const scalar_t* key_cache,
                           int64_t num_heads, int64_t num_kv_heads, int64_t block_size,
                           int64_t max_blocks, float scale) {
   const int64_t token_stride = num_kv_heads * HEAD_DIM;  // one slot of the cache
-  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t tasks = num_seqs * num_kv_heads;
+  // Tasks handed out one at a time, last first: in a prefill chunk the last tokens have the
+  // longest contexts, and starting with them balances the threads (a static split gave one
+  // thread 3x the work of the other).
+  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), tasks));
+#pragma omp parallel num_threads(threads)
+  {
     std::vector<float> scores;
-    for (int64_t task = begin; task < end; ++task) {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < tasks; ++i) {
+      const int64_t task = tasks - 1 - i;
       const int64_t seq = task / num_kv_heads, kv_head = task % num_kv_heads;
       const int64_t head0 = (seq * num_heads + kv_head * GROUP) * HEAD_DIM;
       attend<scalar_t, HEAD_DIM, GROUP>(query + head0, key_cache + kv_head * HEAD_DIM,
@@ -167,7 +175,7 @@ static void decode_kernel(const scalar_t* query, const scalar_t* key_cache,
                                         block_tables + seq * max_blocks, seq_lens[seq],
                                         out + head0, token_stride, block_size, scale, scores);
     }
-  });
+  }
 }
 
 // Instantiates decode_kernel for a runtime group size (query heads per KV head, 1 to 8).
@@ -218,6 +226,46 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
                                  seq_lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), num_seqs,
                                  num_heads, num_kv_heads, block_size, block_tables.size(1),
                                  static_cast<float>(scale));
+    };
+    if (head_dim == 64) run(std::integral_constant<int, 64>{});
+    else run(std::integral_constant<int, 128>{});
+  });
+  return out;
+}
+
+// Prefill chunk of one sequence: query [T, H, D] holds the tokens at positions start..start+T-1,
+// whose K/V are already in the cache; each attends causally to positions <= its own. Same
+// per-token path as decode (no gather of K/V, no expanded KV heads); tasks (token, KV head)
+// are handed out dynamically since later tokens see longer contexts.
+torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
+                                      torch::Tensor value_cache, torch::Tensor block_table,
+                                      int64_t start, double scale) {
+  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
+  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type(), "query and cache dtypes differ");
+  TORCH_CHECK(block_table.scalar_type() == torch::kInt64 && block_table.dim() == 1,
+              "block_table must be 1-D int64");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
+  query = query.contiguous();
+  block_table = block_table.contiguous();
+  const int64_t tokens = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
+  TORCH_CHECK(start >= 0 && start + tokens <= block_table.size(0) * block_size,
+              "the chunk runs past its block table");
+  TORCH_CHECK(num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= 8,
+              "heads must be a multiple of KV heads, at most 8 per group");
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128");
+  auto out = torch::empty_like(query);
+  // Each token is a one-query "sequence" over the same table, with its own length.
+  auto lens = torch::arange(start + 1, start + tokens + 1, block_table.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, query.scalar_type(), "paged_prefill", [&] {
+    auto run = [&](auto dim_tag) {
+      constexpr int D = decltype(dim_tag)::value;
+      dispatch_group<scalar_t, D>(num_heads / num_kv_heads, query.data_ptr<scalar_t>(),
+                                  key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
+                                  block_table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
+                                  out.data_ptr<scalar_t>(), tokens, num_heads, num_kv_heads,
+                                  block_size, /*max_blocks=*/0,  // every token: the same table
+                                  static_cast<float>(scale));
     };
     if (head_dim == 64) run(std::integral_constant<int, 64>{});
     else run(std::integral_constant<int, 128>{});
