@@ -66,6 +66,7 @@ def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
     fast = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
     model = fast.engine.runner.model
     assert any(type(m).__name__ == "QuantLinear" for m in model.modules())  # int4 in use
+    assert model.embed_q8 is not None and model.embed_weight.numel() == 0  # 8-bit embedding
     ids = real_llm.tokenizer.encode(PROMPTS[3] + " The fisherman's daughter walked to the harbour.")
     exact = run_paged(real_llm.engine.runner.model, [ids], block_size=16)[0]
     # Prefill (dense bf16) and one-token steps (int4 kernel + C++ attention) both checked.

@@ -88,6 +88,11 @@ def test_default_model_is_found_and_loads():
     assert checkpoint.config.num_layers == 30
     assert checkpoint.config.num_kv_heads == 3
     assert checkpoint.weights["embed_tokens.weight"].shape == (49152, 576)
+    # Its Q8_0 embedding is also kept 8-bit; rows read back equal the float32 ones exactly.
+    q8 = checkpoint.quantized["embed_tokens.weight"]
+    assert q8.codes.dtype == torch.int8 and q8.codes.shape == (49152, 576)
+    index = torch.tensor([[0, 1, 49151], [17, 17, 3000]])
+    assert torch.equal(q8.rows(index), checkpoint.weights["embed_tokens.weight"][index])
 
 
 # -- bad input -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.models.layer_ops import layer_ops
 from pagedllm.models.quant_linear import Int8Linear, QuantLinear, int4_available, int8_available
 from pagedllm.weights.q4 import Q4Weight
+from pagedllm.weights.q8 import Q8Rows
 
 LOGIT_REFINE_CANDIDATES = 16
 
@@ -112,9 +113,12 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, rotary, attention_backend, ops)
                                     for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        # Embedding and output head stay float32: bf16 logits flip greedy choices.
+        # Embedding and output head stay exact (float32, or their 8-bit GGUF originals read
+        # back row by row): bf16 logits flip greedy choices.
         self.embed_weight = torch.empty(0)
         self.lm_head_weight = torch.empty(0)
+        self.embed_q8: Q8Rows | None = None
+        self.head_q8: Q8Rows | None = None
 
     def load_weights(self, weights: dict[str, torch.Tensor], quantized: dict | None = None) -> None:
         """Take canonical weights (float32 tensors); cast the body to the model dtype. In
@@ -141,12 +145,29 @@ class LlamaForCausalLM(nn.Module):
                 self.lm_head = lambda x: torch.nn.functional.linear(x, head_bf16)
             if quantized and int4_available():
                 self._use_int4(fuse_quantized(quantized, self.config.num_layers))
+            self._keep_q8_rows(quantized or {}, tied=self.lm_head_weight is self.embed_weight)
+
+    def _keep_q8_rows(self, quantized: dict, tied: bool) -> None:
+        """Drop the float32 embedding / head where their Q8_0 originals give the same rows
+        (113 MB -> 31 MB each on the default model); the bf16 and int8 copies are made."""
+        embed = quantized.get("embed_tokens.weight")
+        head = embed if tied else quantized.get("lm_head.weight")
+        if isinstance(embed, Q8Rows):
+            self.embed_q8, self.embed_weight = embed, torch.empty(0)
+        if isinstance(head, Q8Rows):
+            self.head_q8, self.lm_head_weight = head, torch.empty(0)
+
+    def _embedding_rows(self, index: torch.Tensor) -> torch.Tensor:
+        return self.embed_q8.rows(index) if self.embed_q8 is not None else self.embed_weight[index]
+
+    def _head_rows(self, index: torch.Tensor) -> torch.Tensor:
+        return self.head_q8.rows(index) if self.head_q8 is not None else self.lm_head_weight[index]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, H] in the model dtype."""
-        hidden = self.embed_weight[input_ids].to(self.dtype)
+        hidden = self._embedding_rows(input_ids).to(self.dtype)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
@@ -173,7 +194,7 @@ class LlamaForCausalLM(nn.Module):
             return hidden.float() @ self.lm_head_weight.T
         logits = self.lm_head(hidden.to(torch.bfloat16)).float()
         top = logits.topk(LOGIT_REFINE_CANDIDATES, dim=-1).indices  # [N, k]
-        exact = torch.einsum("nh,nkh->nk", hidden.float(), self.lm_head_weight[top])
+        exact = torch.einsum("nh,nkh->nk", hidden.float(), self._head_rows(top))
         return logits.scatter_(1, top, exact)
 
 

@@ -26,7 +26,8 @@ class Checkpoint:
     weights: dict[str, torch.Tensor]
     # What the tokenizer is built from: GGUF metadata fields, or a HF folder.
     tokenizer_source: dict = field(default_factory=dict)
-    # 4-bit originals of some weights (GGUF Q4_0 / Q4_1), for the int4 kernel.
+    # Low-bit originals of some weights: GGUF Q4_0 / Q4_1 projections (Q4Weight, for the int4
+    # kernel) and a Q8_0 embedding / output head (Q8Rows, kept 8-bit by the bf16 model).
     quantized: dict = field(default_factory=dict)
 
 

@@ -14,6 +14,7 @@ import torch
 from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
 from pagedllm.weights.q4 import Q4Weight, decode_q4, row_order_unpermute
+from pagedllm.weights.q8 import decode_q8_0
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
@@ -161,6 +162,8 @@ def load_gguf(path: str, progress=None):
         if heads:
             array = unpermute_rows(array, heads)
         weights[name] = torch.from_numpy(np.ascontiguousarray(array))
+        if type_name == "Q8_0" and name in ("embed_tokens.weight", "lm_head.weight"):
+            quantized[name] = decode_q8_0(tensor.data, array.shape)
         if type_name in ("Q4_0", "Q4_1") and name != "embed_tokens.weight" and array.ndim == 2:
             q4 = decode_q4(tensor.data, type_name, array.shape)
             quantized[name] = q4.permute_rows(row_order_unpermute(array.shape[0], heads)) if heads else q4
