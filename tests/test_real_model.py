@@ -69,11 +69,12 @@ def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
     assert model.embed_q8 is not None and model.embed_weight.numel() == 0  # 8-bit embedding
     ids = real_llm.tokenizer.encode(PROMPTS[3] + " The fisherman's daughter walked to the harbour.")
     exact = run_paged(real_llm.engine.runner.model, [ids], block_size=16)[0]
-    # Prefill (dense bf16) and one-token steps (int4 kernel + C++ attention) both checked.
+    # Prefill (dense bf16) and one-token steps (int4 kernel, int8 head, C++ attention) both checked.
     for chunk in (None, 1):
         approx = run_paged(model, [ids], block_size=16, chunk=chunk)[0]
         agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean().item()
-        assert agree >= 0.85, (chunk, agree)
-        assert (approx - exact).abs().mean() < 0.5
+        # Measured: agreement 1.0, mean |difference| 0.14 (prefill) and 0.14 (decode steps).
+        assert agree >= 0.95, (chunk, agree)
+        assert (approx - exact).abs().mean() < 0.25
     out = fast.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
     assert "Paris" in out.text
