@@ -1,8 +1,8 @@
-"""Where the time goes at N=16: cProfile of the engine running a bench-like load.
+"""Where the time goes under load: cProfile of the engine running a bench-like load.
 
-    .venv/bin/python benchmarks/profile_load.py [--budget 512] [--threads 2]
+    .venv/bin/python benchmarks/profile_load.py [--budget 256] [--seqs 16] [--threads 2]
 
-32 requests (prompts 128-768 tokens, 128 output tokens), 16 at a time, bf16, no prefix
+32 requests (prompts 128-768 tokens, 128 output tokens), --seqs at a time, bf16, no prefix
 caching; prints total tokens/s and the top functions by own time.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pagedllm.text_prompts import make_prompt_token_ids
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--budget", type=int, default=512)
+    parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seqs", type=int, default=16)
     args = parser.parse_args()
