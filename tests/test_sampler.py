@@ -157,3 +157,23 @@ def test_inverse_cdf_never_picks_zero_probability_tokens():
     one_hot = torch.zeros(3, V)
     one_hot[:, V - 1] = 1.0
     assert sample_from_probs(one_hot, [row(temperature=1.0) for _ in range(3)]).tolist() == [V - 1] * 3
+
+
+def test_candidate_mask_equals_full_sort_on_a_large_vocabulary():
+    """Top-p / top-k / min-p look at the best 1,024 logits first and sort the whole vocabulary
+    only when the kept set may run past them: same answer as sorting everything."""
+    from pagedllm.sampler import TRUNCATION_CANDIDATES, _full_sort_mask
+
+    torch.manual_seed(5)
+    vocab = 5000
+    assert vocab > TRUNCATION_CANDIDATES
+    peaked = torch.randn(4, vocab) * 6  # kept sets of a few tokens
+    flat = torch.randn(4, vocab) * 0.05  # top-p 0.9 needs ~4,500 tokens: falls back
+    logits = torch.cat([peaked, flat, peaked[:2], flat[:2]])
+    top_k = torch.tensor([0, 0, 50, 2000, 0, 0, 3000, 10, 0, 1500, 0, 0])
+    top_p = torch.tensor([0.9, 1.0, 0.5, 0.95, 0.9, 1.0, 0.8, 1.0, 0.99, 0.7, 1.0, 0.3])
+    min_p = torch.tensor([0.0, 0.05, 0.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.01, 0.0, 0.0, 0.0])
+    fast = truncation_mask(logits, top_k, top_p, min_p)
+    k = torch.where(top_k > 0, top_k, vocab)
+    assert torch.equal(fast, _full_sort_mask(logits, k, top_p, min_p))
+    assert fast[4].sum() > TRUNCATION_CANDIDATES  # a flat row really went past the candidates
