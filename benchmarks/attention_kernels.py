@@ -11,7 +11,6 @@ gather + expanded KV heads + torch's fused SDPA (what the backend did before). b
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
@@ -19,17 +18,10 @@ import torch.nn.functional as F
 from pagedllm.attention import AttentionMetadata
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.kernels import kernel_ops
+from timing import ms_per_call
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 SCALE = HEAD_DIM ** -0.5
-
-
-def timed(fn, repeat: int = 5) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - start) / repeat * 1e3
 
 
 def decode_case(ops, torch_backend, seqs: int, length: int) -> tuple[float, float]:
@@ -51,7 +43,7 @@ def decode_case(ops, torch_backend, seqs: int, length: int) -> tuple[float, floa
         for k, v in caches:
             torch_backend._decode(query, k, v, batch)
 
-    return timed(gather), timed(kernel)
+    return ms_per_call(gather), ms_per_call(kernel)
 
 
 def prefill_case(ops, length: int) -> tuple[float, float]:
@@ -71,7 +63,7 @@ def prefill_case(ops, length: int) -> tuple[float, float]:
     def kernel():
         return ops.paged_prefill_attention(query, k_cache, v_cache, table, 0, SCALE)
 
-    return timed(sdpa, 20), timed(kernel, 20)
+    return ms_per_call(sdpa, 20), ms_per_call(kernel, 20)
 
 
 def main() -> None:

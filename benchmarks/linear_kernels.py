@@ -11,11 +11,11 @@ row count where int4 stops winning sets INT4_MAX_ROWS in pagedllm/models/quant_l
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from pagedllm.weights.q4 import GROUP_SIZE
+from timing import ms_per_call
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 NUM_LAYERS = 30
@@ -42,11 +42,7 @@ def time_pass(layers, rows: int, int4: bool, repeat: int = 5) -> float:
             else:
                 torch.nn.functional.linear(inputs[inp], dense)
 
-    one_pass()
-    start = time.perf_counter()
-    for _ in range(repeat):
-        one_pass()
-    return (time.perf_counter() - start) / repeat * 1e3
+    return ms_per_call(one_pass, repeat)
 
 
 def main() -> None:

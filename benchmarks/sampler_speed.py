@@ -9,19 +9,11 @@ Drawing: inverse CDF (one uniform a row) vs an exponential race (a variate per t
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from pagedllm.sampler import _full_sort_mask, truncation_mask
-
-
-def timed(fn, repeat: int = 20) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - start) / repeat * 1e3
+from timing import ms_per_call
 
 
 def main() -> None:
@@ -35,8 +27,8 @@ def main() -> None:
     for rows in (1, 16):
         logits = torch.randn(rows, 49152) * 3 / 0.7  # temperature 0.7
         top_k, top_p, min_p = torch.zeros(rows, dtype=torch.long), torch.full((rows,), 0.9), torch.zeros(rows)
-        full = timed(lambda: _full_sort_mask(logits, torch.full((rows,), 49152), top_p, min_p))
-        fast = timed(lambda: truncation_mask(logits, top_k, top_p, min_p))
+        full = ms_per_call(lambda: _full_sort_mask(logits, torch.full((rows,), 49152), top_p, min_p))
+        fast = ms_per_call(lambda: truncation_mask(logits, top_k, top_p, min_p))
         probs = logits.softmax(dim=-1)
 
         def race():
@@ -50,7 +42,7 @@ def main() -> None:
             targets = torch.rand(rows, 1) * cdf[:, -1:]
             return torch.searchsorted(cdf, targets, right=True)
 
-        slow_draw, fast_draw = timed(race), timed(inverse_cdf)
+        slow_draw, fast_draw = ms_per_call(race), ms_per_call(inverse_cdf)
         print(f"{rows:>4}  {full:15.2f}  {fast:10.2f}  {full / fast:7.1f}x | {slow_draw:9.2f}  "
               f"{fast_draw:11.2f}  {slow_draw / fast_draw:7.1f}x")
 
