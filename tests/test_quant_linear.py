@@ -47,3 +47,17 @@ def test_int8_head_survives_an_all_zero_row():
     weight[5] = 0
     out = Int8Linear(weight)(torch.randn(2, 32).bfloat16())
     assert out.isfinite().all() and (out[:, 5] == 0).all()
+
+
+@pytest.mark.parametrize("rows", [1, 17, 300])
+def test_prepacked_dense_linear_is_bit_identical_to_f_linear(rows):
+    from pagedllm.models.quant_linear import DenseLinear
+
+    torch.manual_seed(2)
+    weight, bias = torch.randn(96, 64).bfloat16(), torch.randn(96).bfloat16()
+    x = torch.randn(rows, 64).bfloat16()
+    layer = DenseLinear(weight, bias)
+    assert layer.prepacked == torch.backends.mkldnn.is_available()
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, weight, bias))
+    assert torch.equal(DenseLinear(weight, None)(x), torch.nn.functional.linear(x, weight))
+    assert not DenseLinear(weight.float(), None).prepacked  # float32 stays plain
