@@ -5,8 +5,10 @@
 All four projections of 30 layers, each with its own weights as in the real model, so the
 weights stream from memory instead of sitting in cache (with one layer's weights reused, as
 an earlier version measured, int4 lost from 8 rows on; out of cache it wins up to ~20).
-Prints milliseconds per pass over all layers by batch rows and the ratio bf16 / int4; the
-row count where int4 stops winning sets INT4_MAX_ROWS in pagedllm/models/quant_linear.py.
+Prints milliseconds per pass over all layers by batch rows for dense bf16 (F.linear and
+weights prepacked for oneDNN, the model's dense path) and int4, and the ratio prepacked /
+int4; the row count where int4 stops winning sets INT4_MAX_ROWS in
+pagedllm/models/quant_linear.py.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import argparse
 
 import torch
 
+from pagedllm.models.quant_linear import DenseLinear
 from pagedllm.weights.q4 import GROUP_SIZE
 from timing import ms_per_call
 
@@ -28,17 +31,20 @@ def make_layers():
             codes = torch.randint(0, 16, (out, inp), dtype=torch.int32)
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             scales_zeros = (torch.rand(inp // GROUP_SIZE, out, 2) * 0.01).bfloat16().contiguous()
-            layers.append((torch.randn(out, inp).bfloat16(), packed, scales_zeros, inp))
+            dense = torch.randn(out, inp).bfloat16()
+            layers.append((dense, DenseLinear(dense, None), packed, scales_zeros, inp))
     return layers
 
 
-def time_pass(layers, rows: int, int4: bool, repeat: int = 5) -> float:
+def time_pass(layers, rows: int, kind: str, repeat: int = 5) -> float:
     inputs = {inp: torch.randn(rows, inp).bfloat16() for inp in (576, 1536)}
 
     def one_pass():
-        for dense, packed, scales_zeros, inp in layers:
-            if int4:
+        for dense, prepacked, packed, scales_zeros, inp in layers:
+            if kind == "int4":
                 torch.ops.aten._weight_int4pack_mm_for_cpu(inputs[inp], packed, GROUP_SIZE, scales_zeros)
+            elif kind == "prepacked":
+                prepacked(inputs[inp])
             else:
                 torch.nn.functional.linear(inputs[inp], dense)
 
@@ -52,10 +58,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     layers = make_layers()
     print(f"threads={args.threads}; ms per pass over the projections of {NUM_LAYERS} layers")
-    print(f"{'rows':>5} {'bf16':>8} {'int4':>8}  bf16/int4")
+    print(f"{'rows':>5} {'bf16':>8} {'prepacked':>10} {'int4':>8}  prepacked/int4")
     for rows in (1, 2, 4, 8, 12, 16, 20, 24, 32, 64):
-        dense_ms, int4_ms = time_pass(layers, rows, False), time_pass(layers, rows, True)
-        print(f"{rows:>5} {dense_ms:8.2f} {int4_ms:8.2f}  {dense_ms / int4_ms:.2f}x")
+        dense_ms, prepacked_ms, int4_ms = (time_pass(layers, rows, kind)
+                                           for kind in ("bf16", "prepacked", "int4"))
+        print(f"{rows:>5} {dense_ms:8.2f} {prepacked_ms:10.2f} {int4_ms:8.2f}  {prepacked_ms / int4_ms:.2f}x")
 
 
 if __name__ == "__main__":
