@@ -34,6 +34,8 @@ class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.bias = bias
         self.prepacked = weight.dtype == torch.bfloat16 and _prepack_available()
+        # detach: an autograd record on the packed copy would keep the original alive.
+        weight = weight.detach()
         self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
                        if self.prepacked else weight)
 
