@@ -8,7 +8,8 @@ an earlier version measured, int4 lost from 8 rows on; out of cache it wins up t
 Prints milliseconds per pass over all layers by batch rows for dense bf16 (F.linear and
 weights prepacked for oneDNN, the model's dense path) and int4, and the ratio prepacked /
 int4; the row count where int4 stops winning sets INT4_MAX_ROWS in
-pagedllm/models/quant_linear.py.
+pagedllm/models/quant_linear.py. Then the output head, int8 against prepacked bf16, which
+sets INT8_MAX_ROWS.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import argparse
 
 import torch
 
-from pagedllm.models.quant_linear import DenseLinear
+from pagedllm.models.quant_linear import DenseLinear, Int8Linear
 from pagedllm.weights.q4 import GROUP_SIZE
 from timing import ms_per_call
 
@@ -63,6 +64,15 @@ def main() -> None:
         dense_ms, prepacked_ms, int4_ms = (time_pass(layers, rows, kind)
                                            for kind in ("bf16", "prepacked", "int4"))
         print(f"{rows:>5} {dense_ms:8.2f} {prepacked_ms:10.2f} {int4_ms:8.2f}  {prepacked_ms / int4_ms:.2f}x")
+    # The output head (vocabulary x hidden): int8 per-row weights against prepacked bf16.
+    head = Int8Linear(torch.randn(49152, 576))
+    print("output head 49152 x 576, ms per call")
+    print(f"{'rows':>5} {'prepacked':>10} {'int8':>8}  prepacked/int8")
+    for rows in (1, 2, 4, 8, 16):
+        x = torch.randn(rows, 576).bfloat16()
+        prepacked_ms = ms_per_call(lambda: head.dense(x))
+        int8_ms = ms_per_call(lambda: torch.ops.aten._weight_int8pack_mm(x, head.codes, head.scales))
+        print(f"{rows:>5} {prepacked_ms:10.2f} {int8_ms:8.2f}  {prepacked_ms / int8_ms:.2f}x")
 
 
 if __name__ == "__main__":

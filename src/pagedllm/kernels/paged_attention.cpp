@@ -2,7 +2,7 @@
 // block-paged cache: no gather copy, one pass over each sequence's context per KV head,
 // shared by the query heads of its group (GQA). Math in float32 whatever the cache dtype; for
 // bfloat16 caches on CPUs with AVX512-BF16 the q.k products use its dot-product instruction
-// (S=16 sequences x 600 tokens x 30 layers: 21.8 ms with plain loops, 10.1 ms now).
+// (benchmarks/attention_kernels.py: 25x the torch gather path at 16 sequences x 600 tokens).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>

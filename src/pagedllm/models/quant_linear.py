@@ -71,14 +71,16 @@ class QuantLinear(nn.Module):
 
 
 # Rows up to which the int8 output head beats dense bfloat16 prepacked for oneDNN here
-# (49152 x 576: 1 row 0.45 vs 0.65 ms, 4 rows 0.81 vs 0.87, 8 rows 1.80 vs 1.25).
+# (49152 x 576: 1 row 0.80 vs 1.19 ms, 4 rows 0.93 vs 1.28, 8 rows 1.89 vs 1.52;
+# benchmarks/linear_kernels.py).
 INT8_MAX_ROWS = 4
 
 
 class Int8Linear(nn.Module):
     """Weight-only int8 (one symmetric scale per output row) for a few rows, dense bfloat16
-    beyond. Used for the output head, where 4-bit codes would blur the logits of the whole
-    vocabulary (mean error 0.47 vs 0.13 for bf16 on the default model) but 8 bits do not."""
+    beyond. Used for the output head, where 4-bit codes blurred the logits of the whole
+    vocabulary (mean error against float32 0.47 vs 0.13, one ad-hoc comparison on the
+    default model) but 8 bits do not (0.14, tests/test_real_model.py)."""
 
     def __init__(self, weight: torch.Tensor, max_int8_rows: int = INT8_MAX_ROWS):
         super().__init__()
