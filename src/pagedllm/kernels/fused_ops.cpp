@@ -10,50 +10,15 @@
 #include <cstring>
 #include <vector>
 
+#include "dtype.h"
+
 namespace {
 
-template <typename T> struct Cvt;
-
-template <> struct Cvt<float> {
-  static inline float load(const float* p, int64_t i) { return p[i]; }
-  static inline void store(float* p, int64_t i, float v) { p[i] = v; }
-  static inline float round(float v) { return v; }
-};
-
-// bfloat16 <-> float by bit shifts, written so the compiler vectorises them.
-template <> struct Cvt<c10::BFloat16> {
-  static inline float load(const c10::BFloat16* p, int64_t i) {
-    uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
-    float v;
-    std::memcpy(&v, &bits, 4);
-    return v;
-  }
-  static inline uint16_t to_bits(float v) {
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even
-    return static_cast<uint16_t>(u >> 16);
-  }
-  static inline void store(c10::BFloat16* p, int64_t i, float v) {
-    reinterpret_cast<uint16_t*>(p)[i] = to_bits(v);
-  }
-  static inline float round(float v) {
-    uint32_t bits = static_cast<uint32_t>(to_bits(v)) << 16;
-    float r;
-    std::memcpy(&r, &bits, 4);
-    return r;
-  }
-};
+using pagedllm::Cvt;
+using pagedllm::dispatch;
 
 // Rows per task: decode batches (a few rows) run on the calling thread, prefill in parallel.
 constexpr int64_t kRowGrain = 32;
-
-// Calls fn with a value of the C++ type for float32 or bfloat16 (callers checked it is one).
-template <typename Fn>
-void dispatch(at::ScalarType type, Fn fn) {
-  if (type == at::ScalarType::BFloat16) fn(c10::BFloat16{});
-  else fn(float{});
-}
 
 template <typename T>
 void rms_norm_impl(const T* x, T* residual, const T* weight, T* out, int64_t rows,

@@ -1,36 +1,24 @@
-// Paged attention for decode tokens (one query per sequence), reading K/V straight from the
-// block-paged cache: no gather copy, one pass over each sequence's context per KV head,
-// shared by the query heads of its group (GQA). Math in float32 whatever the cache dtype; for
-// bfloat16 caches on CPUs with AVX512-BF16 the q.k products use its dot-product instruction
+// Paged attention straight from the block-paged cache: decode tokens (one query per
+// sequence) and prefill chunks (each token over its causal context) share one per-token
+// path, with no gather copy and one pass over the context per KV head, shared by the query
+// heads of its group (GQA). Math in float32 whatever the cache dtype; for bfloat16 caches on
+// CPUs with AVX512-BF16 the q.k products use its dot-product instruction
 // (benchmarks/attention_kernels.py: 25x the torch gather path at 16 sequences x 600 tokens).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
-// Row loads into float32. The bfloat16 case is a plain 16-bit shift, written so the
-// compiler vectorises it (c10's scalar conversion does not).
+#include "dtype.h"
+
+using pagedllm::Cvt;
+
 template <typename scalar_t, int D>
 static inline void load_row(const scalar_t* __restrict__ src, float* __restrict__ dst) {
-  for (int d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
-}
-
-template <>
-inline void load_row<c10::BFloat16, 64>(const c10::BFloat16* __restrict__ src, float* __restrict__ dst) {
-  const uint16_t* __restrict__ raw = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* __restrict__ out = reinterpret_cast<uint32_t*>(dst);
-  for (int d = 0; d < 64; ++d) out[d] = static_cast<uint32_t>(raw[d]) << 16;
-}
-
-template <>
-inline void load_row<c10::BFloat16, 128>(const c10::BFloat16* __restrict__ src, float* __restrict__ dst) {
-  const uint16_t* __restrict__ raw = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* __restrict__ out = reinterpret_cast<uint32_t*>(dst);
-  for (int d = 0; d < 128; ++d) out[d] = static_cast<uint32_t>(raw[d]) << 16;
+  for (int d = 0; d < D; ++d) dst[d] = Cvt<scalar_t>::load(src, d);
 }
 
 // Asks for the next block's rows of one KV head while this block is computed: blocks are
@@ -103,6 +91,32 @@ static void qk_scores_bf16(const c10::BFloat16* query, const c10::BFloat16* key_
 }
 #endif
 
+// q.k for any cache dtype, widened to float32. scores [G][len], scaled.
+template <typename scalar_t, int D, int G>
+static void qk_scores_generic(const scalar_t* __restrict__ query,
+                              const scalar_t* __restrict__ key_cache,
+                              const int64_t* __restrict__ table, int64_t len, int64_t token_stride,
+                              int64_t block_size, float scale, float* __restrict__ scores) {
+  alignas(64) float q[G][D];
+  alignas(64) float row[D];
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < D; ++d) q[g][d] = Cvt<scalar_t>::load(query, g * D + d) * scale;
+  const int64_t block_stride = block_size * token_stride;
+  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
+    const scalar_t* __restrict__ k = key_cache + table[b] * block_stride;
+    const int64_t n = std::min(block_size, len - start);
+    if (start + block_size < len) prefetch_block(key_cache + table[b + 1] * block_stride, block_size, token_stride, D);
+    for (int64_t j = 0; j < n; ++j, k += token_stride) {
+      load_row<scalar_t, D>(k, row);
+      for (int g = 0; g < G; ++g) {
+        float s = 0.f;
+        for (int d = 0; d < D; ++d) s += q[g][d] * row[d];
+        scores[g * len + start + j] = s;
+      }
+    }
+  }
+}
+
 // One (sequence, KV head) task: the group's query heads attend over the context. HEAD_DIM
 // and GROUP as template constants let the compiler unroll the loops and keep the group's
 // accumulators in vector registers; the context is walked block by block, so finding a
@@ -113,31 +127,18 @@ static void attend(const scalar_t* __restrict__ query, const scalar_t* __restric
                    int64_t len, scalar_t* __restrict__ out, int64_t token_stride,
                    int64_t block_size, float scale, std::vector<float>& score_buffer) {
   constexpr int D = HEAD_DIM, G = GROUP;
-  alignas(64) float q[G][D];
   alignas(64) float acc[G][D];
   alignas(64) float row[D];
-  for (int g = 0; g < G; ++g)
-    for (int d = 0; d < D; ++d) q[g][d] = static_cast<float>(query[g * D + d]) * scale;
   score_buffer.resize(static_cast<size_t>(G) * len);
   float* __restrict__ scores = score_buffer.data();
   const int64_t block_stride = block_size * token_stride;
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
     qk_scores_bf16<D, G>(query, key_cache, table, len, token_stride, block_size, scale, scores);
-  } else
+  else
 #endif
-  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
-    const scalar_t* __restrict__ k = key_cache + table[b] * block_stride;
-    const int64_t n = std::min(block_size, len - start);
-    for (int64_t j = 0; j < n; ++j, k += token_stride) {
-      load_row<scalar_t, D>(k, row);
-      for (int g = 0; g < G; ++g) {
-        float s = 0.f;
-        for (int d = 0; d < D; ++d) s += q[g][d] * row[d];
-        scores[g * len + start + j] = s;
-      }
-    }
-  }
+    qk_scores_generic<scalar_t, D, G>(query, key_cache, table, len, token_stride, block_size,
+                                      scale, scores);
   for (int g = 0; g < G; ++g) {
     float* sg = scores + g * len;
     float m = sg[0];
@@ -213,33 +214,32 @@ static void dispatch_group(int64_t group, const scalar_t* query, const scalar_t*
   }
 }
 
-// query [S, H, D]; caches [num_blocks, block_size, KVH, D]; block_tables [S, max_blocks] int64;
-// seq_lens [S] int64. Returns [S, H, D] in the query dtype.
-torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
-                                     torch::Tensor value_cache, torch::Tensor block_tables,
-                                     torch::Tensor seq_lens, double scale) {
+// Checks shared by both entry points, then the kernel for the dtype, head_dim and group.
+// tables: num_seqs rows of max_blocks block ids (max_blocks 0: every row the same table).
+static torch::Tensor run_paged_attention(torch::Tensor query, const torch::Tensor& key_cache,
+                                         const torch::Tensor& value_cache, const int64_t* tables,
+                                         int64_t max_blocks, const int64_t* seq_lens,
+                                         double scale) {
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
   TORCH_CHECK(query.scalar_type() == key_cache.scalar_type(), "query and cache dtypes differ");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && seq_lens.scalar_type() == torch::kInt64,
-              "block_tables and seq_lens must be int64");
-  query = query.contiguous();
-  block_tables = block_tables.contiguous();
-  seq_lens = seq_lens.contiguous();
+  TORCH_CHECK(query.scalar_type() == torch::kFloat || query.scalar_type() == torch::kBFloat16,
+              "query and cache must be float32 or bfloat16");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
-  auto out = torch::empty_like(query);
+  query = query.contiguous();
   const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
   TORCH_CHECK(num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= 8,
               "heads must be a multiple of KV heads, at most 8 per group");
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128");
-  AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, query.scalar_type(), "paged_decode", [&] {
+  auto out = torch::empty_like(query);
+  pagedllm::dispatch(query.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
     auto run = [&](auto dim_tag) {
       constexpr int D = decltype(dim_tag)::value;
-      dispatch_group<scalar_t, D>(num_heads / num_kv_heads, query.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(),
-                                 value_cache.data_ptr<scalar_t>(), block_tables.data_ptr<int64_t>(),
-                                 seq_lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), num_seqs,
-                                 num_heads, num_kv_heads, block_size, block_tables.size(1),
-                                 static_cast<float>(scale));
+      dispatch_group<scalar_t, D>(num_heads / num_kv_heads, query.data_ptr<scalar_t>(),
+                                  key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
+                                  tables, seq_lens, out.data_ptr<scalar_t>(), num_seqs, num_heads,
+                                  num_kv_heads, block_size, max_blocks, static_cast<float>(scale));
     };
     if (head_dim == 64) run(std::integral_constant<int, 64>{});
     else run(std::integral_constant<int, 128>{});
@@ -247,42 +247,34 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
   return out;
 }
 
+// query [S, H, D]; caches [num_blocks, block_size, KVH, D]; block_tables [S, max_blocks] int64;
+// seq_lens [S] int64. Returns [S, H, D] in the query dtype.
+torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
+                                     torch::Tensor value_cache, torch::Tensor block_tables,
+                                     torch::Tensor seq_lens, double scale) {
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && seq_lens.scalar_type() == torch::kInt64,
+              "block_tables and seq_lens must be int64");
+  block_tables = block_tables.contiguous();
+  seq_lens = seq_lens.contiguous();
+  return run_paged_attention(query, key_cache, value_cache, block_tables.data_ptr<int64_t>(),
+                             block_tables.size(1), seq_lens.data_ptr<int64_t>(), scale);
+}
+
 // Prefill chunk of one sequence: query [T, H, D] holds the tokens at positions start..start+T-1,
-// whose K/V are already in the cache; each attends causally to positions <= its own. Same
-// per-token path as decode (no gather of K/V, no expanded KV heads); tasks (token, KV head)
-// are handed out dynamically since later tokens see longer contexts.
+// whose K/V are already in the cache; each attends causally to positions <= its own: a
+// one-query "sequence" over the same table, with its own length. Tasks (token, KV head) are
+// handed out dynamically, longest first, since later tokens see longer contexts.
 torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
                                       torch::Tensor value_cache, torch::Tensor block_table,
                                       int64_t start, double scale) {
-  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
-  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type(), "query and cache dtypes differ");
   TORCH_CHECK(block_table.scalar_type() == torch::kInt64 && block_table.dim() == 1,
               "block_table must be 1-D int64");
-  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
-  query = query.contiguous();
+  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
   block_table = block_table.contiguous();
-  const int64_t tokens = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
-  const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
-  TORCH_CHECK(start >= 0 && start + tokens <= block_table.size(0) * block_size,
+  const int64_t tokens = query.size(0);
+  TORCH_CHECK(start >= 0 && start + tokens <= block_table.size(0) * key_cache.size(1),
               "the chunk runs past its block table");
-  TORCH_CHECK(num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= 8,
-              "heads must be a multiple of KV heads, at most 8 per group");
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128");
-  auto out = torch::empty_like(query);
-  // Each token is a one-query "sequence" over the same table, with its own length.
   auto lens = torch::arange(start + 1, start + tokens + 1, block_table.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::ScalarType::BFloat16, query.scalar_type(), "paged_prefill", [&] {
-    auto run = [&](auto dim_tag) {
-      constexpr int D = decltype(dim_tag)::value;
-      dispatch_group<scalar_t, D>(num_heads / num_kv_heads, query.data_ptr<scalar_t>(),
-                                  key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
-                                  block_table.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
-                                  out.data_ptr<scalar_t>(), tokens, num_heads, num_kv_heads,
-                                  block_size, /*max_blocks=*/0,  // every token: the same table
-                                  static_cast<float>(scale));
-    };
-    if (head_dim == 64) run(std::integral_constant<int, 64>{});
-    else run(std::integral_constant<int, 128>{});
-  });
-  return out;
+  return run_paged_attention(query, key_cache, value_cache, block_table.data_ptr<int64_t>(),
+                             /*max_blocks=*/0, lens.data_ptr<int64_t>(), scale);
 }

@@ -12,7 +12,8 @@ from torch import nn
 from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
 from pagedllm.models.layer_ops import layer_ops
-from pagedllm.models.quant_linear import Int8Linear, QuantLinear, int4_available, int8_available
+from pagedllm.models.quant_linear import (DenseLinear, Int8Linear, QuantLinear, int4_available,
+                                          int8_available)
 from pagedllm.weights.q4 import Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
@@ -31,15 +32,14 @@ class RMSNorm(nn.Module):
         return self.ops.rms_norm(x, residual, self.weight, self.eps)
 
 
-class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE tables: float32 cos/sin [max_positions, D], indexed by position."""
+class RotaryEmbedding:
+    """Rotate-half RoPE tables: float32 cos/sin [max_positions, D], indexed by position.
+    A plain object, not a module: model.to(bfloat16) must leave the tables float32."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float):
-        super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, D]
-        # Plain attributes, not buffers: model.to(bfloat16) must leave them float32.
         self.cos = emb.cos()
         self.sin = emb.sin()
 
@@ -107,7 +107,6 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.dtype = dtype
         rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
-        self.rotary = rotary
         # The reference attention backend runs with the torch layer ops too: a pure-torch oracle.
         ops = layer_ops(use_kernels=attention_backend != "torch-reference")
         self.layers = nn.ModuleList(DecoderLayer(config, rotary, attention_backend, ops)
@@ -136,13 +135,10 @@ class LlamaForCausalLM(nn.Module):
         self.layers.to(self.dtype)
         self.norm.to(self.dtype)
         if self.dtype == torch.bfloat16:
-            # The output head is the largest matrix (49152 x 576 here): decode steps read it
-            # as int8, and the top candidates are recomputed exactly anyway.
-            if int8_available():
-                self.lm_head = Int8Linear(self.lm_head_weight)
-            else:
-                head_bf16 = self.lm_head_weight.to(torch.bfloat16)
-                self.lm_head = lambda x: torch.nn.functional.linear(x, head_bf16)
+            # The output head is the largest matrix (49152 x 576 here): small decode steps
+            # read it as int8, and the top candidates are recomputed exactly anyway.
+            self.lm_head = (Int8Linear(self.lm_head_weight) if int8_available()
+                            else DenseLinear(self.lm_head_weight.to(torch.bfloat16), None))
             if quantized and int4_available():
                 self._use_int4(fuse_quantized(quantized, self.config.num_layers))
             self._keep_q8_rows(quantized or {}, tied=self.lm_head_weight is self.embed_weight)
@@ -187,9 +183,9 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled.
 
-        In bfloat16 the full product runs in bf16 (2-3x faster; with int8 weights for a few
-        rows, 2.5x more), then the top candidates are recomputed in float32: rounded
-        logits alone flip greedy choices on this model."""
+        In bfloat16 the full product runs with bf16 (or, for a few rows, int8) weights, then
+        the top candidates are recomputed in float32: rounded logits alone flip greedy
+        choices on this model."""
         if self.dtype != torch.bfloat16:
             return hidden.float() @ self.lm_head_weight.T
         logits = self.lm_head(hidden.to(torch.bfloat16)).float()

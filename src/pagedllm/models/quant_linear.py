@@ -57,7 +57,6 @@ class QuantLinear(nn.Module):
         dtype = dense_weight.dtype
         self.dense = DenseLinear(dense_weight, bias)  # [out, in] model dtype, for large batches
         self.bias = bias
-        self.out_features = q4.codes.shape[0]
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
         # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
         self.scales_zeros = torch.stack([q4.scales.T, q4.zeros.T], dim=-1).to(dtype).contiguous()

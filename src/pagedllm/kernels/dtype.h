@@ -1,0 +1,51 @@
+// float32 / bfloat16 element access shared by the kernels in this folder. bfloat16 <-> float
+// by bit shifts, written so the compiler vectorises them (c10's scalar conversion does not);
+// stores round to nearest even. pagedllm.kernels hashes this header into the build flags,
+// since torch's extension builder only watches the .cpp sources.
+#pragma once
+#include <torch/extension.h>
+#include <cstdint>
+#include <cstring>
+
+namespace pagedllm {
+
+template <typename T> struct Cvt;
+
+template <> struct Cvt<float> {
+  static inline float load(const float* p, int64_t i) { return p[i]; }
+  static inline void store(float* p, int64_t i, float v) { p[i] = v; }
+  static inline float round(float v) { return v; }
+};
+
+template <> struct Cvt<c10::BFloat16> {
+  static inline float load(const c10::BFloat16* p, int64_t i) {
+    uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  }
+  static inline uint16_t to_bits(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even
+    return static_cast<uint16_t>(u >> 16);
+  }
+  static inline void store(c10::BFloat16* p, int64_t i, float v) {
+    reinterpret_cast<uint16_t*>(p)[i] = to_bits(v);
+  }
+  static inline float round(float v) {
+    uint32_t bits = static_cast<uint32_t>(to_bits(v)) << 16;
+    float r;
+    std::memcpy(&r, &bits, 4);
+    return r;
+  }
+};
+
+// Calls fn with a value of the C++ type for float32 or bfloat16 (callers checked it is one).
+template <typename Fn>
+void dispatch(at::ScalarType type, Fn fn) {
+  if (type == at::ScalarType::BFloat16) fn(c10::BFloat16{});
+  else fn(float{});
+}
+
+}  // namespace pagedllm
