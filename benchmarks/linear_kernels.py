@@ -17,6 +17,7 @@ import argparse
 
 import torch
 
+from pagedllm.kernels import kernel_ops
 from pagedllm.models.quant_linear import DenseLinear, Int8Linear
 from pagedllm.weights.q4 import GROUP_SIZE
 from timing import ms_per_call
@@ -25,7 +26,7 @@ SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (5
 NUM_LAYERS = 30
 
 
-def make_layers():
+def make_layers(ops):
     layers = []
     for _ in range(NUM_LAYERS):
         for out, inp in SHAPES.values():
@@ -33,7 +34,9 @@ def make_layers():
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             scales_zeros = (torch.rand(inp // GROUP_SIZE, out, 2) * 0.01).bfloat16().contiguous()
             dense = torch.randn(out, inp).bfloat16()
-            layers.append((dense, DenseLinear(dense, None), packed, scales_zeros, inp))
+            q4 = ops.q4_pack(codes.to(torch.uint8), torch.rand(out, inp // GROUP_SIZE) * 0.01,
+                             torch.rand(out, inp // GROUP_SIZE) * -0.1) if ops else None
+            layers.append((dense, DenseLinear(dense, None), packed, scales_zeros, q4, inp))
     return layers
 
 
@@ -41,8 +44,10 @@ def time_pass(layers, rows: int, kind: str, repeat: int = 5) -> float:
     inputs = {inp: torch.randn(rows, inp).bfloat16() for inp in (576, 1536)}
 
     def one_pass():
-        for dense, prepacked, packed, scales_zeros, inp in layers:
-            if kind == "int4":
+        for dense, prepacked, packed, scales_zeros, q4, inp in layers:
+            if kind == "q4_gemm":
+                kernel_ops().q4_gemm(inputs[inp], q4)
+            elif kind == "int4":
                 torch.ops.aten._weight_int4pack_mm_for_cpu(inputs[inp], packed, GROUP_SIZE, scales_zeros)
             elif kind == "prepacked":
                 prepacked(inputs[inp])
@@ -57,13 +62,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    layers = make_layers()
+    ops = kernel_ops()
+    if ops is not None and not ops.q4_gemm_available():
+        ops = None
+    layers = make_layers(ops)
     print(f"threads={args.threads}; ms per pass over the projections of {NUM_LAYERS} layers")
-    print(f"{'rows':>5} {'bf16':>8} {'prepacked':>10} {'int4':>8}  prepacked/int4")
-    for rows in (1, 2, 4, 8, 12, 16, 20, 24, 32, 64):
+    print(f"{'rows':>5} {'bf16':>8} {'prepacked':>10} {'int4':>8} {'q4_gemm':>8}  prepacked/int4"
+          "  int4/q4_gemm  prepacked/q4_gemm")
+    for rows in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256):
         dense_ms, prepacked_ms, int4_ms = (time_pass(layers, rows, kind)
                                            for kind in ("bf16", "prepacked", "int4"))
-        print(f"{rows:>5} {dense_ms:8.2f} {prepacked_ms:10.2f} {int4_ms:8.2f}  {prepacked_ms / int4_ms:.2f}x")
+        q4_ms = time_pass(layers, rows, "q4_gemm") if ops else float("nan")
+        print(f"{rows:>5} {dense_ms:8.2f} {prepacked_ms:10.2f} {int4_ms:8.2f} {q4_ms:8.2f}"
+              f"  {prepacked_ms / int4_ms:13.2f}x {int4_ms / q4_ms:12.2f}x {prepacked_ms / q4_ms:17.2f}x")
     # The output head (vocabulary x hidden): int8 per-row weights against prepacked bf16.
     head = Int8Linear(torch.randn(49152, 576))
     print("output head 49152 x 576, ms per call")

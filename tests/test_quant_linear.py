@@ -1,30 +1,127 @@
-"""The low-bit linear layers: 4-bit GGUF codes through torch's int4 kernel, int8 output head.
-Both must agree with the dense product of the weights they stand for, at every row count."""
+"""The low-bit linear layers: 4-bit GGUF codes through pagedllm's q4_gemm kernel or torch's
+int4 kernel, int8 output head. All must agree with the dense product of the weights they stand
+for, at every row count."""
 import pytest
 import torch
 
-from pagedllm.models.quant_linear import (INT4_MAX_ROWS, INT8_MAX_ROWS, Int8Linear, QuantLinear,
-                                          int4_available, int8_available)
+from pagedllm.models import quant_linear
+from pagedllm.models.quant_linear import (INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_GEMM_MAX_ROWS, Int8Linear,
+                                          QuantLinear, int4_available, int8_available, q4_gemm_ops)
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
+
+needs_q4_gemm = pytest.mark.skipif(q4_gemm_ops() is None, reason="q4_gemm needs AVX512-BF16")
+
+
+def random_q4(out: int, cols: int, seed: int = 0) -> Q4Weight:
+    """Random codes with float16-exact d and m, stored the way decode_q4 stores Q4_1."""
+    gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(out, cols // GROUP_SIZE, generator=gen) * 0.02).half().float()
+    m = (torch.randn(out, cols // GROUP_SIZE, generator=gen) * 0.05).half().float()
+    codes = torch.randint(0, 16, (out, cols), dtype=torch.uint8, generator=gen)
+    return Q4Weight(codes, d, m + 8 * d)
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return ((approx.float() - exact).norm() / exact.norm()).item()
 
 
-@pytest.mark.skipif(not int4_available(), reason="torch without the CPU int4 kernel")
-@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS, INT4_MAX_ROWS + 1, 64])
-def test_int4_layer_matches_dequantized_weights(rows):
-    torch.manual_seed(0)
-    out, cols = 96, 128
-    q4 = Q4Weight(torch.randint(0, 16, (out, cols), dtype=torch.uint8),
-                  torch.rand(out, cols // GROUP_SIZE) * 0.02, torch.randn(out, cols // GROUP_SIZE) * 0.01)
+@needs_q4_gemm
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 16, 17, 33, 128])
+@pytest.mark.parametrize("out,cols", [(96, 128), (16, 32), (960, 576)])
+def test_q4_gemm_is_exact_up_to_the_output_rounding(rows, out, cols):
+    """Codes and bf16 activations are multiplied without rounding; only the bf16 result is."""
+    ops = q4_gemm_ops()
+    q4 = random_q4(out, cols, seed=rows)
     weight = q4.dequantize()
-    bias = torch.randn(out).bfloat16()
+    x = torch.randn(rows, cols).bfloat16()
+    exact = x.float() @ weight.T
+    got = ops.q4_gemm(x, ops.q4_pack(q4.codes, q4.scales, q4.zeros - 8 * q4.scales))
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out)
+    assert ((got.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
+
+
+@needs_q4_gemm
+def test_q4_gemm_reads_strided_input_and_empty_batches():
+    ops = q4_gemm_ops()
+    q4 = random_q4(32, 64)
+    packed = ops.q4_pack(q4.codes, q4.scales, q4.zeros - 8 * q4.scales)
+    wide = torch.randn(5, 128).bfloat16()
+    assert torch.equal(ops.q4_gemm(wide[:, ::2], packed), ops.q4_gemm(wide[:, ::2].contiguous(), packed))
+    assert ops.q4_gemm(torch.empty(0, 64, dtype=torch.bfloat16), packed).shape == (0, 32)
+
+
+@needs_q4_gemm
+def test_q4_gemm_rejects_bad_input():
+    ops = q4_gemm_ops()
+    q4 = random_q4(32, 64)
+    d, m = q4.scales, q4.zeros - 8 * q4.scales
+    packed = ops.q4_pack(q4.codes, d, m)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops.q4_pack(q4.codes[:24], d[:24], m[:24])
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.q4_pack(q4.codes[:, :48], d, m)
+    with pytest.raises(RuntimeError, match="0..15"):
+        ops.q4_pack(q4.codes | 0x10, d, m)
+    with pytest.raises(RuntimeError, match="uint8"):
+        ops.q4_pack(q4.codes.int(), d, m)
+    with pytest.raises(RuntimeError, match=r"\[N, K / 32\]"):
+        ops.q4_pack(q4.codes, d[:, :1], m)
+    with pytest.raises(RuntimeError, match="x has 32 inputs, the weight 64"):
+        ops.q4_gemm(torch.randn(2, 32).bfloat16(), packed)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.q4_gemm(torch.randn(2, 64), packed)
+    with pytest.raises(RuntimeError, match="q4_pack"):
+        ops.q4_gemm(torch.randn(2, 64).bfloat16(), q4.codes)
+
+
+def _torch_int4_only(monkeypatch):
+    if not int4_available():
+        pytest.skip("torch without the CPU int4 kernel")
+    monkeypatch.setattr(quant_linear, "q4_gemm_ops", lambda: None)
+
+
+@pytest.mark.parametrize("kernel", ["q4_gemm", "torch_int4"])
+@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS, INT4_MAX_ROWS + 1, Q4_GEMM_MAX_ROWS, Q4_GEMM_MAX_ROWS + 1])
+def test_int4_layer_matches_dequantized_weights(kernel, rows, monkeypatch):
+    if kernel == "q4_gemm" and q4_gemm_ops() is None:
+        pytest.skip("q4_gemm needs AVX512-BF16")
+    if kernel == "torch_int4":
+        _torch_int4_only(monkeypatch)
+    torch.manual_seed(0)
+    q4 = random_q4(96, 128)
+    weight = q4.dequantize()
+    bias = torch.randn(96).bfloat16()
     layer = QuantLinear(weight.bfloat16(), bias, q4)
-    x = torch.randn(rows, cols)
+    assert layer.max_rows == (Q4_GEMM_MAX_ROWS if kernel == "q4_gemm" else INT4_MAX_ROWS)
+    x = torch.randn(rows, 128)
     exact = x @ weight.T + bias.float()
     assert relative_error(layer(x.bfloat16()), exact) < 0.02  # bf16 activations
+
+
+def test_int4_layer_runs_dense_for_outputs_the_kernels_cannot_tile():
+    """Both 4-bit kernels take output rows by 16; other shapes use the dense copy."""
+    q4 = random_q4(40, 64)
+    layer = QuantLinear(q4.dequantize().bfloat16(), None, q4)
+    assert layer.q4_ops is None and layer.max_rows == 0
+    x = torch.randn(3, 64).bfloat16()
+    assert relative_error(layer(x), x.float() @ q4.dequantize().T) < 0.02
+
+
+@needs_q4_gemm
+def test_real_model_q4_scales_are_stored_losslessly():
+    """q4_gemm keeps d and m as float16, as the GGUF file does: on the default model the
+    packed form must stand for exactly the weights the file holds."""
+    from pagedllm.weights import default_model_path
+    from pagedllm.weights.gguf import load_gguf
+
+    checkpoint = load_gguf(default_model_path())
+    q4_weights = {n: q for n, q in checkpoint.quantized.items() if isinstance(q, Q4Weight)}
+    assert len(q4_weights) == 7 * 30
+    for name, q4 in q4_weights.items():
+        m = q4.zeros - 8 * q4.scales
+        assert torch.equal(q4.scales.half().float(), q4.scales), name
+        assert torch.equal(m.half().float(), m), name
+        assert q4.codes.shape[0] % 16 == 0, name
 
 
 @pytest.mark.skipif(not int8_available(), reason="torch without the CPU int8 kernel")

@@ -13,6 +13,9 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
                             torch::Tensor sin, torch::Tensor key_cache, torch::Tensor value_cache,
                             torch::Tensor slot_mapping, int64_t num_heads);
 torch::Tensor silu_and_mul(torch::Tensor x);
+bool q4_gemm_available();
+torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m);
+torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU)");
@@ -22,4 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
   m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k; k and v written to the paged cache");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up");
+  m.def("q4_gemm_available", &q4_gemm_available, "whether q4_gemm was built (AVX512-BF16)");
+  m.def("q4_pack", &q4_pack, "4-bit codes, d, m -> the tiles q4_gemm reads");
+  m.def("q4_gemm", &q4_gemm, "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16");
 }

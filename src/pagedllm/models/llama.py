@@ -12,8 +12,8 @@ from torch import nn
 from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
 from pagedllm.models.layer_ops import layer_ops
-from pagedllm.models.quant_linear import (DenseLinear, Int8Linear, QuantLinear, int4_available,
-                                          int8_available)
+from pagedllm.models.quant_linear import (DenseLinear, Int8Linear, QuantLinear, int8_available,
+                                          quantized_matmul_available)
 from pagedllm.weights.q4 import Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
@@ -139,7 +139,7 @@ class LlamaForCausalLM(nn.Module):
             # read it as int8, and the top candidates are recomputed exactly anyway.
             self.lm_head = (Int8Linear(self.lm_head_weight) if int8_available()
                             else DenseLinear(self.lm_head_weight.to(torch.bfloat16), None))
-            if quantized and int4_available():
+            if quantized and quantized_matmul_available():
                 self._use_int4(fuse_quantized(quantized, self.config.num_layers))
             self._keep_q8_rows(quantized or {}, tied=self.lm_head_weight is self.embed_weight)
 

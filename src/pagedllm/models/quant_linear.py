@@ -1,25 +1,42 @@
 """Linear layers that multiply by 4-bit (QuantLinear) or 8-bit (Int8Linear) weights for
 small batches.
 
-Decode steps with few tokens are bound by reading weights from memory, so torch's CPU int4
-kernel (weights 4-bit, activations bfloat16, group size 32) wins there; large batches
-(prefill) are bound by arithmetic, where the dense bfloat16 GEMM is faster. Both copies are
-kept; the crossover was measured on this machine (benchmarks/linear_kernels.py).
+Decode steps with few tokens are bound by reading weights from memory, so 4-bit weights win
+there; large batches (prefill) are bound by arithmetic, where the dense bfloat16 GEMM is
+fastest. Both copies are kept; the crossovers were measured on this machine
+(benchmarks/linear_kernels.py).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from pagedllm.kernels import kernel_ops
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 
-# Rows (tokens) up to which the int4 kernel beats dense bf16 prepacked for oneDNN here
-# (30 layers: 1 row 2.7 vs 6.7 ms, 8 rows 6.5 vs 6.8, 12 rows 9.2 vs 8.9, 16 rows 11.6 vs 9.1).
+# Rows (tokens) up to which the 4-bit kernels beat dense bf16 prepacked for oneDNN here,
+# per pass over the projections of 30 layers:
+# - pagedllm's q4_gemm (AVX512-BF16): 1 row 1.6 vs 7.7 ms, 8 rows 2.5 vs 8.6, 64 rows 16.8 vs
+#   21.7, 128 rows 33.2 vs 34.4, 256 rows 65.6 vs 60.5;
+# - torch's int4 kernel, where q4_gemm is not built: 1 row 2.7 vs 6.7 ms, 8 rows 6.5 vs 6.8,
+#   12 rows 9.2 vs 8.9.
+Q4_GEMM_MAX_ROWS = 128
 INT4_MAX_ROWS = 8
+_TILE = 16  # the 4-bit kernels take output rows in tiles of 16
 
 
 def int4_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def q4_gemm_ops():
+    """The compiled kernels when they include q4_gemm (a CPU with AVX512-BF16), else None."""
+    ops = kernel_ops()
+    return ops if ops is not None and ops.q4_gemm_available() else None
+
+
+def quantized_matmul_available() -> bool:
+    return q4_gemm_ops() is not None or int4_available()
 
 
 # Batch rows oneDNN is told to expect when it reorders a weight (a hint: any row count works).
@@ -51,21 +68,39 @@ def _prepack_available() -> bool:
 
 
 class QuantLinear(nn.Module):
+    """x @ W.T (+ b) for a 4-bit GGUF weight in a bfloat16 model: the 4-bit codes for up to
+    max_rows rows (pagedllm's q4_gemm, or torch's int4 kernel where that is not built), the
+    dense bfloat16 copy above."""
+
     def __init__(self, dense_weight: torch.Tensor, bias: torch.Tensor | None, q4: Q4Weight,
-                 max_int4_rows: int = INT4_MAX_ROWS):
+                 max_rows: int | None = None):
         super().__init__()
         dtype = dense_weight.dtype
         self.dense = DenseLinear(dense_weight, bias)  # [out, in] model dtype, for large batches
         self.bias = bias
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
-        # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
-        self.scales_zeros = torch.stack([q4.scales.T, q4.zeros.T], dim=-1).to(dtype).contiguous()
-        self.max_int4_rows = max_int4_rows
+        # Both kernels take output rows in tiles of 16; other shapes run dense.
+        tileable = q4.codes.shape[0] % _TILE == 0
+        self.q4_ops = q4_gemm_ops() if dtype == torch.bfloat16 and tileable else None
+        if self.q4_ops is not None:
+            # Q4Weight keeps torch's form (code - 8) * scale + zero; q4_gemm takes GGUF's
+            # code * d + m, with d and m stored as the float16 the file holds.
+            self.packed = self.q4_ops.q4_pack(q4.codes, q4.scales, q4.zeros - 8 * q4.scales)
+            self.max_rows = Q4_GEMM_MAX_ROWS if max_rows is None else max_rows
+        elif int4_available() and tileable:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
+            # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
+            self.scales_zeros = torch.stack([q4.scales.T, q4.zeros.T], dim=-1).to(dtype).contiguous()
+            self.max_rows = INT4_MAX_ROWS if max_rows is None else max_rows
+        else:
+            self.max_rows = 0  # dense only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.max_int4_rows:
+        if x.shape[0] > self.max_rows:
             return self.dense(x)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
+        if self.q4_ops is not None:
+            out = self.q4_ops.q4_gemm(x, self.packed)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
         return out if self.bias is None else out + self.bias
 
 

@@ -1,0 +1,188 @@
+// x @ W.T for 4-bit GGUF weights (Q4_0 / Q4_1: w = d * q + m, q in 0..15, one (d, m) per 32
+// inputs) and a few bfloat16 rows: the decode steps of a batch. torch's int4 kernel turns
+// each weight into float32 and multiplies with float32 FMAs, which makes it compute-bound
+// from ~4 rows (benchmarks/linear_kernels.py); this one feeds the codes to AVX512-BF16's
+// pair dot product without rounding anything:
+//   - 128 + q is exact in bfloat16 (bits 0x4300 | q), so a code becomes a bfloat16 with one
+//     and + or, and x . (128 + q) over a group is one dot-product chain in float32;
+//   - per group, sum x*w = d * (x . (128 + q)) + (m - 128 d) * sum(x), so the scales are
+//     applied once per 32 inputs, with sum(x) computed once per call.
+// The weights are repacked once (q4_pack) into tiles of 16 output rows: per tile and group,
+// four 64-byte vectors of codes, lane i holding 8 codes of output row i, then the 16 d and
+// the 16 m as float16, which are what the GGUF file stores.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kGroup = 32;        // inputs per (d, m)
+constexpr int64_t kTile = 16;         // output rows per tile: one float32 vector
+constexpr int64_t kCodeBytes = 256;   // 16 rows x 32 codes x 4 bits
+constexpr int64_t kBlockBytes = kCodeBytes + 2 * kTile * 2;  // codes, then d and m (float16)
+constexpr int64_t kPrefetchBlocks = 16;  // how far ahead (in blocks) to ask for the codes
+constexpr int kRowBlock = 8;          // activation rows per pass over a tile
+
+// Bit position, within lane i's 32 bits of code vector j, of the code of input 8j + c:
+// a pair of inputs (2p, 2p + 1) sits at bits 4p and 16 + 4p, so (lane >> 4p) & 0x000F000F
+// leaves exactly the pair as two 16-bit integers.
+inline int code_shift(int c) { return (c % 2) * 16 + (c / 2) * 4; }
+
+#if defined(__AVX512BF16__)
+
+template <int P>
+inline __m512bh codes_pair(__m512i v) {
+  const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 4 * P), _mm512_set1_epi32(0x000F000F));
+  return (__m512bh)_mm512_or_si512(q, _mm512_set1_epi32(0x43004300));  // bfloat16 128 + q
+}
+
+inline __m512bh broadcast_pair(const at::BFloat16* x) {
+  int32_t pair;
+  std::memcpy(&pair, x, 4);
+  return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+template <int R, int S, int P>
+inline void dot_pair(__m512 (&acc)[S][R], __m512i v, const at::BFloat16* x, int64_t ldx, int64_t k) {
+  const __m512bh w = codes_pair<P>(v);
+  for (int r = 0; r < R; ++r)
+    acc[P % S][r] = _mm512_dpbf16_ps(acc[P % S][r], w, broadcast_pair(x + r * ldx + k + 2 * P));
+}
+
+// R rows of x times one tile of 16 output rows. The dot products run in R * S independent
+// chains (S sets of accumulators taking turns): the instruction's latency needs about a dozen
+// in flight to keep both of its pipes busy. The float32 totals live in memory, touched once
+// per group, so that the registers go to the chains.
+template <int R, int S>
+void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
+               const float* xsum, at::BFloat16* out, int64_t ldo) {
+  alignas(64) float total[R][kTile] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockBytes;
+    for (int64_t line = 0; line < kBlockBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBlocks * kBlockBytes + line), _MM_HINT_T0);
+    __m512 acc[S][R];
+    for (int s = 0; s < S; ++s)
+      for (int r = 0; r < R; ++r) acc[s][r] = _mm512_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(block + 64 * j);
+      const int64_t k = g * kGroup + 8 * j;
+      dot_pair<R, S, 0>(acc, v, x, ldx, k);
+      dot_pair<R, S, 1>(acc, v, x, ldx, k);
+      dot_pair<R, S, 2>(acc, v, x, ldx, k);
+      dot_pair<R, S, 3>(acc, v, x, ldx, k);
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCodeBytes)));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCodeBytes + 32)));
+    const __m512 m_shifted = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);  // m - 128 d
+    for (int r = 0; r < R; ++r) {
+      __m512 sum = acc[0][r];
+      for (int s = 1; s < S; ++s) sum = _mm512_add_ps(sum, acc[s][r]);
+      __m512 t = _mm512_fmadd_ps(sum, d, _mm512_load_ps(total[r]));
+      _mm512_store_ps(total[r], _mm512_fmadd_ps(m_shifted, _mm512_set1_ps(xsum[r * groups + g]), t));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(total[r])));
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const at::BFloat16*, int64_t, const float*,
+                        at::BFloat16*, int64_t);
+constexpr TileFn kTileFns[kRowBlock + 1] = {
+    nullptr, tile_rows<1, 2>, tile_rows<2, 2>, tile_rows<3, 2>, tile_rows<4, 2>,
+    tile_rows<5, 2>, tile_rows<6, 2>, tile_rows<7, 2>, tile_rows<8, 2>};
+
+#endif  // __AVX512BF16__
+
+}  // namespace
+
+bool q4_gemm_available() {
+#if defined(__AVX512BF16__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// codes [N, K] uint8 (0..15), d and m [N, K / 32] float32 (exact float16 values) ->
+// the packed tiles, [N / 16, K / 32, kBlockBytes] uint8.
+torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte, "codes must be [N, K] uint8");
+  const int64_t n = codes.size(0), k = codes.size(1);
+  TORCH_CHECK(n % kTile == 0, "output rows must be a multiple of ", kTile, ", got ", n);
+  TORCH_CHECK(k % kGroup == 0, "inputs must be a multiple of ", kGroup, ", got ", k);
+  const int64_t groups = k / kGroup;
+  for (const auto& t : {d, m})
+    TORCH_CHECK(t.dim() == 2 && t.size(0) == n && t.size(1) == groups, "d and m must be [N, K / 32]");
+  auto c = codes.contiguous();
+  auto d16 = d.to(at::kHalf).contiguous(), m16 = m.to(at::kHalf).contiguous();
+  auto packed = torch::zeros({n / kTile, groups, kBlockBytes}, codes.options());
+  const uint8_t* src = c.data_ptr<uint8_t>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  const auto* dsrc = d16.data_ptr<at::Half>();
+  const auto* msrc = m16.data_ptr<at::Half>();
+  for (int64_t t = 0; t < n / kTile; ++t) {
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* block = dst + (t * groups + g) * kBlockBytes;
+      for (int64_t i = 0; i < kTile; ++i) {
+        const int64_t row = t * kTile + i;
+        for (int j = 0; j < 4; ++j) {
+          uint32_t lane = 0;
+          for (int c8 = 0; c8 < 8; ++c8) {
+            const uint32_t q = src[row * k + g * kGroup + 8 * j + c8];
+            TORCH_CHECK(q < 16, "codes must be in 0..15");
+            lane |= q << code_shift(c8);
+          }
+          std::memcpy(block + 64 * j + 4 * i, &lane, 4);
+        }
+        std::memcpy(block + kCodeBytes + 2 * i, dsrc + row * groups + g, 2);
+        std::memcpy(block + kCodeBytes + 32 + 2 * i, msrc + row * groups + g, 2);
+      }
+    }
+  }
+  return packed;
+}
+
+// x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] bfloat16.
+torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed) {
+  TORCH_CHECK(q4_gemm_available(), "q4_gemm needs a CPU with AVX512-BF16 (and a build for it)");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == kBlockBytes,
+              "packed must come from q4_pack");
+  const int64_t rows = x.size(0), k = x.size(1), tiles = packed.size(0), groups = packed.size(1);
+  TORCH_CHECK(k == groups * kGroup, "x has ", k, " inputs, the weight ", groups * kGroup);
+  auto xc = x.contiguous();
+  auto out = torch::empty({rows, tiles * kTile}, x.options());
+  if (rows == 0) return out;
+#if defined(__AVX512BF16__)
+  const auto* xp = xc.data_ptr<at::BFloat16>();
+  // sum(x) per row and group, over the bfloat16 values the dot products see.
+  auto xsum = torch::empty({rows, groups}, x.options().dtype(at::kFloat));
+  float* xs = xsum.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < kGroup; ++i) s += static_cast<float>(xp[r * k + g * kGroup + i]);
+      xs[r * groups + g] = s;
+    }
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  auto* op = out.data_ptr<at::BFloat16>();
+  const int64_t n = tiles * kTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+        const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0));
+        kTileFns[rb](wp + t * groups * kBlockBytes, groups, xp + r0 * k, k, xs + r0 * groups,
+                     op + r0 * n + t * kTile, n);
+      }
+  });
+#endif
+  return out;
+}
