@@ -1,15 +1,15 @@
-"""int4 (torch CPU kernel) vs dense bfloat16 linear layers at the model's shapes.
+"""Low-bit against dense bfloat16 linear layers at the model's shapes.
 
     .venv/bin/python benchmarks/linear_kernels.py [--threads 2]
 
 All four projections of 30 layers, each with its own weights as in the real model, so the
 weights stream from memory instead of sitting in cache (with one layer's weights reused, as
-an earlier version measured, int4 lost from 8 rows on; out of cache it wins up to ~20).
-Prints milliseconds per pass over all layers by batch rows for dense bf16 (F.linear and
-weights prepacked for oneDNN, the model's dense path) and int4, and the ratio prepacked /
-int4; the row count where int4 stops winning sets INT4_MAX_ROWS in
-pagedllm/models/quant_linear.py. Then the output head, int8 against prepacked bf16, which
-sets INT8_MAX_ROWS.
+an earlier version measured, int4 lost from 8 rows on). Prints milliseconds per pass over
+all layers by batch rows for dense bf16 (F.linear, and weights prepacked for oneDNN: the
+model's dense path), torch's int4 kernel and pagedllm's q4_gemm, with the ratios; where
+q4_gemm (or, without it, int4) stops beating prepacked sets Q4_GEMM_MAX_ROWS (INT4_MAX_ROWS)
+in pagedllm/models/quant_linear.py. Then the output head: prepacked bf16, torch's int8
+kernel (INT8_MAX_ROWS) and pagedllm's q8_gemm.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import argparse
 import torch
 
 from pagedllm.kernels import kernel_ops
-from pagedllm.models.quant_linear import DenseLinear, Int8Linear
+from pagedllm.models.quant_linear import DenseLinear, Int8Linear, Q8Linear
 from pagedllm.weights.q4 import GROUP_SIZE
+from pagedllm.weights.q8 import Q8Rows
 from timing import ms_per_call
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
@@ -63,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ops = kernel_ops()
-    if ops is not None and not ops.q4_gemm_available():
+    if ops is not None and not (ops.q4_gemm_available() and ops.q8_gemm_available()):
         ops = None
     layers = make_layers(ops)
     print(f"threads={args.threads}; ms per pass over the projections of {NUM_LAYERS} layers")
@@ -75,16 +76,24 @@ def main() -> None:
         q4_ms = time_pass(layers, rows, "q4_gemm") if ops else float("nan")
         print(f"{rows:>5} {dense_ms:8.2f} {prepacked_ms:10.2f} {int4_ms:8.2f} {q4_ms:8.2f}"
               f"  {prepacked_ms / int4_ms:13.2f}x {int4_ms / q4_ms:12.2f}x {prepacked_ms / q4_ms:17.2f}x")
-    # The output head (vocabulary x hidden): int8 per-row weights against prepacked bf16.
-    head = Int8Linear(torch.randn(49152, 576))
+    # The output head (vocabulary x hidden): prepacked bf16, torch's int8 per-row kernel,
+    # pagedllm's q8_gemm on Q8_0 codes. Four heads in turn, so they stream from memory.
+    heads = []
+    for _ in range(4):
+        q8 = Q8Rows(torch.randint(-127, 128, (49152, 576), dtype=torch.int8),
+                    (torch.rand(49152, 576 // GROUP_SIZE) * 0.01).half().float())
+        heads.append((Int8Linear(q8.rows(torch.arange(49152))), Q8Linear(q8, ops) if ops else None))
     print("output head 49152 x 576, ms per call")
-    print(f"{'rows':>5} {'prepacked':>10} {'int8':>8}  prepacked/int8")
-    for rows in (1, 2, 4, 8, 16):
+    print(f"{'rows':>5} {'prepacked':>10} {'int8':>8} {'q8_gemm':>8}  prepacked/int8  prepacked/q8_gemm")
+    for rows in (1, 2, 4, 8, 16, 64):
         x = torch.randn(rows, 576).bfloat16()
-        prepacked_ms = ms_per_call(lambda: head.dense(x))
-        int8_ms = ms_per_call(lambda: torch.ops.aten._weight_int8pack_mm(x, head.codes, head.scales))
-        print(f"{rows:>5} {prepacked_ms:10.2f} {int8_ms:8.2f}  {prepacked_ms / int8_ms:.2f}x")
-
+        per_head = 1 / len(heads)
+        prepacked_ms = ms_per_call(lambda: [h.dense(x) for h, _ in heads]) * per_head
+        int8_ms = ms_per_call(lambda: [torch.ops.aten._weight_int8pack_mm(x, h.codes, h.scales)
+                                       for h, _ in heads]) * per_head
+        q8_ms = ms_per_call(lambda: [q(x) for _, q in heads]) * per_head if ops else float("nan")
+        print(f"{rows:>5} {prepacked_ms:10.2f} {int8_ms:8.2f} {q8_ms:8.2f}  {prepacked_ms / int8_ms:14.2f}x"
+              f" {prepacked_ms / q8_ms:18.2f}x")
 
 if __name__ == "__main__":
     main()

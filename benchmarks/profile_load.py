@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seqs", type=int, default=16)
+    parser.add_argument("--top", type=int, default=10, help="functions to list")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     llm = LLM(dtype="bfloat16", max_num_seqs=args.seqs, kv_cache_memory=1 << 30,
@@ -39,7 +40,7 @@ def main() -> None:
     profiler.disable()
     elapsed = time.perf_counter() - start
     print(f"budget {args.budget}: {elapsed:.1f} s, {(sum(lengths) + 128 * 32) / elapsed:.0f} total tok/s")
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(10)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

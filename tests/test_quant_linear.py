@@ -6,10 +6,13 @@ import torch
 
 from pagedllm.models import quant_linear
 from pagedllm.models.quant_linear import (INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_GEMM_MAX_ROWS, Int8Linear,
-                                          QuantLinear, int4_available, int8_available, q4_gemm_ops)
+                                          Q8Linear, QuantLinear, int4_available, int8_available,
+                                          output_head, q4_gemm_ops, q8_gemm_ops)
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
+from pagedllm.weights.q8 import Q8Rows
 
 needs_q4_gemm = pytest.mark.skipif(q4_gemm_ops() is None, reason="q4_gemm needs AVX512-BF16")
+needs_q8_gemm = pytest.mark.skipif(q8_gemm_ops() is None, reason="q8_gemm needs AVX512-VNNI")
 
 
 def random_q4(out: int, cols: int, seed: int = 0) -> Q4Weight:
@@ -175,3 +178,80 @@ def test_prepacked_dense_linear_lets_the_original_weight_go():
     gc.collect()
     assert original() is None
     assert layer(torch.randn(2, 32).bfloat16()).shape == (2, 64)
+
+
+def random_q8(out: int, cols: int, seed: int = 0) -> Q8Rows:
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (out, cols), dtype=torch.int8, generator=gen)
+    return Q8Rows(codes, (torch.rand(out, cols // GROUP_SIZE, generator=gen) * 0.01).half().float())
+
+
+def q8_dense(q8: Q8Rows) -> torch.Tensor:
+    return q8.rows(torch.arange(q8.codes.shape[0]))
+
+
+@needs_q8_gemm
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 64])
+def test_q8_gemm_is_exact_when_activations_fit_int8(rows):
+    """Activations are rounded to int8 per group of 32 (scale max|x| / 127); rows that are
+    already integers with a group maximum of 127 round to themselves, and then the int32
+    sums and one float32 scale multiply per group leave only float32 summation error."""
+    ops = q8_gemm_ops()
+    q8 = random_q8(48, 96, seed=rows)
+    x = torch.randint(-127, 128, (rows, 96)).float()
+    x.view(rows, 3, 32)[:, :, 0] = 127
+    exact = x.double() @ q8_dense(q8).double().T
+    got = ops.q8_gemm(x.bfloat16(), ops.q8_pack(q8.codes, q8.scales))
+    assert got.dtype == torch.float32 and got.shape == (rows, 48)
+    assert torch.allclose(got.double(), exact, rtol=1e-5, atol=1e-3)
+
+
+@needs_q8_gemm
+@pytest.mark.parametrize("rows", [1, 8, 16])
+def test_q8_gemm_stays_within_activation_rounding(rows):
+    ops = q8_gemm_ops()
+    q8 = random_q8(49152 // 64, 576)
+    x = torch.randn(rows, 576).bfloat16()
+    exact = x.float() @ q8_dense(q8).T
+    got = ops.q8_gemm(x, ops.q8_pack(q8.codes, q8.scales))
+    assert relative_error(got, exact) < 0.01
+    zero = ops.q8_gemm(torch.zeros(2, 576).bfloat16(), ops.q8_pack(q8.codes, q8.scales))
+    assert (zero == 0).all()  # an all-zero group has scale 0, not NaN
+
+
+@needs_q8_gemm
+def test_q8_gemm_rejects_bad_input():
+    ops = q8_gemm_ops()
+    q8 = random_q8(32, 64)
+    packed = ops.q8_pack(q8.codes, q8.scales)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops.q8_pack(q8.codes[:24], q8.scales[:24])
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.q8_pack(q8.codes[:, :48], q8.scales)
+    with pytest.raises(RuntimeError, match="int8"):
+        ops.q8_pack(q8.codes.to(torch.uint8), q8.scales)
+    with pytest.raises(RuntimeError, match=r"d must be \[N, K / 32\]"):
+        ops.q8_pack(q8.codes, q8.scales[:, :1])
+    with pytest.raises(RuntimeError, match="x has 32 inputs, the weight 64"):
+        ops.q8_gemm(torch.randn(2, 32).bfloat16(), packed)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.q8_gemm(torch.randn(2, 64), packed)
+    with pytest.raises(RuntimeError, match="q8_pack"):
+        ops.q8_gemm(torch.randn(2, 64).bfloat16(), ops.q4_pack(torch.zeros(32, 64, dtype=torch.uint8),
+                                                                  torch.ones(32, 2), torch.ones(32, 2)))
+
+
+def test_output_head_prefers_the_q8_codes(monkeypatch):
+    q8 = random_q8(64, 64)
+    weight = q8_dense(q8)
+    head = output_head(weight, q8)
+    if q8_gemm_ops() is not None:
+        assert isinstance(head, Q8Linear)
+        x = torch.randn(5, 64)
+        assert relative_error(head(x), x.bfloat16().float() @ weight.T) < 0.01
+    # No kernel, or a shape it cannot tile: int8 per-row codes (or dense) from the weight.
+    expected = Int8Linear if int8_available() else quant_linear.DenseLinear
+    assert isinstance(output_head(weight[:40], Q8Rows(q8.codes[:40], q8.scales[:40])), expected)
+    monkeypatch.setattr(quant_linear, "q8_gemm_ops", lambda: None)
+    assert isinstance(output_head(weight, q8), expected)
+    assert isinstance(output_head(weight, None), expected)

@@ -16,6 +16,9 @@ torch::Tensor silu_and_mul(torch::Tensor x);
 bool q4_gemm_available();
 torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m);
 torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed);
+bool q8_gemm_available();
+torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d);
+torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU)");
@@ -28,4 +31,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_gemm_available", &q4_gemm_available, "whether q4_gemm was built (AVX512-BF16)");
   m.def("q4_pack", &q4_pack, "4-bit codes, d, m -> the tiles q4_gemm reads");
   m.def("q4_gemm", &q4_gemm, "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16");
+  m.def("q8_gemm_available", &q8_gemm_available, "whether q8_gemm was built (AVX512-VNNI)");
+  m.def("q8_pack", &q8_pack, "Q8_0 codes, d -> the tiles q8_gemm reads");
+  m.def("q8_gemm", &q8_gemm, "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");
 }

@@ -10,24 +10,14 @@
 // The weights are repacked once (q4_pack) into tiles of 16 output rows: per tile and group,
 // four 64-byte vectors of codes, lane i holding 8 codes of output row i, then the 16 d and
 // the 16 m as float16, which are what the GGUF file stores.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cstdint>
-#include <cstring>
+#include "lowbit_gemm.h"
 
-#if defined(__AVX512BF16__)
-#include <immintrin.h>
-#endif
+using namespace pagedllm::lowbit;
 
 namespace {
 
-constexpr int64_t kGroup = 32;        // inputs per (d, m)
-constexpr int64_t kTile = 16;         // output rows per tile: one float32 vector
-constexpr int64_t kCodeBytes = 256;   // 16 rows x 32 codes x 4 bits
+constexpr int64_t kCodeBytes = kTile * kGroup / 2;           // 256: 4 bits a code
 constexpr int64_t kBlockBytes = kCodeBytes + 2 * kTile * 2;  // codes, then d and m (float16)
-constexpr int64_t kPrefetchBlocks = 16;  // how far ahead (in blocks) to ask for the codes
-constexpr int kRowBlock = 8;          // activation rows per pass over a tile
 
 // Bit position, within lane i's 32 bits of code vector j, of the code of input 8j + c:
 // a pair of inputs (2p, 2p + 1) sits at bits 4p and 16 + 4p, so (lane >> 4p) & 0x000F000F
@@ -40,12 +30,6 @@ template <int P>
 inline __m512bh codes_pair(__m512i v) {
   const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 4 * P), _mm512_set1_epi32(0x000F000F));
   return (__m512bh)_mm512_or_si512(q, _mm512_set1_epi32(0x43004300));  // bfloat16 128 + q
-}
-
-inline __m512bh broadcast_pair(const at::BFloat16* x) {
-  int32_t pair;
-  std::memcpy(&pair, x, 4);
-  return (__m512bh)_mm512_set1_epi32(pair);
 }
 
 template <int R, int S, int P>
@@ -65,8 +49,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = tile + g * kBlockBytes;
-    for (int64_t line = 0; line < kBlockBytes; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBlocks * kBlockBytes + line), _MM_HINT_T0);
+    prefetch_ahead(block, kBlockBytes);
     __m512 acc[S][R];
     for (int s = 0; s < S; ++s)
       for (int r = 0; r < R; ++r) acc[s][r] = _mm512_setzero_ps();
@@ -103,13 +86,7 @@ constexpr TileFn kTileFns[kRowBlock + 1] = {
 
 }  // namespace
 
-bool q4_gemm_available() {
-#if defined(__AVX512BF16__)
-  return true;
-#else
-  return false;
-#endif
-}
+bool q4_gemm_available() { return available(); }
 
 // codes [N, K] uint8 (0..15), d and m [N, K / 32] float32 (exact float16 values) ->
 // the packed tiles, [N / 16, K / 32, kBlockBytes] uint8.
@@ -175,13 +152,9 @@ torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed) {
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   auto* op = out.data_ptr<at::BFloat16>();
   const int64_t n = tiles * kTile;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-        const int rb = static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0));
-        kTileFns[rb](wp + t * groups * kBlockBytes, groups, xp + r0 * k, k, xs + r0 * groups,
-                     op + r0 * n + t * kTile, n);
-      }
+  for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
+    kTileFns[rb](wp + t * groups * kBlockBytes, groups, xp + r0 * k, k, xs + r0 * groups,
+                 op + r0 * n + t * kTile, n);
   });
 #endif
   return out;

@@ -12,8 +12,7 @@ from torch import nn
 from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
 from pagedllm.models.layer_ops import layer_ops
-from pagedllm.models.quant_linear import (DenseLinear, Int8Linear, QuantLinear, int8_available,
-                                          quantized_matmul_available)
+from pagedllm.models.quant_linear import QuantLinear, output_head, quantized_matmul_available
 from pagedllm.weights.q4 import Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
@@ -135,10 +134,11 @@ class LlamaForCausalLM(nn.Module):
         self.layers.to(self.dtype)
         self.norm.to(self.dtype)
         if self.dtype == torch.bfloat16:
-            # The output head is the largest matrix (49152 x 576 here): small decode steps
-            # read it as int8, and the top candidates are recomputed exactly anyway.
-            self.lm_head = (Int8Linear(self.lm_head_weight) if int8_available()
-                            else DenseLinear(self.lm_head_weight.to(torch.bfloat16), None))
+            # The output head is the largest matrix (49152 x 576 here): it is read as 8-bit
+            # codes, and the top candidates are recomputed exactly anyway.
+            tied = self.lm_head_weight is self.embed_weight
+            self.lm_head = output_head(self.lm_head_weight,
+                                       (quantized or {}).get("embed_tokens.weight" if tied else "lm_head.weight"))
             if quantized and quantized_matmul_available():
                 self._use_int4(fuse_quantized(quantized, self.config.num_layers))
             self._keep_q8_rows(quantized or {}, tied=self.lm_head_weight is self.embed_weight)

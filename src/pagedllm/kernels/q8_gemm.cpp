@@ -1,0 +1,141 @@
+// x @ W.T for an 8-bit GGUF weight (Q8_0: w = d * q, q in -128..127, one d per 32 inputs) and
+// a few bfloat16 rows, float32 results: the output head, whose 49152 x 576 weights are the
+// default model's Q8_0 token embedding. It works the way llama.cpp multiplies Q8_0: each
+// activation row is quantized to int8 per group of 32 (dx = max|x| / 127), and AVX512-VNNI
+// multiplies 4 code pairs per 32-bit lane in one instruction, with int32 sums that are exact;
+// d * dx is applied once per group. The activation rounding makes the logits approximate
+// (like the int8 head it replaces), so the model recomputes its top candidates exactly.
+// The instruction multiplies unsigned by signed bytes, so the weights are stored as
+// q + 128 and the sum corrected by 128 * sum(x codes), known per row and group.
+// Packed (q8_pack) into tiles of 16 output rows: per tile and group, 8 vectors of 64 bytes
+// (lane i: output row i's codes for 4 consecutive inputs), then the 16 d as float16.
+#include "lowbit_gemm.h"
+
+using namespace pagedllm::lowbit;
+
+namespace {
+
+constexpr int64_t kCodeBytes = kTile * kGroup;           // 512
+constexpr int64_t kBlockBytes = kCodeBytes + kTile * 2;  // codes, then d (float16)
+
+bool vnni_available() {
+#if defined(__AVX512VNNI__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if defined(__AVX512VNNI__)
+
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+               const float* dx, const int32_t* xq_sum, float* out, int64_t ldo) {
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockBytes;
+    prefetch_ahead(block, kBlockBytes);
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_set1_epi32(-128 * xq_sum[r * groups + g]);
+    for (int j = 0; j < kGroup / 4; ++j) {
+      const __m512i w = _mm512_loadu_si512(block + 64 * j);
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, xq + r * ldx + g * kGroup + 4 * j, 4);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], w, _mm512_set1_epi32(quad));
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCodeBytes)));
+    for (int r = 0; r < R; ++r)
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), total[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, total[r]);
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
+                        const int32_t*, float*, int64_t);
+constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
+                                            tile_rows<4>, tile_rows<5>, tile_rows<6>,
+                                            tile_rows<7>, tile_rows<8>};
+
+#endif  // __AVX512VNNI__
+
+}  // namespace
+
+bool q8_gemm_available() { return vnni_available(); }
+
+// codes [N, K] int8, d [N, K / 32] float32 (exact float16 values) -> the packed tiles,
+// [N / 16, K / 32, kBlockBytes] uint8.
+torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar, "codes must be [N, K] int8");
+  const int64_t n = codes.size(0), k = codes.size(1);
+  TORCH_CHECK(n % kTile == 0, "output rows must be a multiple of ", kTile, ", got ", n);
+  TORCH_CHECK(k % kGroup == 0, "inputs must be a multiple of ", kGroup, ", got ", k);
+  const int64_t groups = k / kGroup;
+  TORCH_CHECK(d.dim() == 2 && d.size(0) == n && d.size(1) == groups, "d must be [N, K / 32]");
+  auto c = codes.contiguous();
+  auto d16 = d.to(at::kHalf).contiguous();
+  auto packed = torch::empty({n / kTile, groups, kBlockBytes}, codes.options().dtype(at::kByte));
+  const int8_t* src = c.data_ptr<int8_t>();
+  const auto* dsrc = d16.data_ptr<at::Half>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, n / kTile, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t g = 0; g < groups; ++g) {
+        uint8_t* block = dst + (t * groups + g) * kBlockBytes;
+        for (int64_t i = 0; i < kTile; ++i) {
+          const int64_t row = t * kTile + i;
+          for (int64_t c4 = 0; c4 < kGroup; ++c4)
+            block[64 * (c4 / 4) + 4 * i + c4 % 4] = static_cast<uint8_t>(src[row * k + g * kGroup + c4] + 128);
+          std::memcpy(block + kCodeBytes + 2 * i, dsrc + row * groups + g, 2);
+        }
+      }
+  });
+  return packed;
+}
+
+// x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] float32.
+torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed) {
+  TORCH_CHECK(vnni_available(), "q8_gemm needs a CPU with AVX512-VNNI (and a build for it)");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == kBlockBytes,
+              "packed must come from q8_pack");
+  const int64_t rows = x.size(0), k = x.size(1), tiles = packed.size(0), groups = packed.size(1);
+  TORCH_CHECK(k == groups * kGroup, "x has ", k, " inputs, the weight ", groups * kGroup);
+  auto out = torch::empty({rows, tiles * kTile}, x.options().dtype(at::kFloat));
+#if defined(__AVX512VNNI__)
+  // Each row to int8 per group: codes, their scale and their sum.
+  auto xf = x.to(at::kFloat).contiguous();
+  auto xq = torch::empty({rows, k}, x.options().dtype(at::kChar));
+  auto dx = torch::empty({rows, groups}, xf.options());
+  auto xq_sum = torch::empty({rows, groups}, x.options().dtype(at::kInt));
+  const float* xp = xf.data_ptr<float>();
+  int8_t* qp = xq.data_ptr<int8_t>();
+  float* dp = dx.data_ptr<float>();
+  int32_t* sp = xq_sum.data_ptr<int32_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = xp + r * k + g * kGroup;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < kGroup; ++i) amax = std::max(amax, std::abs(v[i]));
+      const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t sum = 0;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        const int32_t q = static_cast<int32_t>(std::nearbyint(v[i] * inv));
+        qp[r * k + g * kGroup + i] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      dp[r * groups + g] = scale;
+      sp[r * groups + g] = sum;
+    }
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t n = tiles * kTile;
+  for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
+    kTileFns[rb](wp + t * groups * kBlockBytes, groups, qp + r0 * k, k, dp + r0 * groups,
+                 sp + r0 * groups, op + r0 * n + t * kTile, n);
+  });
+#endif
+  return out;
+}
