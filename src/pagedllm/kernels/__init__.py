@@ -1,4 +1,5 @@
-"""Optional C++ kernels (paged decode and prefill attention, fused layer ops), compiled with torch's
+"""Optional C++ kernels (paged decode and prefill attention, fused layer ops, 4-bit and 8-bit
+GEMMs for GGUF weights), compiled with torch's
 extension builder on first use (make install does it once, so serving never waits for a
 compiler). Without a compiler, callers fall back to the torch code and say so once."""
 from __future__ import annotations
