@@ -1,10 +1,11 @@
-"""Decode step time of the engine at batch 1, 8 and 16, fused C++ layer ops against their
-torch references (the ops that replaced ~40 small torch calls per layer).
+"""Decode step time of the engine at batch 1, 8 and 16: the Python layers with the torch
+reference ops, the Python layers with the fused C++ layer ops (which replaced ~40 small
+torch calls per layer), and the C++ loop over all layers (models/decode_loop.py).
 
     .venv/bin/python benchmarks/decode_step.py [--threads 2]
 
 bfloat16, default model, each sequence with a 600-token context; the same engine and KV
-cache for both variants, which only swap the layers' `ops`.
+cache for all variants, which only swap the layers' `ops` and the model's `decode_loop`.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"threads={args.threads}, bfloat16, 600-token contexts; ms per decode step")
-    print("batch   torch ops   fused C++ ops   speed-up")
+    print("batch   torch ops   fused C++ ops   C++ layer loop   fused/torch   loop/fused")
     for batch in (1, 8, 16):
         llm = LLM(dtype="bfloat16", max_num_seqs=batch, kv_cache_memory=512 << 20,
                   enable_prefix_caching=False)
@@ -41,16 +42,19 @@ def main() -> None:
         while any(r.num_computed_tokens < 600 for r in engine.scheduler.requests.values()):
             engine.step()
         results = {}
-        for name, ops in (("torch", TorchLayerOps), ("fused", kernel_ops())):
+        loop = model.decode_loop
+        for name, ops, decode_loop in (("torch", TorchLayerOps, None), ("fused", kernel_ops(), None),
+                                       ("loop", kernel_ops(), loop)):
             set_ops(model, ops)
+            model.decode_loop = decode_loop
             for _ in range(3):
                 engine.step()
             start = time.perf_counter()
             for _ in range(40):
                 engine.step()
             results[name] = (time.perf_counter() - start) / 40 * 1e3
-        print(f"{batch:>5}   {results['torch']:9.2f}   {results['fused']:13.2f}   "
-              f"{results['torch'] / results['fused']:.2f}x")
+        print(f"{batch:>5}   {results['torch']:9.2f}   {results['fused']:13.2f}   {results['loop']:14.2f}"
+              f"   {results['torch'] / results['fused']:10.2f}x   {results['fused'] / results['loop']:9.2f}x")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,14 @@ bool q4_gemm_available();
 torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m);
 torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed);
 bool q8_gemm_available();
+std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
+                                         torch::Tensor cos, torch::Tensor sin,
+                                         std::vector<torch::Tensor> weights,
+                                         std::vector<torch::Tensor> key_caches,
+                                         std::vector<torch::Tensor> value_caches,
+                                         torch::Tensor slot_mapping, torch::Tensor block_tables,
+                                         torch::Tensor seq_lens, int64_t num_heads, double eps,
+                                         double scale);
 torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d);
 torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed);
 
@@ -31,6 +39,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_gemm_available", &q4_gemm_available, "whether q4_gemm was built (AVX512-BF16)");
   m.def("q4_pack", &q4_pack, "4-bit codes, d, m -> the tiles q4_gemm reads");
   m.def("q4_gemm", &q4_gemm, "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16");
+  m.def("decode_layers", &decode_layers,
+        "every decoder layer of a decode step (q4_gemm projections, C++ attention) in one call");
   m.def("q8_gemm_available", &q8_gemm_available, "whether q8_gemm was built (AVX512-VNNI)");
   m.def("q8_pack", &q8_pack, "Q8_0 codes, d -> the tiles q8_gemm reads");
   m.def("q8_gemm", &q8_gemm, "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");

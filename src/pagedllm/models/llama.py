@@ -11,6 +11,7 @@ from torch import nn
 
 from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
+from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.layer_ops import layer_ops
 from pagedllm.models.quant_linear import QuantLinear, output_head, quantized_matmul_available
 from pagedllm.weights.q4 import Q4Weight
@@ -117,6 +118,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head_weight = torch.empty(0)
         self.embed_q8: Q8Rows | None = None
         self.head_q8: Q8Rows | None = None
+        self.decode_loop: DecodeLoop | None = None  # set by load_weights where it applies
 
     def load_weights(self, weights: dict[str, torch.Tensor], quantized: dict | None = None) -> None:
         """Take canonical weights (float32 tensors); cast the body to the model dtype. In
@@ -142,6 +144,7 @@ class LlamaForCausalLM(nn.Module):
             if quantized and quantized_matmul_available():
                 self._use_int4(fuse_quantized(quantized, self.config.num_layers))
             self._keep_q8_rows(quantized or {}, tied=self.lm_head_weight is self.embed_weight)
+            self.decode_loop = DecodeLoop.build(self)
 
     def _keep_q8_rows(self, quantized: dict, tied: bool) -> None:
         """Drop the float32 embedding / head where their Q8_0 originals give the same rows
@@ -164,9 +167,12 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, H] in the model dtype."""
         hidden = self._embedding_rows(input_ids).to(self.dtype)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        if self.decode_loop is not None and self.decode_loop.applies(meta, hidden.shape[0]):
+            hidden, residual = self.decode_loop(hidden, positions, kv_caches, meta)
+        else:
+            residual = None
+            for layer, kv_cache in zip(self.layers, kv_caches):
+                hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
         return self.norm(hidden, residual)
 
     def _use_int4(self, quantized: dict) -> None:

@@ -1,0 +1,68 @@
+"""Every decoder layer of a decode step in one C++ call (kernels/decode_layers.cpp).
+
+Each op of a layer already runs in C++, but driving them from Python cost ~40 us a layer of
+interpreter and nn.Module overhead, about a third of a one-token step on the default model.
+The C++ loop calls the same functions in the same order, so its output is bit-identical to
+the Python layers'. It applies when the model runs the fast bfloat16 path throughout (every
+projection a QuantLinear on q4_gemm without bias, the fused C++ layer ops, the C++ decode
+attention) and the step holds decode tokens only, no more than q4_gemm takes.
+"""
+from __future__ import annotations
+
+import torch
+
+from pagedllm.attention import AttentionMetadata
+from pagedllm.attention.batched import BatchedBackend
+from pagedllm.kernels import kernel_ops
+from pagedllm.models.quant_linear import QuantLinear
+
+
+class DecodeLoop:
+    def __init__(self, ops, weights: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                 num_heads: int, eps: float, scale: float, max_rows: int):
+        self.ops = ops
+        self.weights = weights
+        self.cos, self.sin = cos, sin
+        self.num_heads, self.eps, self.scale = num_heads, eps, scale
+        self.max_rows = max_rows
+
+    @classmethod
+    def build(cls, model) -> DecodeLoop | None:
+        """The loop for a loaded model, or None where some layer is off the fast path."""
+        ops = kernel_ops()
+        if ops is None or model.dtype != torch.bfloat16:
+            return None
+        weights, max_rows = [], []
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if not all(isinstance(p, QuantLinear) and p.q4_ops is not None and p.bias is None
+                       for p in projections):
+                return None
+            if any(m.ops is not ops for m in (layer.input_layernorm, attn, mlp, layer.post_attention_layernorm)):
+                return None
+            if not isinstance(attn.backend, BatchedBackend) or attn.backend.kernel is None:
+                return None
+            weights += [layer.input_layernorm.weight, attn.qkv_proj.packed, attn.o_proj.packed,
+                        layer.post_attention_layernorm.weight, mlp.gate_up_proj.packed,
+                        mlp.down_proj.packed]
+            max_rows += [p.max_rows for p in projections]
+        first = model.layers[0]
+        return cls(ops, weights, first.self_attn.rotary.cos, first.self_attn.rotary.sin,
+                   first.self_attn.num_heads, first.input_layernorm.eps,
+                   first.self_attn.backend.scale, min(max_rows))
+
+    def applies(self, meta: AttentionMetadata, tokens: int) -> bool:
+        batch = meta.decode_batch()
+        return batch is not None and len(batch.rows) == tokens and tokens <= self.max_rows
+
+    def __call__(self, hidden: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embedded tokens [T, H] -> (last MLP output, residual), as the Python layers return."""
+        batch = meta.decode_batch()
+        hidden, residual = self.ops.decode_layers(
+            hidden, positions, self.cos, self.sin, self.weights, [k for k, _ in kv_caches],
+            [v for _, v in kv_caches], meta.slot_mapping, batch.block_tables, batch.seq_lens,
+            self.num_heads, self.eps, self.scale)
+        return hidden, residual
