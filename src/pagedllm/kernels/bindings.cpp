@@ -1,32 +1,5 @@
 // Python bindings of the kernels in this folder (one module, built by pagedllm.kernels).
-#include <torch/extension.h>
-
-torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
-                                     torch::Tensor value_cache, torch::Tensor block_tables,
-                                     torch::Tensor seq_lens, double scale);
-torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
-                                      torch::Tensor value_cache, torch::Tensor block_table,
-                                      int64_t start, double scale);
-torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
-                       torch::Tensor weight, double eps);
-torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos,
-                            torch::Tensor sin, torch::Tensor key_cache, torch::Tensor value_cache,
-                            torch::Tensor slot_mapping, int64_t num_heads);
-torch::Tensor silu_and_mul(torch::Tensor x);
-bool q4_gemm_available();
-torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m);
-torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed);
-bool q8_gemm_available();
-std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
-                                         torch::Tensor cos, torch::Tensor sin,
-                                         std::vector<torch::Tensor> weights,
-                                         std::vector<torch::Tensor> key_caches,
-                                         std::vector<torch::Tensor> value_caches,
-                                         torch::Tensor slot_mapping, torch::Tensor block_tables,
-                                         torch::Tensor seq_lens, int64_t num_heads, double eps,
-                                         double scale);
-torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d);
-torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed);
+#include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU)");

@@ -5,19 +5,7 @@
 // same arguments, so its results are bit-identical to the Python loop's
 // (tests/test_decode_layers.py); the model takes it only for steps where every row is a
 // decode token and every projection runs through q4_gemm.
-#include <torch/extension.h>
-#include <vector>
-
-torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed);
-torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
-                       torch::Tensor weight, double eps);
-torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos,
-                            torch::Tensor sin, torch::Tensor key_cache, torch::Tensor value_cache,
-                            torch::Tensor slot_mapping, int64_t num_heads);
-torch::Tensor silu_and_mul(torch::Tensor x);
-torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
-                                     torch::Tensor value_cache, torch::Tensor block_tables,
-                                     torch::Tensor seq_lens, double scale);
+#include "ops.h"
 
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate_up, down
 

@@ -43,6 +43,30 @@ inline __m512bh broadcast_pair(const at::BFloat16* x) {
 }
 #endif
 
+// Checks a weight to pack: codes [N, K] of the given dtype, N a whole number of tiles, K of
+// groups. Returns the number of groups.
+inline int64_t check_pack(const torch::Tensor& codes, at::ScalarType dtype, const char* dtype_name) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == dtype, "codes must be [N, K] ", dtype_name);
+  TORCH_CHECK(codes.size(0) % kTile == 0, "output rows must be a multiple of ", kTile, ", got ", codes.size(0));
+  TORCH_CHECK(codes.size(1) % kGroup == 0, "inputs must be a multiple of ", kGroup, ", got ", codes.size(1));
+  return codes.size(1) / kGroup;
+}
+
+struct GemmShape {
+  int64_t rows, k, tiles, groups;
+};
+
+// Checks x [M, K] bfloat16 against a packed weight [N / 16, K / 32, block_bytes].
+inline GemmShape check_gemm(const torch::Tensor& x, const torch::Tensor& packed, int64_t block_bytes,
+                            const char* pack_fn) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == block_bytes,
+              "packed must come from ", pack_fn);
+  const GemmShape s{x.size(0), x.size(1), packed.size(0), packed.size(1)};
+  TORCH_CHECK(s.k == s.groups * kGroup, "x has ", s.k, " inputs, the weight ", s.groups * kGroup);
+  return s;
+}
+
 // Calls tile(t, r0, rows) for every tile of output rows and block of up to kRowBlock
 // activation rows; tiles are split between threads.
 template <typename Fn>

@@ -11,6 +11,7 @@
 // four 64-byte vectors of codes, lane i holding 8 codes of output row i, then the 16 d and
 // the 16 m as float16, which are what the GGUF file stores.
 #include "lowbit_gemm.h"
+#include "ops.h"
 
 using namespace pagedllm::lowbit;
 
@@ -91,11 +92,8 @@ bool q4_gemm_available() { return available(); }
 // codes [N, K] uint8 (0..15), d and m [N, K / 32] float32 (exact float16 values) ->
 // the packed tiles, [N / 16, K / 32, kBlockBytes] uint8.
 torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte, "codes must be [N, K] uint8");
+  const int64_t groups = check_pack(codes, at::kByte, "uint8");
   const int64_t n = codes.size(0), k = codes.size(1);
-  TORCH_CHECK(n % kTile == 0, "output rows must be a multiple of ", kTile, ", got ", n);
-  TORCH_CHECK(k % kGroup == 0, "inputs must be a multiple of ", kGroup, ", got ", k);
-  const int64_t groups = k / kGroup;
   for (const auto& t : {d, m})
     TORCH_CHECK(t.dim() == 2 && t.size(0) == n && t.size(1) == groups, "d and m must be [N, K / 32]");
   auto c = codes.contiguous();
@@ -130,11 +128,8 @@ torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m) {
 // x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] bfloat16.
 torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed) {
   TORCH_CHECK(q4_gemm_available(), "q4_gemm needs a CPU with AVX512-BF16 (and a build for it)");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == kBlockBytes,
-              "packed must come from q4_pack");
-  const int64_t rows = x.size(0), k = x.size(1), tiles = packed.size(0), groups = packed.size(1);
-  TORCH_CHECK(k == groups * kGroup, "x has ", k, " inputs, the weight ", groups * kGroup);
+  const GemmShape shape = check_gemm(x, packed, kBlockBytes, "q4_pack");
+  const int64_t rows = shape.rows, k = shape.k, tiles = shape.tiles, groups = shape.groups;
   auto xc = x.contiguous();
   auto out = torch::empty({rows, tiles * kTile}, x.options());
   if (rows == 0) return out;

@@ -10,6 +10,7 @@
 // Packed (q8_pack) into tiles of 16 output rows: per tile and group, 8 vectors of 64 bytes
 // (lane i: output row i's codes for 4 consecutive inputs), then the 16 d as float16.
 #include "lowbit_gemm.h"
+#include "ops.h"
 
 using namespace pagedllm::lowbit;
 
@@ -68,11 +69,8 @@ bool q8_gemm_available() { return vnni_available(); }
 // codes [N, K] int8, d [N, K / 32] float32 (exact float16 values) -> the packed tiles,
 // [N / 16, K / 32, kBlockBytes] uint8.
 torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kChar, "codes must be [N, K] int8");
+  const int64_t groups = check_pack(codes, at::kChar, "int8");
   const int64_t n = codes.size(0), k = codes.size(1);
-  TORCH_CHECK(n % kTile == 0, "output rows must be a multiple of ", kTile, ", got ", n);
-  TORCH_CHECK(k % kGroup == 0, "inputs must be a multiple of ", kGroup, ", got ", k);
-  const int64_t groups = k / kGroup;
   TORCH_CHECK(d.dim() == 2 && d.size(0) == n && d.size(1) == groups, "d must be [N, K / 32]");
   auto c = codes.contiguous();
   auto d16 = d.to(at::kHalf).contiguous();
@@ -98,11 +96,8 @@ torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d) {
 // x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] float32.
 torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed) {
   TORCH_CHECK(vnni_available(), "q8_gemm needs a CPU with AVX512-VNNI (and a build for it)");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == kBlockBytes,
-              "packed must come from q8_pack");
-  const int64_t rows = x.size(0), k = x.size(1), tiles = packed.size(0), groups = packed.size(1);
-  TORCH_CHECK(k == groups * kGroup, "x has ", k, " inputs, the weight ", groups * kGroup);
+  const GemmShape shape = check_gemm(x, packed, kBlockBytes, "q8_pack");
+  const int64_t rows = shape.rows, k = shape.k, tiles = shape.tiles, groups = shape.groups;
   auto out = torch::empty({rows, tiles * kTile}, x.options().dtype(at::kFloat));
 #if defined(__AVX512VNNI__)
   // Each row to int8 per group: codes, their scale and their sum.
