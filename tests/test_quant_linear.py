@@ -217,6 +217,9 @@ def test_q8_gemm_stays_within_activation_rounding(rows):
     assert relative_error(got, exact) < 0.01
     zero = ops.q8_gemm(torch.zeros(2, 576).bfloat16(), ops.q8_pack(q8.codes, q8.scales))
     assert (zero == 0).all()  # an all-zero group has scale 0, not NaN
+    bad = x[:1].clone()
+    bad[0, 5] = float("nan")
+    assert ops.q8_gemm(bad, ops.q8_pack(q8.codes, q8.scales)).isnan().all()  # NaN in, NaN out
 
 
 @needs_q8_gemm

@@ -5,7 +5,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 
 #if defined(__AVX512BF16__)
@@ -27,6 +29,13 @@ inline bool available() {
 #else
   return false;
 #endif
+}
+
+// By the bits: the kernels build with -ffast-math, under which std::isfinite may fold to true.
+inline bool is_finite(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return (bits & 0x7F800000u) != 0x7F800000u;
 }
 
 inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {

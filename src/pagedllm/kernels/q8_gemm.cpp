@@ -113,11 +113,18 @@ torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed) {
     for (int64_t g = 0; g < groups; ++g) {
       const float* v = xp + r * k + g * kGroup;
       float amax = 0.0f;
-      for (int64_t i = 0; i < kGroup; ++i) amax = std::max(amax, std::abs(v[i]));
-      const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      bool finite = true;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        amax = std::max(amax, std::abs(v[i]));
+        finite &= is_finite(v[i]);
+      }
+      // A NaN or infinity in the group: codes 0 and a NaN scale, so the outputs read NaN
+      // (casting NaN to an integer would be undefined).
+      const float scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t sum = 0;
       for (int64_t i = 0; i < kGroup; ++i) {
-        const int32_t q = static_cast<int32_t>(std::nearbyint(v[i] * inv));
+        const int32_t q = finite ? static_cast<int32_t>(std::nearbyint(v[i] * inv)) : 0;
         qp[r * k + g * kGroup + i] = static_cast<int8_t>(q);
         sum += q;
       }
