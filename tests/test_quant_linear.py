@@ -258,3 +258,35 @@ def test_output_head_prefers_the_q8_codes(monkeypatch):
     monkeypatch.setattr(quant_linear, "q8_gemm_ops", lambda: None)
     assert isinstance(output_head(weight, q8), expected)
     assert isinstance(output_head(weight, None), expected)
+
+
+@needs_q8_gemm
+@pytest.mark.parametrize("rows", [1, 5])
+def test_q8_refine_top_recomputes_the_best_logits_exactly(rows):
+    ops = q8_gemm_ops()
+    q8 = random_q8(4096, 64, seed=rows)
+    hidden = torch.randn(rows, 64).bfloat16()
+    logits = ops.q8_gemm(hidden, ops.q8_pack(q8.codes, q8.scales))
+    exact = hidden.float() @ q8_dense(q8).T
+    refined = ops.q8_refine_top(logits.clone(), hidden, q8.codes, q8.scales, 16)
+    top = logits.topk(16, dim=-1).indices
+    assert torch.allclose(refined.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+    rest = torch.ones_like(logits, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(refined[rest], logits[rest])  # everything else untouched
+    assert torch.equal(refined.argmax(-1), exact.argmax(-1))
+
+
+@needs_q8_gemm
+def test_q8_refine_top_rejects_bad_input():
+    ops = q8_gemm_ops()
+    q8 = random_q8(32, 64)
+    hidden, logits = torch.randn(2, 64).bfloat16(), torch.randn(2, 32)
+    with pytest.raises(RuntimeError, match="top must be in 1..N"):
+        ops.q8_refine_top(logits, hidden, q8.codes, q8.scales, 33)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.q8_refine_top(logits.double(), hidden, q8.codes, q8.scales, 4)
+    with pytest.raises(RuntimeError, match=r"codes must be \[N, K\] for logits"):
+        ops.q8_refine_top(torch.randn(2, 48), hidden, torch.zeros(48, 32, dtype=torch.int8),
+                          q8.scales[:48, :1], 4)
+    with pytest.raises(RuntimeError, match="hidden must be"):
+        ops.q8_refine_top(logits, hidden[:1], q8.codes, q8.scales, 4)

@@ -23,4 +23,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_gemm_available", &q8_gemm_available, NoGil(), "whether q8_gemm was built (AVX512-VNNI)");
   m.def("q8_pack", &q8_pack, NoGil(), "Q8_0 codes, d -> the tiles q8_gemm reads");
   m.def("q8_gemm", &q8_gemm, NoGil(), "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");
+  m.def("q8_refine_top", &q8_refine_top, NoGil(),
+        "each row's top logits recomputed exactly from the Q8_0 codes (in place)");
 }

@@ -29,3 +29,5 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
                                          double scale);
 torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d);
 torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed);
+torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::Tensor codes,
+                            torch::Tensor d, int64_t top);

@@ -141,3 +141,51 @@ torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed) {
 #endif
   return out;
 }
+
+// logits [M, N] float32 (q8_gemm's, in place), hidden [M, K] bfloat16, codes [N, K] int8,
+// d [N, K / 32] float32: each row's `top` largest logits recomputed exactly (the float32 sum
+// of hidden times code * d, as dequantized rows give), since the int8-rounded activations
+// can swap near-equal candidates. One pass over each row finds them; nothing is sorted.
+torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::Tensor codes,
+                            torch::Tensor d, int64_t top) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
+              "logits must be contiguous [M, N] float32");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == logits.size(0), "hidden must be [M, K]");
+  const int64_t groups = check_pack(codes, at::kChar, "int8");
+  const int64_t rows = logits.size(0), n = logits.size(1), k = hidden.size(1);
+  TORCH_CHECK(codes.size(0) == n && codes.size(1) == k, "codes must be [N, K] for logits [M, N]");
+  TORCH_CHECK(d.dim() == 2 && d.size(0) == n && d.size(1) == groups && d.scalar_type() == at::kFloat,
+              "d must be [N, K / 32] float32");
+  TORCH_CHECK(top >= 1 && top <= n, "top must be in 1..N");
+  auto h = hidden.to(at::kFloat).contiguous();
+  auto c = codes.contiguous();
+  auto dc = d.contiguous();
+  const float* hp = h.data_ptr<float>();
+  const int8_t* cp = c.data_ptr<int8_t>();
+  const float* dp = dc.data_ptr<float>();
+  float* lp = logits.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> best(top);
+    std::vector<float> best_value(top);
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = lp + r * n;
+      // The top candidates in one pass: a value enters only if it beats the smallest kept.
+      for (int64_t j = 0; j < top; ++j) best[j] = j, best_value[j] = row[j];
+      int64_t low = std::min_element(best_value.begin(), best_value.end()) - best_value.begin();
+      for (int64_t i = top; i < n; ++i) {
+        if (!(row[i] > best_value[low])) continue;
+        best[low] = i;
+        best_value[low] = row[i];
+        low = std::min_element(best_value.begin(), best_value.end()) - best_value.begin();
+      }
+      for (int64_t j = 0; j < top; ++j) {
+        const int64_t v = best[j];
+        float sum = 0.0f;
+        for (int64_t i = 0; i < k; ++i)
+          sum += hp[r * k + i] * (static_cast<float>(cp[v * k + i]) * dp[v * groups + i / kGroup]);
+        row[v] = sum;
+      }
+    }
+  });
+  return logits;
+}

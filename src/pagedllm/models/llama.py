@@ -13,7 +13,7 @@ from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.layer_ops import layer_ops
-from pagedllm.models.quant_linear import QuantLinear, output_head, quantized_matmul_available
+from pagedllm.models.quant_linear import Q8Linear, QuantLinear, output_head, quantized_matmul_available
 from pagedllm.weights.q4 import Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
@@ -195,6 +195,10 @@ class LlamaForCausalLM(nn.Module):
         if self.dtype != torch.bfloat16:
             return hidden.float() @ self.lm_head_weight.T
         logits = self.lm_head(hidden.to(torch.bfloat16)).float()
+        if isinstance(self.lm_head, Q8Linear) and self.head_q8 is not None:
+            # Same recomputation in one C++ pass (0.25 -> ~0.05 ms a one-row step).
+            return self.lm_head.ops.q8_refine_top(logits, hidden, self.head_q8.codes,
+                                                  self.head_q8.scales, LOGIT_REFINE_CANDIDATES)
         top = logits.topk(LOGIT_REFINE_CANDIDATES, dim=-1).indices  # [N, k]
         exact = torch.einsum("nh,nkh->nk", hidden.float(), self._head_rows(top))
         return logits.scatter_(1, top, exact)
