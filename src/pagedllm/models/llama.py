@@ -189,9 +189,9 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled.
 
-        In bfloat16 the full product runs with bf16 (or, for a few rows, int8) weights, then
-        the top candidates are recomputed in float32: rounded logits alone flip greedy
-        choices on this model."""
+        In bfloat16 the full product runs on 8-bit codes (q8_gemm, or int8 / bf16 weights
+        where it is not built), then the top candidates are recomputed in float32: rounded
+        logits alone flip greedy choices on this model."""
         if self.dtype != torch.bfloat16:
             return hidden.float() @ self.lm_head_weight.T
         logits = self.lm_head(hidden.to(torch.bfloat16)).float()

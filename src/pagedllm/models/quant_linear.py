@@ -16,11 +16,11 @@ from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
 # Rows (tokens) up to which the 4-bit kernels beat dense bf16 prepacked for oneDNN here,
-# per pass over the projections of 30 layers:
-# - pagedllm's q4_gemm (AVX512-BF16): 1 row 1.6 vs 7.7 ms, 8 rows 2.5 vs 8.6, 64 rows 16.8 vs
-#   21.7, 128 rows 33.2 vs 34.4, 256 rows 65.6 vs 60.5;
-# - torch's int4 kernel, where q4_gemm is not built: 1 row 2.7 vs 6.7 ms, 8 rows 6.5 vs 6.8,
-#   12 rows 9.2 vs 8.9.
+# per pass over the projections of 30 layers (benchmarks/linear_kernels.py):
+# - pagedllm's q4_gemm (AVX512-BF16): 1 row 1.5 vs 6.7 ms, 8 rows 2.8 vs 7.9, 64 rows 22.5 vs
+#   23.5, 128 rows 36.1 vs 39.3, 256 rows 70.3 vs 67.7;
+# - torch's int4 kernel, where q4_gemm is not built: 1 row 3.0 vs 6.7 ms, 8 rows 6.9 vs 7.9,
+#   12 rows 9.6 vs 8.5.
 Q4_GEMM_MAX_ROWS = 128
 INT4_MAX_ROWS = 8
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
@@ -146,7 +146,7 @@ class Q8Linear:
     """x @ W.T for a GGUF Q8_0 weight kept 8-bit, through pagedllm's q8_gemm (activations
     rounded to int8 per group of 32, as llama.cpp does): float32 results, approximate to
     about 0.5 % of their norm. Faster than dense bfloat16 at every row count measured on the
-    output head (49152 x 576: 1 row 0.36 vs 0.97 ms, 8 rows 0.46 vs 1.23, 64 rows 3.0 vs 4.5;
+    output head (49152 x 576: 1 row 0.36 vs 0.85 ms, 8 rows 0.48 vs 1.35, 64 rows 3.7 vs 4.8;
     benchmarks/linear_kernels.py), so it needs no dense copy."""
 
     def __init__(self, q8: Q8Rows, ops):
