@@ -10,7 +10,7 @@
 #include <limits>
 #include <cstring>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -42,6 +42,13 @@ inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {
   const uint8_t* ahead = block + kPrefetchBlocks * block_bytes;
   for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(ahead + line);
 }
+
+#if defined(__AVX512F__)
+// 16 float16 values (a tile's scales, as GGUF stores them) as float32.
+inline __m512 load_halves(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+#endif
 
 #if defined(__AVX512BF16__)
 // x[k], x[k + 1] in every 32-bit lane: the activation side of a pair dot product.

@@ -66,7 +66,8 @@ static void qk_scores_bf16(const c10::BFloat16* query, const c10::BFloat16* key_
   for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
     const c10::BFloat16* k = key_cache + table[b] * block_stride;
     const int64_t n = std::min(block_size, len - start);
-    if (start + kPrefetchAhead * block_size < len) prefetch_block(key_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
+    if (start + kPrefetchAhead * block_size < len)
+      prefetch_block(key_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
       __m512bh rows[4][V];
@@ -109,7 +110,8 @@ static void qk_scores_generic(const scalar_t* __restrict__ query,
   for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
     const scalar_t* __restrict__ k = key_cache + table[b] * block_stride;
     const int64_t n = std::min(block_size, len - start);
-    if (start + kPrefetchAhead * block_size < len) prefetch_block(key_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
+    if (start + kPrefetchAhead * block_size < len)
+      prefetch_block(key_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
     for (int64_t j = 0; j < n; ++j, k += token_stride) {
       load_row<scalar_t, D>(k, row);
       for (int g = 0; g < G; ++g) {
@@ -156,7 +158,8 @@ static void attend(const scalar_t* __restrict__ query, const scalar_t* __restric
   for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
     const scalar_t* __restrict__ v = value_cache + table[b] * block_stride;
     const int64_t n = std::min(block_size, len - start);
-    if (start + kPrefetchAhead * block_size < len) prefetch_block(value_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
+    if (start + kPrefetchAhead * block_size < len)
+      prefetch_block(value_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
     for (int64_t j = 0; j < n; ++j, v += token_stride) {
       load_row<scalar_t, D>(v, row);
       for (int g = 0; g < G; ++g) {

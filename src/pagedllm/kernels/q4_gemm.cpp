@@ -62,8 +62,8 @@ void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64
       dot_pair<R, S, 2>(acc, v, x, ldx, k);
       dot_pair<R, S, 3>(acc, v, x, ldx, k);
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCodeBytes)));
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCodeBytes + 32)));
+    const __m512 d = load_halves(block + kCodeBytes);
+    const __m512 m = load_halves(block + kCodeBytes + 32);
     const __m512 m_shifted = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);  // m - 128 d
     for (int r = 0; r < R; ++r) {
       __m512 sum = acc[0][r];

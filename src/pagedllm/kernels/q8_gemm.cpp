@@ -47,9 +47,11 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
         acc[r] = _mm512_dpbusd_epi32(acc[r], w, _mm512_set1_epi32(quad));
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCodeBytes)));
-    for (int r = 0; r < R; ++r)
-      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), total[r]);
+    const __m512 d = load_halves(block + kCodeBytes);
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, total[r]);
+    }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, total[r]);
 }

@@ -39,7 +39,8 @@ class DecodeLoop:
             if not all(isinstance(p, QuantLinear) and p.q4_ops is not None and p.bias is None
                        for p in projections):
                 return None
-            if any(m.ops is not ops for m in (layer.input_layernorm, attn, mlp, layer.post_attention_layernorm)):
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if any(m.ops is not ops for m in (*norms, attn, mlp)):
                 return None
             if not isinstance(attn.backend, BatchedBackend) or attn.backend.kernel is None:
                 return None

@@ -138,12 +138,13 @@ class LlamaForCausalLM(nn.Module):
         if self.dtype == torch.bfloat16:
             # The output head is the largest matrix (49152 x 576 here): it is read as 8-bit
             # codes, and the top candidates are recomputed exactly anyway.
+            quantized = quantized or {}
             tied = self.lm_head_weight is self.embed_weight
-            self.lm_head = output_head(self.lm_head_weight,
-                                       (quantized or {}).get("embed_tokens.weight" if tied else "lm_head.weight"))
+            head_name = "embed_tokens.weight" if tied else "lm_head.weight"
+            self.lm_head = output_head(self.lm_head_weight, quantized.get(head_name))
             if quantized and quantized_matmul_available():
                 self._use_int4(fuse_quantized(quantized, self.config.num_layers))
-            self._keep_q8_rows(quantized or {}, tied=self.lm_head_weight is self.embed_weight)
+            self._keep_q8_rows(quantized, tied=tied)
             self.decode_loop = DecodeLoop.build(self)
 
     def _keep_q8_rows(self, quantized: dict, tied: bool) -> None:
