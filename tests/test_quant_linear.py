@@ -16,12 +16,12 @@ needs_q8_gemm = pytest.mark.skipif(q8_gemm_ops() is None, reason="q8_gemm needs 
 
 
 def random_q4(out: int, cols: int, seed: int = 0) -> Q4Weight:
-    """Random codes with float16-exact d and m, stored the way decode_q4 stores Q4_1."""
+    """Random codes with float16-exact d and m, as decode_q4 gives them for Q4_1."""
     gen = torch.Generator().manual_seed(seed)
     d = (torch.rand(out, cols // GROUP_SIZE, generator=gen) * 0.02).half().float()
     m = (torch.randn(out, cols // GROUP_SIZE, generator=gen) * 0.05).half().float()
     codes = torch.randint(0, 16, (out, cols), dtype=torch.uint8, generator=gen)
-    return Q4Weight(codes, d, m + 8 * d)
+    return Q4Weight(codes, d, m)
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
@@ -38,7 +38,7 @@ def test_q4_gemm_is_exact_up_to_the_output_rounding(rows, out, cols):
     weight = q4.dequantize()
     x = torch.randn(rows, cols).bfloat16()
     exact = x.float() @ weight.T
-    got = ops.q4_gemm(x, ops.q4_pack(q4.codes, q4.scales, q4.zeros - 8 * q4.scales))
+    got = ops.q4_gemm(x, ops.q4_pack(q4.codes, q4.d, q4.m))
     assert got.dtype == torch.bfloat16 and got.shape == (rows, out)
     assert ((got.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
 
@@ -47,7 +47,7 @@ def test_q4_gemm_is_exact_up_to_the_output_rounding(rows, out, cols):
 def test_q4_gemm_reads_strided_input_and_empty_batches():
     ops = q4_gemm_ops()
     q4 = random_q4(32, 64)
-    packed = ops.q4_pack(q4.codes, q4.scales, q4.zeros - 8 * q4.scales)
+    packed = ops.q4_pack(q4.codes, q4.d, q4.m)
     wide = torch.randn(5, 128).bfloat16()
     assert torch.equal(ops.q4_gemm(wide[:, ::2], packed), ops.q4_gemm(wide[:, ::2].contiguous(), packed))
     assert ops.q4_gemm(torch.empty(0, 64, dtype=torch.bfloat16), packed).shape == (0, 32)
@@ -57,7 +57,7 @@ def test_q4_gemm_reads_strided_input_and_empty_batches():
 def test_q4_gemm_rejects_bad_input():
     ops = q4_gemm_ops()
     q4 = random_q4(32, 64)
-    d, m = q4.scales, q4.zeros - 8 * q4.scales
+    d, m = q4.d, q4.m
     packed = ops.q4_pack(q4.codes, d, m)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         ops.q4_pack(q4.codes[:24], d[:24], m[:24])
@@ -110,21 +110,12 @@ def test_int4_layer_runs_dense_for_outputs_the_kernels_cannot_tile():
     assert relative_error(layer(x), x.float() @ q4.dequantize().T) < 0.02
 
 
-@needs_q4_gemm
-def test_real_model_q4_scales_are_stored_losslessly():
-    """q4_gemm keeps d and m as float16, as the GGUF file does: on the default model the
-    packed form must stand for exactly the weights the file holds."""
-    from pagedllm.weights import default_model_path
-    from pagedllm.weights.gguf import load_gguf
-
-    checkpoint = load_gguf(default_model_path())
-    q4_weights = {n: q for n, q in checkpoint.quantized.items() if isinstance(q, Q4Weight)}
-    assert len(q4_weights) == 7 * 30
-    for name, q4 in q4_weights.items():
-        m = q4.zeros - 8 * q4.scales
-        assert torch.equal(q4.scales.half().float(), q4.scales), name
-        assert torch.equal(m.half().float(), m), name
-        assert q4.codes.shape[0] % 16 == 0, name
+def test_q4_weight_gives_torch_kernel_form_of_the_same_weights():
+    q4 = random_q4(32, 64)
+    scales, zeros = q4.torch_scales_zeros()
+    groups = (q4.codes.float() - 8).view(32, 2, 32)
+    torch_form = (groups * scales.unsqueeze(-1) + zeros.unsqueeze(-1)).view(32, 64)
+    assert torch.allclose(torch_form, q4.dequantize(), atol=1e-6)
 
 
 @pytest.mark.skipif(not int8_available(), reason="torch without the CPU int8 kernel")

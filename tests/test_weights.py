@@ -10,6 +10,7 @@ import torch
 from pagedllm.models import LlamaForCausalLM
 from pagedllm.weights import ModelLoadError, default_model_path, load_checkpoint
 from pagedllm.weights.gguf import unpermute_rows
+from pagedllm.weights.q4 import Q4Weight
 from paged_helpers import run_paged
 from tiny_models import _permute, tiny_hf_model, write_gguf, write_hf_folder
 
@@ -58,6 +59,12 @@ def test_quantized_gguf_types_load_close_to_float(tmp_path, qtype):
         expected = reference["model." + name].float()
         scale = expected.abs().max().item()
         assert (tensor - expected).abs().max().item() <= 0.15 * scale, name
+    # 4-bit projections are also kept as codes + (d, m): they stand for exactly the weights
+    # the gguf library dequantizes (q/k rows unpermuted alike).
+    four_bit = {n: q for n, q in checkpoint.quantized.items() if isinstance(q, Q4Weight)}
+    assert bool(four_bit) == qtype.startswith("Q4")
+    for name, q4 in four_bit.items():
+        assert torch.equal(q4.dequantize(), checkpoint.weights[name]), name
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
@@ -93,6 +100,9 @@ def test_default_model_is_found_and_loads():
     assert q8.codes.dtype == torch.int8 and q8.codes.shape == (49152, 576)
     index = torch.tensor([[0, 1, 49151], [17, 17, 3000]])
     assert torch.equal(q8.rows(index), checkpoint.weights["embed_tokens.weight"][index])
+    # Its 4-bit projections as codes + (d, m) equal the float32 weights exactly, too.
+    q4 = checkpoint.quantized["layers.0.self_attn.q_proj.weight"]
+    assert torch.equal(q4.dequantize(), checkpoint.weights["layers.0.self_attn.q_proj.weight"])
 
 
 # -- bad input -----------------------------------------------------------------------------

@@ -83,14 +83,13 @@ class QuantLinear(nn.Module):
         tileable = q4.codes.shape[0] % _TILE == 0
         self.q4_ops = q4_gemm_ops() if dtype == torch.bfloat16 and tileable else None
         if self.q4_ops is not None:
-            # Q4Weight keeps torch's form (code - 8) * scale + zero; q4_gemm takes GGUF's
-            # code * d + m, with d and m stored as the float16 the file holds.
-            self.packed = self.q4_ops.q4_pack(q4.codes, q4.scales, q4.zeros - 8 * q4.scales)
+            self.packed = self.q4_ops.q4_pack(q4.codes, q4.d, q4.m)
             self.max_rows = Q4_GEMM_MAX_ROWS if max_rows is None else max_rows
         elif int4_available() and tileable:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
             # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
-            self.scales_zeros = torch.stack([q4.scales.T, q4.zeros.T], dim=-1).to(dtype).contiguous()
+            scales, zeros = q4.torch_scales_zeros()
+            self.scales_zeros = torch.stack([scales.T, zeros.T], dim=-1).to(dtype).contiguous()
             self.max_rows = INT4_MAX_ROWS if max_rows is None else max_rows
         else:
             self.max_rows = 0  # dense only

@@ -1,8 +1,8 @@
-"""4-bit GGUF weights (Q4_0, Q4_1) kept as codes + per-32 scales and zeros.
+"""4-bit GGUF weights (Q4_0, Q4_1) kept as codes + per-32 scales and offsets, as the file holds them.
 
-Every such weight is w = (code - 8) * scale + zero, code in 0..15, one (scale, zero) per 32
-consecutive inputs: Q4_0 has zero = 0, Q4_1 (w = q * d + m) has zero = m + 8d. This is the
-form torch's CPU int4 kernel takes, so the model can multiply by the 4-bit weights directly.
+Every such weight is w = code * d + m, code in 0..15, one (d, m) per 32 consecutive inputs:
+Q4_1 stores d and m (float16), Q4_0 stores d with w = (code - 8) * d, i.e. m = -8d. pagedllm's
+q4_gemm takes this form; `torch_scales_zeros` gives the one torch's CPU int4 kernel takes.
 """
 from __future__ import annotations
 
@@ -18,22 +18,26 @@ _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 @dataclass
 class Q4Weight:
     codes: torch.Tensor  # [out, in] uint8 in 0..15
-    scales: torch.Tensor  # [out, in / 32] float32
-    zeros: torch.Tensor  # [out, in / 32] float32
+    d: torch.Tensor  # [out, in / 32] float32 (float16 values)
+    m: torch.Tensor  # [out, in / 32] float32 (float16 values)
 
     def dequantize(self) -> torch.Tensor:
         out, cols = self.codes.shape
-        groups = (self.codes.float() - 8).view(out, cols // GROUP_SIZE, GROUP_SIZE)
-        return (groups * self.scales.unsqueeze(-1) + self.zeros.unsqueeze(-1)).view(out, cols)
+        groups = self.codes.float().view(out, cols // GROUP_SIZE, GROUP_SIZE)
+        return (groups * self.d.unsqueeze(-1) + self.m.unsqueeze(-1)).view(out, cols)
+
+    def torch_scales_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, zero) with w = (code - 8) * scale + zero: torch's int4 kernel's form."""
+        return self.d, self.m + 8 * self.d
 
     def permute_rows(self, order: np.ndarray) -> Q4Weight:
         index = torch.from_numpy(order)
-        return Q4Weight(self.codes[index], self.scales[index], self.zeros[index])
+        return Q4Weight(self.codes[index], self.d[index], self.m[index])
 
     @staticmethod
     def cat(parts: list[Q4Weight]) -> Q4Weight:
-        return Q4Weight(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]),
-                        torch.cat([p.zeros for p in parts]))
+        return Q4Weight(torch.cat([p.codes for p in parts]), torch.cat([p.d for p in parts]),
+                        torch.cat([p.m for p in parts]))
 
 
 def decode_q4(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> Q4Weight:
@@ -44,14 +48,13 @@ def decode_q4(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> Q4Weig
     if type_name == "Q4_1":
         m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         qs = blocks[..., 4:]
-        zeros = m + 8 * d
     else:
         qs = blocks[..., 2:]
-        zeros = np.zeros_like(d)
+        m = -8 * d  # exact: a power-of-two multiple of a float16
     # Low nibbles are the block's first 16 values, high nibbles the last 16.
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
     return Q4Weight(torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d),
-                    torch.from_numpy(np.ascontiguousarray(zeros)))
+                    torch.from_numpy(np.ascontiguousarray(m)))
 
 
 def row_order_unpermute(rows: int, num_heads: int) -> np.ndarray:
