@@ -37,6 +37,21 @@ static inline void prefetch_block(const scalar_t* block, int64_t block_size, int
       __builtin_prefetch(base + (r * token_stride) * static_cast<int64_t>(sizeof(scalar_t)) + c);
 }
 
+// Walks one KV head's context block by block: fn(rows, start, n) gets the block's first row
+// (the next rows token_stride apart), that row's position and how many of the block's rows
+// are in the context, while the rows kPrefetchAhead blocks ahead are asked for.
+template <typename scalar_t, typename Fn>
+static inline void for_each_block(const scalar_t* cache, const int64_t* table, int64_t len,
+                                  int64_t block_size, int64_t token_stride, int64_t head_dim,
+                                  const Fn& fn) {
+  const int64_t block_stride = block_size * token_stride;
+  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
+    if (start + kPrefetchAhead * block_size < len)
+      prefetch_block(cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, head_dim);
+    fn(cache + table[b] * block_stride, start, std::min(block_size, len - start));
+  }
+}
+
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
@@ -62,12 +77,8 @@ static void qk_scores_bf16(const c10::BFloat16* query, const c10::BFloat16* key_
   for (int g = 0; g < G; ++g)
     for (int v = 0; v < V; ++v)
       q[g][v] = (__m512bh)_mm512_loadu_si512(query + g * D + v * 32);
-  const int64_t block_stride = block_size * token_stride;
-  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
-    const c10::BFloat16* k = key_cache + table[b] * block_stride;
-    const int64_t n = std::min(block_size, len - start);
-    if (start + kPrefetchAhead * block_size < len)
-      prefetch_block(key_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
+  for_each_block(key_cache, table, len, block_size, token_stride, D,
+                 [&](const c10::BFloat16* k, int64_t start, int64_t n) {
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
       __m512bh rows[4][V];
@@ -92,7 +103,7 @@ static void qk_scores_bf16(const c10::BFloat16* query, const c10::BFloat16* key_
         scores[g * len + start + j] = _mm512_reduce_add_ps(acc) * scale;
       }
     }
-  }
+  });
 }
 #endif
 
@@ -106,12 +117,8 @@ static void qk_scores_generic(const scalar_t* __restrict__ query,
   alignas(64) float row[D];
   for (int g = 0; g < G; ++g)
     for (int d = 0; d < D; ++d) q[g][d] = Cvt<scalar_t>::load(query, g * D + d) * scale;
-  const int64_t block_stride = block_size * token_stride;
-  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
-    const scalar_t* __restrict__ k = key_cache + table[b] * block_stride;
-    const int64_t n = std::min(block_size, len - start);
-    if (start + kPrefetchAhead * block_size < len)
-      prefetch_block(key_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
+  for_each_block(key_cache, table, len, block_size, token_stride, D,
+                 [&](const scalar_t* k, int64_t start, int64_t n) {
     for (int64_t j = 0; j < n; ++j, k += token_stride) {
       load_row<scalar_t, D>(k, row);
       for (int g = 0; g < G; ++g) {
@@ -120,7 +127,7 @@ static void qk_scores_generic(const scalar_t* __restrict__ query,
         scores[g * len + start + j] = s;
       }
     }
-  }
+  });
 }
 
 // One (sequence, KV head) task: the group's query heads attend over the context. HEAD_DIM
@@ -137,7 +144,6 @@ static void attend(const scalar_t* __restrict__ query, const scalar_t* __restric
   alignas(64) float row[D];
   score_buffer.resize(static_cast<size_t>(G) * len);
   float* __restrict__ scores = score_buffer.data();
-  const int64_t block_stride = block_size * token_stride;
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
     qk_scores_bf16<D, G>(query, key_cache, table, len, token_stride, block_size, scale, scores);
@@ -155,11 +161,8 @@ static void attend(const scalar_t* __restrict__ query, const scalar_t* __restric
     for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
     for (int d = 0; d < D; ++d) acc[g][d] = 0.f;
   }
-  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
-    const scalar_t* __restrict__ v = value_cache + table[b] * block_stride;
-    const int64_t n = std::min(block_size, len - start);
-    if (start + kPrefetchAhead * block_size < len)
-      prefetch_block(value_cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, D);
+  for_each_block(value_cache, table, len, block_size, token_stride, D,
+                 [&](const scalar_t* v, int64_t start, int64_t n) {
     for (int64_t j = 0; j < n; ++j, v += token_stride) {
       load_row<scalar_t, D>(v, row);
       for (int g = 0; g < G; ++g) {
@@ -167,7 +170,7 @@ static void attend(const scalar_t* __restrict__ query, const scalar_t* __restric
         for (int d = 0; d < D; ++d) acc[g][d] += p * row[d];
       }
     }
-  }
+  });
   for (int g = 0; g < G; ++g)
     for (int d = 0; d < D; ++d) out[g * D + d] = static_cast<scalar_t>(acc[g][d]);
 }
