@@ -10,7 +10,6 @@ gather + expanded KV heads + torch's fused SDPA (what the backend did before). b
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 from pagedllm.attention import AttentionMetadata
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.kernels import kernel_ops
-from timing import ms_per_call
+from timing import ms_per_call, parse_args
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 SCALE = HEAD_DIM ** -0.5
@@ -67,10 +66,7 @@ def prefill_case(ops, length: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_args()
     ops = kernel_ops()
     assert ops is not None, "the C++ kernels did not build (make install builds them)"
     torch_backend = BatchedBackend(HEADS, KV_HEADS, HEAD_DIM, use_kernel=False)

@@ -9,15 +9,13 @@ cache for all variants, which only swap the layers' `ops` and the model's `decod
 """
 from __future__ import annotations
 
-import argparse
 import time
-
-import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.kernels import kernel_ops
 from pagedllm.models.layer_ops import TorchLayerOps
 from pagedllm.text_prompts import make_prompt_token_ids
+from timing import parse_args
 
 
 def set_ops(model, ops) -> None:
@@ -27,10 +25,7 @@ def set_ops(model, ops) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_args()
     print(f"threads={args.threads}, bfloat16, 600-token contexts; ms per decode step")
     print("batch   torch ops   fused C++ ops   C++ layer loop   fused/torch   loop/fused")
     for batch in (1, 8, 16):

@@ -13,7 +13,6 @@ kernel (INT8_MAX_ROWS) and pagedllm's q8_gemm.
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
@@ -21,7 +20,7 @@ from pagedllm.kernels import kernel_ops
 from pagedllm.models.quant_linear import DenseLinear, Int8Linear, Q8Linear
 from pagedllm.weights.q4 import GROUP_SIZE
 from pagedllm.weights.q8 import Q8Rows
-from timing import ms_per_call
+from timing import ms_per_call, parse_args
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 NUM_LAYERS = 30
@@ -59,10 +58,7 @@ def time_pass(layers, rows: int, kind: str, repeat: int = 5) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_args()
     ops = kernel_ops()
     if ops is not None and not (ops.q4_gemm_available() and ops.q8_gemm_available()):
         ops = None

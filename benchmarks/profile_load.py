@@ -13,20 +13,17 @@ import pstats
 import random
 import time
 
-import torch
-
 from pagedllm import LLM, SamplingParams
 from pagedllm.text_prompts import make_prompt_token_ids
+from timing import parse_args
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--budget", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seqs", type=int, default=16)
     parser.add_argument("--top", type=int, default=10, help="functions to list")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_args(parser)
     llm = LLM(dtype="bfloat16", max_num_seqs=args.seqs, kv_cache_memory=1 << 30,
               max_num_batched_tokens=args.budget, enable_prefix_caching=False)
     rng = random.Random(0)

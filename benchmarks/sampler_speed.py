@@ -8,19 +8,15 @@ Drawing: inverse CDF (one uniform a row) vs an exponential race (a variate per t
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
 from pagedllm.sampler import _full_sort_mask, truncation_mask
-from timing import ms_per_call
+from timing import ms_per_call, parse_args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_args()
     torch.manual_seed(0)
     print(f"threads={args.threads}, vocabulary 49152; ms per call")
     print("rows  top-p full sort  candidates  speed-up | exp. race  inverse CDF  speed-up")
