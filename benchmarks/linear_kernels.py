@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from pagedllm.kernels import kernel_ops
-from pagedllm.models.quant_linear import DenseLinear, Int8Linear, Q8Linear
+from pagedllm.models.output_head import RefinedHead
+from pagedllm.models.quant_linear import DenseLinear, Int8Linear
 from pagedllm.weights.q4 import GROUP_SIZE
 from pagedllm.weights.q8 import Q8Rows
 from timing import ms_per_call, parse_args
@@ -78,18 +79,32 @@ def main() -> None:
     for _ in range(4):
         q8 = Q8Rows(torch.randint(-127, 128, (49152, 576), dtype=torch.int8),
                     (torch.rand(49152, 576 // GROUP_SIZE) * 0.01).half().float())
-        heads.append((Int8Linear(q8.rows(torch.arange(49152))), Q8Linear(q8, ops) if ops else None))
+        heads.append((Int8Linear(q8.rows(torch.arange(49152))), ops.q8_pack(q8.codes, q8.scales) if ops else None, q8))
     print("output head 49152 x 576, ms per call")
     print(f"{'rows':>5} {'prepacked':>10} {'int8':>8} {'q8_gemm':>8}  prepacked/int8  prepacked/q8_gemm")
     for rows in (1, 2, 4, 8, 16, 64):
         x = torch.randn(rows, 576).bfloat16()
         per_head = 1 / len(heads)
-        prepacked_ms = ms_per_call(lambda: [h.dense(x) for h, _ in heads]) * per_head
+        prepacked_ms = ms_per_call(lambda: [h.dense(x) for h, _, _ in heads]) * per_head
         int8_ms = ms_per_call(lambda: [torch.ops.aten._weight_int8pack_mm(x, h.codes, h.scales)
-                                       for h, _ in heads]) * per_head
-        q8_ms = ms_per_call(lambda: [q(x) for _, q in heads]) * per_head if ops else float("nan")
+                                       for h, _, _ in heads]) * per_head
+        q8_ms = (ms_per_call(lambda: [ops.q8_gemm(x, p) for _, p, _ in heads]) * per_head
+                 if ops else float("nan"))
         print(f"{rows:>5} {prepacked_ms:10.2f} {int8_ms:8.2f} {q8_ms:8.2f}  {prepacked_ms / int8_ms:14.2f}x"
               f" {prepacked_ms / q8_ms:18.2f}x")
+    if ops is None:
+        return
+    # The exact recomputation of each row's top 16 logits: torch (RefinedHead) against C++.
+    print("top-16 exact recomputation, ms per call")
+    print(f"{'rows':>5} {'torch':>8} {'C++':>8}  speed-up")
+    _, packed, q8 = heads[0]
+    for rows in (1, 8):
+        x = torch.randn(rows, 576).bfloat16()
+        logits = ops.q8_gemm(x, packed)
+        torch_refine = RefinedHead(lambda _: logits.clone(), q8.rows, 16)
+        torch_ms = ms_per_call(lambda: torch_refine(x), 200)
+        cpp_ms = ms_per_call(lambda: ops.q8_refine_top(logits.clone(), x, q8.codes, q8.scales, 16), 200)
+        print(f"{rows:>5} {torch_ms:8.3f} {cpp_ms:8.3f}  {torch_ms / cpp_ms:7.1f}x")
 
 if __name__ == "__main__":
     main()

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from pagedllm.models import quant_linear
+from pagedllm.models.output_head import Q8Head, RefinedHead, output_head
 from pagedllm.models.quant_linear import (INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_GEMM_MAX_ROWS, Int8Linear,
-                                          Q8Linear, QuantLinear, int4_available, int8_available,
-                                          output_head, q4_gemm_ops, q8_gemm_ops)
+                                          QuantLinear, int4_available, int8_available, q4_gemm_ops,
+                                          q8_gemm_ops)
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
@@ -236,19 +237,26 @@ def test_q8_gemm_rejects_bad_input():
 
 
 def test_output_head_prefers_the_q8_codes(monkeypatch):
-    q8 = random_q8(64, 64)
+    """Both head shapes give the approximate logits with the top 16 exact, whatever built."""
+    q8 = random_q8(4096, 64)
     weight = q8_dense(q8)
-    head = output_head(weight, q8)
-    if q8_gemm_ops() is not None:
-        assert isinstance(head, Q8Linear)
-        x = torch.randn(5, 64)
-        assert relative_error(head(x), x.bfloat16().float() @ weight.T) < 0.01
-    # No kernel, or a shape it cannot tile: int8 per-row codes (or dense) from the weight.
-    expected = Int8Linear if int8_available() else quant_linear.DenseLinear
-    assert isinstance(output_head(weight[:40], Q8Rows(q8.codes[:40], q8.scales[:40])), expected)
-    monkeypatch.setattr(quant_linear, "q8_gemm_ops", lambda: None)
-    assert isinstance(output_head(weight, q8), expected)
-    assert isinstance(output_head(weight, None), expected)
+    x = torch.randn(5, 64).bfloat16()
+    exact = x.float() @ weight.T
+    top = exact.topk(16, dim=-1).indices
+
+    def check(head, kind):
+        assert isinstance(head, kind)
+        logits = head(x)
+        assert logits.dtype == torch.float32 and relative_error(logits, exact) < 0.01
+        assert torch.allclose(logits.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+
+    check(output_head(weight, q8, 16), Q8Head if q8_gemm_ops() is not None else RefinedHead)
+    # No kernel, or a shape it cannot tile: a refined int8 (or dense) head from the weight.
+    check(output_head(weight, None, 16), RefinedHead)
+    cut = output_head(weight[:40], Q8Rows(q8.codes[:40], q8.scales[:40]), 16)
+    assert isinstance(cut, RefinedHead)
+    monkeypatch.setattr("pagedllm.models.output_head.q8_gemm_ops", lambda: None)
+    check(output_head(weight, q8, 16), RefinedHead)
 
 
 @needs_q8_gemm

@@ -78,9 +78,12 @@ def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
         for chunk in (None, 1):
             approx = run_paged(model, [ids], block_size=16, chunk=chunk)[0]
             agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean().item()
-            # Measured: agreement 1.0 / 1.0 (short), 0.99 / 0.98 (long); mean |difference|
-            # 0.15 (short), 0.11 (long).
+            mean_error = (approx - exact).abs().mean().item()
+            # BENCHMARKS.md quotes these (pytest -s prints them): agreement 1.0 / 1.0 (short),
+            # 0.99 / 0.98 (long); mean |difference| 0.15 (short), 0.11 (long).
+            print(f"bf16 vs float32, {len(ids)} tokens, chunk {chunk}: greedy agreement "
+                  f"{agree:.3f}, mean |logit difference| {mean_error:.3f}")
             assert agree >= 0.95, (len(ids), chunk, agree)
-            assert (approx - exact).abs().mean() < 0.25
+            assert mean_error < 0.25
     out = fast.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
     assert "Paris" in out.text

@@ -13,7 +13,8 @@ from pagedllm.attention import BACKENDS, AttentionMetadata
 from pagedllm.config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.layer_ops import layer_ops
-from pagedllm.models.quant_linear import Q8Linear, QuantLinear, output_head, quantized_matmul_available
+from pagedllm.models.output_head import output_head
+from pagedllm.models.quant_linear import QuantLinear, quantized_matmul_available
 from pagedllm.weights.q4 import Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
@@ -117,7 +118,6 @@ class LlamaForCausalLM(nn.Module):
         self.embed_weight = torch.empty(0)
         self.lm_head_weight = torch.empty(0)
         self.embed_q8: Q8Rows | None = None
-        self.head_q8: Q8Rows | None = None
         self.decode_loop: DecodeLoop | None = None  # set by load_weights where it applies
 
     def load_weights(self, weights: dict[str, torch.Tensor], quantized: dict | None = None) -> None:
@@ -141,7 +141,8 @@ class LlamaForCausalLM(nn.Module):
             quantized = quantized or {}
             tied = self.lm_head_weight is self.embed_weight
             head_name = "embed_tokens.weight" if tied else "lm_head.weight"
-            self.lm_head = output_head(self.lm_head_weight, quantized.get(head_name))
+            self.lm_head = output_head(self.lm_head_weight, quantized.get(head_name),
+                                       LOGIT_REFINE_CANDIDATES)
             if quantized and quantized_matmul_available():
                 self._use_int4(fuse_quantized(quantized, self.config.num_layers))
             self._keep_q8_rows(quantized, tied=tied)
@@ -149,19 +150,16 @@ class LlamaForCausalLM(nn.Module):
 
     def _keep_q8_rows(self, quantized: dict, tied: bool) -> None:
         """Drop the float32 embedding / head where their Q8_0 originals give the same rows
-        (113 MB -> 31 MB each on the default model); the bf16 and int8 copies are made."""
+        (113 MB -> 31 MB each on the default model); the output head keeps what it reads."""
         embed = quantized.get("embed_tokens.weight")
         head = embed if tied else quantized.get("lm_head.weight")
         if isinstance(embed, Q8Rows):
             self.embed_q8, self.embed_weight = embed, torch.empty(0)
         if isinstance(head, Q8Rows):
-            self.head_q8, self.lm_head_weight = head, torch.empty(0)
+            self.lm_head_weight = torch.empty(0)
 
     def _embedding_rows(self, index: torch.Tensor) -> torch.Tensor:
         return self.embed_q8.rows(index) if self.embed_q8 is not None else self.embed_weight[index]
-
-    def _head_rows(self, index: torch.Tensor) -> torch.Tensor:
-        return self.head_q8.rows(index) if self.head_q8 is not None else self.lm_head_weight[index]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -189,21 +187,10 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled.
-
-        In bfloat16 the full product runs on 8-bit codes (q8_gemm, or int8 / bf16 weights
-        where it is not built), then the top candidates are recomputed in float32: rounded
-        logits alone flip greedy choices on this model."""
+        In bfloat16, the output head (output_head.py) recomputes the top candidates exactly."""
         if self.dtype != torch.bfloat16:
             return hidden.float() @ self.lm_head_weight.T
-        logits = self.lm_head(hidden.to(torch.bfloat16)).float()
-        if isinstance(self.lm_head, Q8Linear) and self.head_q8 is not None:
-            # Same recomputation in one C++ pass (0.25 -> ~0.05 ms a one-row step).
-            return self.lm_head.ops.q8_refine_top(logits, hidden, self.head_q8.codes,
-                                                  self.head_q8.scales, LOGIT_REFINE_CANDIDATES)
-        top = logits.topk(LOGIT_REFINE_CANDIDATES, dim=-1).indices  # [N, k]
-        exact = torch.einsum("nh,nkh->nk", hidden.float(), self._head_rows(top))
-        return logits.scatter_(1, top, exact)
-
+        return self.lm_head(hidden)
 
 def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
     """Canonical q/k/v and gate/up weights -> the fused qkv_proj and gate_up_proj."""

@@ -1,5 +1,5 @@
 """Linear layers that multiply by 4-bit (QuantLinear) or 8-bit (Int8Linear) weights for
-small batches.
+small batches; the output head built on them is in output_head.py.
 
 Decode steps with few tokens are bound by reading weights from memory, so 4-bit weights win
 there; large batches (prefill) are bound by arithmetic, where the dense bfloat16 GEMM is
@@ -13,7 +13,6 @@ from torch import nn
 
 from pagedllm.kernels import kernel_ops
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
-from pagedllm.weights.q8 import Q8Rows
 
 # Rows (tokens) up to which the 4-bit kernels beat dense bf16 prepacked for oneDNN here,
 # per pass over the projections of 30 layers (benchmarks/linear_kernels.py):
@@ -104,9 +103,9 @@ class QuantLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-# Rows up to which the int8 output head beats dense bfloat16 prepacked for oneDNN here
-# (49152 x 576: 1 row 0.80 vs 1.19 ms, 4 rows 0.93 vs 1.28, 8 rows 1.89 vs 1.52;
-# benchmarks/linear_kernels.py).
+# Rows up to which the int8 output head (the fallback where q8_gemm is not built) beats dense
+# bfloat16 prepacked for oneDNN here (49152 x 576: 1 row 0.95 vs 1.28 ms, 4 rows 1.01 vs 1.23,
+# 8 rows 1.96 vs 1.42; benchmarks/linear_kernels.py).
 INT8_MAX_ROWS = 4
 
 
@@ -139,29 +138,3 @@ def q8_gemm_ops():
     """The compiled kernels when they include q8_gemm (a CPU with AVX512-VNNI), else None."""
     ops = kernel_ops()
     return ops if ops is not None and ops.q8_gemm_available() else None
-
-
-class Q8Linear:
-    """x @ W.T for a GGUF Q8_0 weight kept 8-bit, through pagedllm's q8_gemm (activations
-    rounded to int8 per group of 32, as llama.cpp does): float32 results, approximate to
-    about 0.5 % of their norm. Faster than dense bfloat16 at every row count measured on the
-    output head (49152 x 576: 1 row 0.36 vs 0.85 ms, 8 rows 0.48 vs 1.35, 64 rows 3.7 vs 4.8;
-    benchmarks/linear_kernels.py), so it needs no dense copy."""
-
-    def __init__(self, q8: Q8Rows, ops):
-        self.ops = ops
-        self.packed = ops.q8_pack(q8.codes, q8.scales)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ops.q8_gemm(x.to(torch.bfloat16), self.packed)
-
-
-def output_head(weight: torch.Tensor, q8: Q8Rows | None):
-    """The bfloat16 model's output head: its Q8_0 codes through q8_gemm where both exist,
-    else int8 per-row codes for a few rows (Int8Linear), else dense bfloat16."""
-    ops = q8_gemm_ops()
-    if isinstance(q8, Q8Rows) and ops is not None and q8.codes.shape[0] % _TILE == 0:
-        return Q8Linear(q8, ops)
-    if int8_available():
-        return Int8Linear(weight)
-    return DenseLinear(weight.to(torch.bfloat16), None)
