@@ -133,7 +133,7 @@ class Sampler:
         if sampled:
             sub_rows = [rows[i] for i in sampled]
             sub = logits[sampled] / torch.tensor([r.params.temperature for r in sub_rows]).unsqueeze(1)
-            # The mask needs a sort of the vocabulary: only when some row truncates.
+            # The mask costs a top-1024 (or a sort of the vocabulary): only when a row truncates.
             if any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0 for r in sub_rows):
                 keep = truncation_mask(
                     sub,
