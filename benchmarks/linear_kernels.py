@@ -6,9 +6,9 @@ All four projections of 30 layers, each with its own weights as in the real mode
 weights stream from memory instead of sitting in cache (with one layer's weights reused, as
 an earlier version measured, int4 lost from 8 rows on). Prints milliseconds per pass over
 all layers by batch rows for dense bf16 (F.linear, and weights prepacked for oneDNN: the
-model's dense path), torch's int4 kernel and pagedllm's q4_gemm, with the ratios; where
-q4_gemm (or, without it, int4) stops beating prepacked sets Q4_GEMM_MAX_ROWS (INT4_MAX_ROWS)
-in pagedllm/models/quant_linear.py. Then the output head: prepacked bf16, torch's int8
+model's dense path without q4_q8_gemm), torch's int4 kernel, pagedllm's q4_gemm (exact) and
+q4_q8_gemm (activations rounded to int8), with the ratios; these set Q4_GEMM_MAX_ROWS (where
+the exact kernel gives way to q4_q8_gemm) and INT4_MAX_ROWS in pagedllm/models/quant_linear.py. Then the output head: prepacked bf16, torch's int8
 kernel (INT8_MAX_ROWS) and pagedllm's q8_gemm.
 """
 from __future__ import annotations
@@ -48,6 +48,8 @@ def time_pass(layers, rows: int, kind: str, repeat: int = 5) -> float:
         for dense, prepacked, packed, scales_zeros, q4, inp in layers:
             if kind == "q4_gemm":
                 kernel_ops().q4_gemm(inputs[inp], q4)
+            elif kind == "q4_q8_gemm":
+                kernel_ops().q4_q8_gemm(inputs[inp], q4)
             elif kind == "int4":
                 torch.ops.aten._weight_int4pack_mm_for_cpu(inputs[inp], packed, GROUP_SIZE, scales_zeros)
             elif kind == "prepacked":
@@ -61,18 +63,21 @@ def time_pass(layers, rows: int, kind: str, repeat: int = 5) -> float:
 def main() -> None:
     args = parse_args()
     ops = kernel_ops()
-    if ops is not None and not (ops.q4_gemm_available() and ops.q8_gemm_available()):
+    if ops is not None and not (ops.q4_gemm_available() and ops.q4_q8_gemm_available()
+                                and ops.q8_gemm_available()):
         ops = None
     layers = make_layers(ops)
     print(f"threads={args.threads}; ms per pass over the projections of {NUM_LAYERS} layers")
-    print(f"{'rows':>5} {'bf16':>8} {'prepacked':>10} {'int4':>8} {'q4_gemm':>8}  prepacked/int4"
-          "  int4/q4_gemm  prepacked/q4_gemm")
+    print(f"{'rows':>5} {'bf16':>8} {'prepacked':>10} {'int4':>8} {'q4_gemm':>8} {'q4_q8':>8}"
+          "  prepacked/int4  int4/q4_gemm  prepacked/q4_gemm  q4_gemm/q4_q8  prepacked/q4_q8")
     for rows in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256):
         dense_ms, prepacked_ms, int4_ms = (time_pass(layers, rows, kind)
                                            for kind in ("bf16", "prepacked", "int4"))
-        q4_ms = time_pass(layers, rows, "q4_gemm") if ops else float("nan")
-        print(f"{rows:>5} {dense_ms:8.2f} {prepacked_ms:10.2f} {int4_ms:8.2f} {q4_ms:8.2f}"
-              f"  {prepacked_ms / int4_ms:13.2f}x {int4_ms / q4_ms:12.2f}x {prepacked_ms / q4_ms:17.2f}x")
+        q4_ms, q4_q8_ms = ((time_pass(layers, rows, kind) if ops else float("nan"))
+                           for kind in ("q4_gemm", "q4_q8_gemm"))
+        print(f"{rows:>5} {dense_ms:8.2f} {prepacked_ms:10.2f} {int4_ms:8.2f} {q4_ms:8.2f} {q4_q8_ms:8.2f}"
+              f"  {prepacked_ms / int4_ms:13.2f}x {int4_ms / q4_ms:12.2f}x {prepacked_ms / q4_ms:17.2f}x"
+              f" {q4_ms / q4_q8_ms:13.2f}x {prepacked_ms / q4_q8_ms:15.2f}x")
     # The output head (vocabulary x hidden): prepacked bf16, torch's int8 per-row kernel,
     # pagedllm's q8_gemm on Q8_0 codes. Four heads in turn, so they stream from memory.
     heads = []
@@ -105,6 +110,7 @@ def main() -> None:
         torch_ms = ms_per_call(lambda: torch_refine(x), 200)
         cpp_ms = ms_per_call(lambda: ops.q8_refine_top(logits.clone(), x, q8.codes, q8.scales, 16), 200)
         print(f"{rows:>5} {torch_ms:8.3f} {cpp_ms:8.3f}  {torch_ms / cpp_ms:7.1f}x")
+
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,8 @@ import torch
 from paged_helpers import make_kv_caches, run_paged
 from pagedllm.attention import AttentionMetadata
 from pagedllm.models.decode_loop import DecodeLoop
+from pagedllm.models.llama import EXACT_EDGE_LAYERS
+from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS, q4_gemm_ops
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +21,10 @@ def fast_model():
 
 
 def test_decode_loop_is_bit_identical_to_the_python_layers(fast_model, monkeypatch):
+    # Twelve sequences: steps above Q4_EXACT_MAX_ROWS rows round activations to int8 in the
+    # middle layers, then fewer than that run exact.
     seqs = [[1, 504, 3300, 28, 253, 1135, 30, 216], [9690, 17, 2],
-            list(range(100, 140)), [4, 5, 6, 7, 8, 9]]
+            list(range(100, 140)), [4, 5, 6, 7, 8, 9]] + [[200 + i] * (3 + i) for i in range(8)]
     calls = []
     original = DecodeLoop.__call__
 
@@ -31,7 +35,7 @@ def test_decode_loop_is_bit_identical_to_the_python_layers(fast_model, monkeypat
     monkeypatch.setattr(DecodeLoop, "__call__", counted)
     # One token per sequence per step: every step is decode-only, batches of 4 shrinking to 1.
     fast = run_paged(fast_model, seqs, block_size=16, chunk=1)
-    assert len(calls) == max(map(len, seqs)) and set(calls) == {1, 2, 3, 4}
+    assert len(calls) == max(map(len, seqs)) and set(calls) >= {1, 2, 12}
     monkeypatch.setattr(fast_model, "decode_loop", None)
     slow = run_paged(fast_model, seqs, block_size=16, chunk=1)
     for f, s in zip(fast, slow):
@@ -40,14 +44,20 @@ def test_decode_loop_is_bit_identical_to_the_python_layers(fast_model, monkeypat
 
 def test_decode_loop_applies_to_decode_only_steps(fast_model):
     loop = fast_model.decode_loop
-    assert loop.max_rows == 128 and len(loop.weights) == 6 * fast_model.config.num_layers
+    layers = fast_model.config.num_layers
+    assert len(loop.weights) == 6 * layers
+    edge = [ALL_ROWS] * EXACT_EDGE_LAYERS
+    if q4_gemm_ops().q4_q8_gemm_available():
+        assert loop.max_rows == ALL_ROWS
+        assert loop.exact_max_rows == edge + [Q4_EXACT_MAX_ROWS] * (layers - 2 * EXACT_EDGE_LAYERS) + edge
     decode = AttentionMetadata.build([5, 40], [0, 1, 2], [6, 9], [[0], [2]], 16)
     mixed = AttentionMetadata.build([5, 40, 41], [0, 1, 3], [6, 10], [[0], [2]], 16)
     assert loop.applies(decode, 2)
     assert not loop.applies(mixed, 3)  # a prefill chunk rides along: the Python layers
     many = AttentionMetadata.build(list(range(129)), list(range(130)), [1] * 129,
                                    [[i // 16] for i in range(129)], 16)
-    assert not loop.applies(many, 129)  # beyond q4_gemm's rows the dense GEMM takes over
+    # 4-bit codes at any batch size, where q4_q8_gemm is built; else dense beyond q4_gemm's.
+    assert loop.applies(many, 129) == (loop.max_rows == ALL_ROWS)
 
 
 def test_decode_loop_is_built_only_on_the_fast_path(tiny_llama_gguf):
@@ -67,10 +77,13 @@ def test_decode_layers_rejects_mismatched_arguments(fast_model):
     hidden = torch.zeros(1, config.hidden_size, dtype=torch.bfloat16)
     args = (torch.tensor([0]), loop.cos, loop.sin)
     tail = (torch.tensor([0]), torch.zeros(1, 1, dtype=torch.long), torch.tensor([1]),
-            loop.num_heads, loop.eps, loop.scale)
+            loop.num_heads, loop.eps, loop.scale, loop.exact_max_rows)
     with pytest.raises(RuntimeError, match="6 weights and a key and value cache per layer"):
         loop.ops.decode_layers(hidden, *args, loop.weights[:-1], [k for k, _ in kv],
                                [v for _, v in kv], *tail)
+    with pytest.raises(RuntimeError, match="a row limit per layer"):
+        loop.ops.decode_layers(hidden, *args, loop.weights, [k for k, _ in kv], [v for _, v in kv],
+                               *tail[:-1], loop.exact_max_rows[:-1])
     with pytest.raises(RuntimeError, match="one decode token per sequence"):
         loop.ops.decode_layers(hidden.expand(2, -1), *args, loop.weights, [k for k, _ in kv],
                                [v for _, v in kv], *tail)

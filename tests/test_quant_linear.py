@@ -6,14 +6,16 @@ import torch
 
 from pagedllm.models import quant_linear
 from pagedllm.models.output_head import Q8Head, RefinedHead, output_head
-from pagedllm.models.quant_linear import (INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_GEMM_MAX_ROWS, Int8Linear,
-                                          QuantLinear, int4_available, int8_available, q4_gemm_ops,
-                                          q8_gemm_ops)
+from pagedllm.models.quant_linear import (ALL_ROWS, INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_EXACT_MAX_ROWS,
+                                          Q4_GEMM_MAX_ROWS, Int8Linear, QuantLinear, int4_available,
+                                          int8_available, q4_gemm_ops, q8_gemm_ops)
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
 needs_q4_gemm = pytest.mark.skipif(q4_gemm_ops() is None, reason="q4_gemm needs AVX512-BF16")
 needs_q8_gemm = pytest.mark.skipif(q8_gemm_ops() is None, reason="q8_gemm needs AVX512-VNNI")
+needs_q4_q8_gemm = pytest.mark.skipif(q4_gemm_ops() is None or not q4_gemm_ops().q4_q8_gemm_available(),
+                                      reason="q4_q8_gemm needs AVX512-VNNI and AVX512-BF16")
 
 
 def random_q4(out: int, cols: int, seed: int = 0) -> Q4Weight:
@@ -78,35 +80,120 @@ def test_q4_gemm_rejects_bad_input():
         ops.q4_gemm(torch.randn(2, 64).bfloat16(), q4.codes)
 
 
+def int8_rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x rounded to int8 per group of 32 (scale max|x| / 127), as float32, and where a code
+    may round either way: an element at half a step (x = max|x| / 2 is common in bfloat16)
+    lands on 63.5 give or take the last bit of 127 / max|x|, the kernel's or torch's."""
+    groups = x.float().view(x.shape[0], -1, GROUP_SIZE)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    scaled = groups * inv
+    either_way = ((scaled - scaled.floor() - 0.5).abs() < 1e-4) * (amax / 127)
+    return (torch.round(scaled) * (amax / 127)).view(x.shape), either_way.view(x.shape)
+
+
+@needs_q4_q8_gemm
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 33, 300])
+@pytest.mark.parametrize("out,cols", [(16, 32), (96, 128), (960, 576)])
+def test_q4_q8_gemm_is_the_exact_product_of_int8_rounded_activations(rows, out, cols):
+    """The integer dot products are exact: the only differences from the dequantized weights
+    times the int8-rounded activations are float32 sums and the bf16 result."""
+    ops = q4_gemm_ops()
+    q4 = random_q4(out, cols, seed=rows)
+    weight = q4.dequantize()
+    x = torch.randn(rows, cols).bfloat16()
+    if cols > GROUP_SIZE:
+        x[0, :GROUP_SIZE] = 0  # an all-zero group: scale 0, no division by it
+    got = ops.q4_q8_gemm(x, ops.q4_pack(q4.codes, q4.d, q4.m))
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, out)
+    rounded, either_way = int8_rounded(x)
+    expected = rounded @ weight.T
+    tie_slack = either_way @ weight.abs().T
+    assert ((got.float() - expected).abs() <= expected.abs() * 2 ** -8 + 1e-4 + tie_slack).all()
+    exact = x.float() @ weight.T
+    assert relative_error(got, exact) < 0.02  # what the rounding costs
+
+
+@needs_q4_q8_gemm
+def test_q4_q8_gemm_strided_empty_and_non_finite_input():
+    ops = q4_gemm_ops()
+    q4 = random_q4(32, 64)
+    packed = ops.q4_pack(q4.codes, q4.d, q4.m)
+    wide = torch.randn(12, 128).bfloat16()
+    assert torch.equal(ops.q4_q8_gemm(wide[:, ::2], packed), ops.q4_q8_gemm(wide[:, ::2].contiguous(), packed))
+    assert ops.q4_q8_gemm(torch.empty(0, 64, dtype=torch.bfloat16), packed).shape == (0, 32)
+    x = torch.randn(12, 64).bfloat16()
+    x[3, 40] = float("nan")
+    x[7, 2] = float("inf")
+    out = ops.q4_q8_gemm(x, packed)
+    assert out[3].isnan().all() and out[7].isnan().all()  # not an undefined integer cast
+    ok = [r for r in range(12) if r not in (3, 7)]
+    assert torch.equal(out[ok], ops.q4_q8_gemm(x[ok], packed))  # rows stay independent
+    with pytest.raises(RuntimeError, match="x has 32 inputs, the weight 64"):
+        ops.q4_q8_gemm(torch.randn(2, 32).bfloat16(), packed)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.q4_q8_gemm(torch.randn(2, 64), packed)
+    with pytest.raises(RuntimeError, match="q4_pack"):
+        ops.q4_q8_gemm(torch.randn(2, 64).bfloat16(), q4.codes)
+
+
+@needs_q4_q8_gemm
+def test_q4_linear_switches_to_int8_activations_above_the_exact_rows():
+    ops = q4_gemm_ops()
+    q4 = random_q4(96, 128)
+    packed = ops.q4_pack(q4.codes, q4.d, q4.m)
+    for rows in (4, 5):
+        x = torch.randn(rows, 128).bfloat16()
+        assert torch.equal(ops.q4_linear(x, packed, 4),
+                           ops.q4_gemm(x, packed) if rows <= 4 else ops.q4_q8_gemm(x, packed))
+
+
 def _torch_int4_only(monkeypatch):
     if not int4_available():
         pytest.skip("torch without the CPU int4 kernel")
     monkeypatch.setattr(quant_linear, "q4_gemm_ops", lambda: None)
 
 
-@pytest.mark.parametrize("kernel", ["q4_gemm", "torch_int4"])
-@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS, INT4_MAX_ROWS + 1, Q4_GEMM_MAX_ROWS, Q4_GEMM_MAX_ROWS + 1])
-def test_int4_layer_matches_dequantized_weights(kernel, rows, monkeypatch):
-    if kernel == "q4_gemm" and q4_gemm_ops() is None:
+def _q4_gemm_without_int8(monkeypatch):
+    ops = q4_gemm_ops()
+    if ops is None:
         pytest.skip("q4_gemm needs AVX512-BF16")
+    monkeypatch.setattr(ops, "q4_q8_gemm_available", lambda: False)
+
+
+# kernel -> (exact_max_rows, max_rows, keeps a dense copy)
+LAYER_KERNELS = {"q4_q8_gemm": (Q4_EXACT_MAX_ROWS, ALL_ROWS, False),
+                 "q4_gemm exact only": (ALL_ROWS, ALL_ROWS, False),
+                 "q4_gemm then dense": (Q4_GEMM_MAX_ROWS, Q4_GEMM_MAX_ROWS, True),
+                 "torch_int4": (INT4_MAX_ROWS, INT4_MAX_ROWS, True)}
+
+
+@pytest.mark.parametrize("kernel", list(LAYER_KERNELS))
+@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS + 1, Q4_GEMM_MAX_ROWS + 1, 300])
+def test_int4_layer_matches_dequantized_weights(kernel, rows, monkeypatch):
+    if kernel in ("q4_q8_gemm", "q4_gemm exact only") and (q4_gemm_ops() is None or not q4_gemm_ops().q4_q8_gemm_available()):
+        pytest.skip("q4_q8_gemm needs AVX512-VNNI and AVX512-BF16")
+    if kernel == "q4_gemm then dense":
+        _q4_gemm_without_int8(monkeypatch)
     if kernel == "torch_int4":
         _torch_int4_only(monkeypatch)
     torch.manual_seed(0)
     q4 = random_q4(96, 128)
     weight = q4.dequantize()
     bias = torch.randn(96).bfloat16()
-    layer = QuantLinear(weight.bfloat16(), bias, q4)
-    assert layer.max_rows == (Q4_GEMM_MAX_ROWS if kernel == "q4_gemm" else INT4_MAX_ROWS)
+    layer = QuantLinear(weight.bfloat16(), bias, q4, int8_activations=kernel != "q4_gemm exact only")
+    exact_max_rows, max_rows, dense = LAYER_KERNELS[kernel]
+    assert (layer.exact_max_rows, layer.max_rows, layer.dense is not None) == (exact_max_rows, max_rows, dense)
     x = torch.randn(rows, 128)
     exact = x @ weight.T + bias.float()
-    assert relative_error(layer(x.bfloat16()), exact) < 0.02  # bf16 activations
+    assert relative_error(layer(x.bfloat16()), exact) < 0.02  # bf16 (or int8) activations
 
 
 def test_int4_layer_runs_dense_for_outputs_the_kernels_cannot_tile():
     """Both 4-bit kernels take output rows by 16; other shapes use the dense copy."""
     q4 = random_q4(40, 64)
     layer = QuantLinear(q4.dequantize().bfloat16(), None, q4)
-    assert layer.q4_ops is None and layer.max_rows == 0
+    assert layer.q4_ops is None and layer.max_rows == 0 and layer.dense is not None
     x = torch.randn(3, 64).bfloat16()
     assert relative_error(layer(x), x.float() @ q4.dequantize().T) < 0.02
 

@@ -73,14 +73,16 @@ def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
     long = make_prompt_token_ids(real_llm.tokenizer, [300], seed=3)[0]
     for ids in (short, long):
         exact = run_paged(real_llm.engine.runner.model, [ids], block_size=16)[0]
-        # Whole-prompt prefill (q4_gemm up to 128 rows, dense bf16 for the 300-token prompt)
-        # and one-token steps (the C++ decode loop, q8 head, C++ attention) both checked.
+        # Whole-prompt prefill (int8-rounded activations in the middle layers, above 8 rows)
+        # and one-token steps (the C++ decode loop, exact q4_gemm, q8 head, C++ attention).
         for chunk in (None, 1):
             approx = run_paged(model, [ids], block_size=16, chunk=chunk)[0]
             agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean().item()
             mean_error = (approx - exact).abs().mean().item()
-            # BENCHMARKS.md quotes these (pytest -s prints them): agreement 1.0 / 1.0 (short),
-            # 0.99 / 0.98 (long); mean |difference| 0.15 (short), 0.11 (long).
+            # BENCHMARKS.md quotes these (pytest -s prints them), whole prompt / one token a
+            # step: agreement 1.0 / 1.0 (short), 0.99 / 0.98 (long); mean |difference| 0.20 /
+            # 0.15 (short), 0.16 / 0.11 (long). Int8-rounded activations in prefill raised the
+            # whole-prompt errors from 0.15 and 0.11 (benchmarks/int8_activations.py).
             print(f"bf16 vs float32, {len(ids)} tokens, chunk {chunk}: greedy agreement "
                   f"{agree:.3f}, mean |logit difference| {mean_error:.3f}")
             assert agree >= 0.95, (len(ids), chunk, agree)

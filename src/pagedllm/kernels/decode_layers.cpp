@@ -1,10 +1,10 @@
 // All decoder layers of a decode step in one call. Every op of a layer already runs in C++
-// (q4_gemm, the fused layer ops, paged decode attention), but driven from Python each layer
+// (the 4-bit GEMMs, the fused layer ops, paged decode attention), but driven from Python each layer
 // paid ~40 us of interpreter and module overhead between them: a third of a one-token step
 // on the default model. This loop calls the same functions, in the same order, with the
 // same arguments, so its results are bit-identical to the Python loop's
 // (tests/test_decode_layers.py); the model takes it only for steps where every row is a
-// decode token and every projection runs through q4_gemm.
+// decode token and every projection runs on 4-bit codes (q4_linear).
 #include "ops.h"
 
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate_up, down
@@ -12,7 +12,8 @@ constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention no
 // hidden [T, H]: the step's embedded tokens. weights: per layer, in order, the input norm
 // weight, packed qkv, packed o, post-attention norm weight, packed gate_up, packed down.
 // Returns (the last layer's MLP output, the residual stream before adding it), as the
-// Python layers do.
+// Python layers do. exact_max_rows, per layer: as QuantLinear's, where q4_linear changes
+// kernel.
 std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
                                          torch::Tensor cos, torch::Tensor sin,
                                          std::vector<torch::Tensor> weights,
@@ -20,10 +21,11 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
                                          std::vector<torch::Tensor> value_caches,
                                          torch::Tensor slot_mapping, torch::Tensor block_tables,
                                          torch::Tensor seq_lens, int64_t num_heads, double eps,
-                                         double scale) {
+                                         double scale, std::vector<int64_t> exact_max_rows) {
   const size_t layers = key_caches.size();
   TORCH_CHECK(layers > 0 && value_caches.size() == layers && weights.size() == layers * kWeightsPerLayer,
               "need ", kWeightsPerLayer, " weights and a key and value cache per layer");
+  TORCH_CHECK(exact_max_rows.size() == layers, "need a row limit per layer");
   TORCH_CHECK(hidden.dim() == 2 && seq_lens.numel() == hidden.size(0),
               "one decode token per sequence");
   torch::Tensor residual;
@@ -36,11 +38,14 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
     } else {
       x = rms_norm(hidden, residual, w[0], eps);
     }
-    auto q = rope_write_kv(q4_gemm(x, w[1]), positions, cos, sin, key_caches[l], value_caches[l],
+    const auto linear = [&](const torch::Tensor& in, const torch::Tensor& packed) {
+      return q4_linear(in, packed, exact_max_rows[l]);
+    };
+    auto q = rope_write_kv(linear(x, w[1]), positions, cos, sin, key_caches[l], value_caches[l],
                            slot_mapping, num_heads);
     auto attn = paged_decode_attention(q, key_caches[l], value_caches[l], block_tables, seq_lens, scale);
-    x = rms_norm(q4_gemm(attn.flatten(1), w[2]), residual, w[3], eps);
-    hidden = q4_gemm(silu_and_mul(q4_gemm(x, w[4])), w[5]);
+    x = rms_norm(linear(attn.flatten(1), w[2]), residual, w[3], eps);
+    hidden = linear(silu_and_mul(linear(x, w[4])), w[5]);
   }
   return {hidden, residual};
 }

@@ -59,6 +59,14 @@ inline __m512bh broadcast_pair(const at::BFloat16* x) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// 4 int8 activation codes in every 32-bit lane, broadcast straight from memory (read into a
+// general register first, the broadcast cost q4_q8_gemm a third of its speed).
+inline __m512i broadcast_quad(const int8_t* x) {
+  return _mm512_broadcastd_epi32(_mm_loadu_si32(x));
+}
+#endif
+
 // Checks a weight to pack: codes [N, K] of the given dtype, N a whole number of tiles, K of
 // groups. Returns the number of groups.
 inline int64_t check_pack(const torch::Tensor& codes, at::ScalarType dtype, const char* dtype_name) {
@@ -82,6 +90,63 @@ inline GemmShape check_gemm(const torch::Tensor& x, const torch::Tensor& packed,
   TORCH_CHECK(s.k == s.groups * kGroup, "x has ", s.k, " inputs, the weight ", s.groups * kGroup);
   return s;
 }
+
+// Activation rows rounded to int8 per group of 32, the way llama.cpp feeds its integer dot
+// products: codes = round(x * 127 / max|x|), with the scale max|x| / 127 and the codes' sum
+// kept per row and group. A group holding a NaN or an infinity gets codes 0 and a NaN scale,
+// so the outputs read NaN (casting NaN to an integer would be undefined).
+struct Int8Rows {
+  torch::Tensor codes;  // [M, K] int8
+  torch::Tensor scale;  // [M, K / 32] float32
+  torch::Tensor sum;    // [M, K / 32] int32
+};
+
+#if defined(__AVX512BW__)
+// kInterleaved stores each 8 codes in the order 0 4 1 5 2 6 3 7: the order in which q4_q8_gemm
+// finds 4-bit weight codes in the bytes of a lane (see q4_gemm.cpp's code_shift).
+template <bool kInterleaved>
+Int8Rows quantize_rows(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % kGroup == 0,
+              "x must be [M, K] bfloat16, K a multiple of ", kGroup);
+  auto xc = x.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / kGroup;
+  Int8Rows q{torch::empty({rows, k}, x.options().dtype(at::kChar)),
+             torch::empty({rows, groups}, x.options().dtype(at::kFloat)),
+             torch::empty({rows, groups}, x.options().dtype(at::kInt))};
+  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  int8_t* cp = q.codes.data_ptr<int8_t>();
+  float* sp = q.scale.data_ptr<float>();
+  int32_t* up = q.sum.data_ptr<int32_t>();
+  const __m128i order = kInterleaved ? _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15)
+                                     : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint16_t* v = xp + i * kGroup;  // group i of the flat [M, K] (groups never straddle rows)
+      const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)v)), 16);
+      const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v + 16))), 16);
+      // |x| by its bits: for non-negative floats the integer order is the float order, and
+      // an infinity or NaN compares above every finite value.
+      const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+      const uint32_t top = _mm512_reduce_max_epu32(
+          _mm512_max_epu32(_mm512_and_si512(lo, magnitude), _mm512_and_si512(hi, magnitude)));
+      const bool finite = top < 0x7F800000u;
+      float amax;
+      std::memcpy(&amax, &top, 4);
+      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      __m512i qlo = _mm512_setzero_si512(), qhi = _mm512_setzero_si512();
+      if (finite) {
+        qlo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(lo), _mm512_set1_ps(inv)));
+        qhi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(hi), _mm512_set1_ps(inv)));
+      }
+      _mm_storeu_si128((__m128i*)(cp + i * kGroup), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qlo), order));
+      _mm_storeu_si128((__m128i*)(cp + i * kGroup + 16), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qhi), order));
+      sp[i] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      up[i] = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+    }
+  });
+  return q;
+}
+#endif
 
 // Calls tile(t, r0, rows) for every tile of output rows and block of up to kRowBlock
 // activation rows; tiles are split between threads.

@@ -18,6 +18,9 @@ torch::Tensor silu_and_mul(torch::Tensor x);
 bool q4_gemm_available();
 torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m);
 torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed);
+bool q4_q8_gemm_available();
+torch::Tensor q4_q8_gemm(torch::Tensor x, torch::Tensor packed);
+torch::Tensor q4_linear(torch::Tensor x, torch::Tensor packed, int64_t exact_max_rows);
 bool q8_gemm_available();
 std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
                                          torch::Tensor cos, torch::Tensor sin,
@@ -26,7 +29,7 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
                                          std::vector<torch::Tensor> value_caches,
                                          torch::Tensor slot_mapping, torch::Tensor block_tables,
                                          torch::Tensor seq_lens, int64_t num_heads, double eps,
-                                         double scale);
+                                         double scale, std::vector<int64_t> exact_max_rows);
 torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d);
 torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed);
 torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::Tensor codes,

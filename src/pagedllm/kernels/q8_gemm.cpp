@@ -20,14 +20,14 @@ constexpr int64_t kCodeBytes = kTile * kGroup;           // 512
 constexpr int64_t kBlockBytes = kCodeBytes + kTile * 2;  // codes, then d (float16)
 
 bool vnni_available() {
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   return true;
 #else
   return false;
 #endif
 }
 
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
 template <int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
@@ -101,38 +101,11 @@ torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed) {
   const GemmShape shape = check_gemm(x, packed, kBlockBytes, "q8_pack");
   const int64_t rows = shape.rows, k = shape.k, tiles = shape.tiles, groups = shape.groups;
   auto out = torch::empty({rows, tiles * kTile}, x.options().dtype(at::kFloat));
-#if defined(__AVX512VNNI__)
-  // Each row to int8 per group: codes, their scale and their sum.
-  auto xf = x.to(at::kFloat).contiguous();
-  auto xq = torch::empty({rows, k}, x.options().dtype(at::kChar));
-  auto dx = torch::empty({rows, groups}, xf.options());
-  auto xq_sum = torch::empty({rows, groups}, x.options().dtype(at::kInt));
-  const float* xp = xf.data_ptr<float>();
-  int8_t* qp = xq.data_ptr<int8_t>();
-  float* dp = dx.data_ptr<float>();
-  int32_t* sp = xq_sum.data_ptr<int32_t>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* v = xp + r * k + g * kGroup;
-      float amax = 0.0f;
-      bool finite = true;
-      for (int64_t i = 0; i < kGroup; ++i) {
-        amax = std::max(amax, std::abs(v[i]));
-        finite &= is_finite(v[i]);
-      }
-      // A NaN or infinity in the group: codes 0 and a NaN scale, so the outputs read NaN
-      // (casting NaN to an integer would be undefined).
-      const float scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t sum = 0;
-      for (int64_t i = 0; i < kGroup; ++i) {
-        const int32_t q = finite ? static_cast<int32_t>(std::nearbyint(v[i] * inv)) : 0;
-        qp[r * k + g * kGroup + i] = static_cast<int8_t>(q);
-        sum += q;
-      }
-      dp[r * groups + g] = scale;
-      sp[r * groups + g] = sum;
-    }
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const Int8Rows xq = quantize_rows<false>(x);
+  const int8_t* qp = xq.codes.data_ptr<int8_t>();
+  const float* dp = xq.scale.data_ptr<float>();
+  const int32_t* sp = xq.sum.data_ptr<int32_t>();
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   const int64_t n = tiles * kTile;

@@ -4,8 +4,9 @@ Each op of a layer already runs in C++, but driving them from Python cost ~40 us
 interpreter and nn.Module overhead, about a third of a one-token step on the default model.
 The C++ loop calls the same functions in the same order, so its output is bit-identical to
 the Python layers'. It applies when the model runs the fast bfloat16 path throughout (every
-projection a QuantLinear on q4_gemm without bias, the fused C++ layer ops, the C++ decode
-attention) and the step holds decode tokens only, no more than q4_gemm takes.
+projection a QuantLinear on pagedllm's 4-bit kernels without bias, the fused C++ layer ops,
+the C++ decode attention) and the step holds decode tokens only, no more than the 4-bit
+kernels take (all where q4_q8_gemm is built).
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from pagedllm.models.quant_linear import QuantLinear
 
 class DecodeLoop:
     def __init__(self, ops, weights: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
-                 num_heads: int, eps: float, scale: float, max_rows: int):
+                 num_heads: int, eps: float, scale: float, max_rows: int,
+                 exact_max_rows: list[int]):
         self.ops = ops
         self.weights = weights
         self.cos, self.sin = cos, sin
         self.num_heads, self.eps, self.scale = num_heads, eps, scale
-        self.max_rows = max_rows
+        self.max_rows = max_rows  # the projections' rows on 4-bit codes
+        self.exact_max_rows = exact_max_rows  # per layer: and exactly (QuantLinear's)
 
     @classmethod
     def build(cls, model) -> DecodeLoop | None:
@@ -32,7 +35,7 @@ class DecodeLoop:
         ops = kernel_ops()
         if ops is None or model.dtype != torch.bfloat16:
             return None
-        weights, max_rows = [], []
+        weights, max_rows, exact_max_rows = [], [], []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
@@ -48,10 +51,14 @@ class DecodeLoop:
                         layer.post_attention_layernorm.weight, mlp.gate_up_proj.packed,
                         mlp.down_proj.packed]
             max_rows += [p.max_rows for p in projections]
+            exact = {p.exact_max_rows for p in projections}
+            if len(exact) != 1:
+                return None  # the C++ loop takes one row limit per layer
+            exact_max_rows += exact
         first = model.layers[0]
         return cls(ops, weights, first.self_attn.rotary.cos, first.self_attn.rotary.sin,
                    first.self_attn.num_heads, first.input_layernorm.eps,
-                   first.self_attn.backend.scale, min(max_rows))
+                   first.self_attn.backend.scale, min(max_rows), exact_max_rows)
 
     def applies(self, meta: AttentionMetadata, tokens: int) -> bool:
         batch = meta.decode_batch()
@@ -65,5 +72,5 @@ class DecodeLoop:
         hidden, residual = self.ops.decode_layers(
             hidden, positions, self.cos, self.sin, self.weights, [k for k, _ in kv_caches],
             [v for _, v in kv_caches], meta.slot_mapping, batch.block_tables, batch.seq_lens,
-            self.num_heads, self.eps, self.scale)
+            self.num_heads, self.eps, self.scale, self.exact_max_rows)
         return hidden, residual

@@ -18,6 +18,9 @@ from pagedllm.models.quant_linear import QuantLinear, quantized_matmul_available
 from pagedllm.weights.q4 import Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
+# Decoder layers at each end whose 4-bit projections never round activations to int8.
+EXACT_EDGE_LAYERS = 2
+
 LOGIT_REFINE_CANDIDATES = 16
 
 
@@ -175,14 +178,18 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(hidden, residual)
 
     def _use_int4(self, quantized: dict) -> None:
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
+            # The outermost layers keep exact activations at every batch size: int8-rounded
+            # ones there moved the logits most (benchmarks/int8_activations.py).
+            int8 = EXACT_EDGE_LAYERS <= i <= last - EXACT_EDGE_LAYERS
             for parent, attr in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
                                  (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
                 prefix = "self_attn" if parent is layer.self_attn else "mlp"
                 q4 = quantized.get(f"layers.{i}.{prefix}.{attr}.weight")
                 if q4 is not None:
                     dense = getattr(parent, attr)
-                    setattr(parent, attr, QuantLinear(dense.weight, dense.bias, q4))
+                    setattr(parent, attr, QuantLinear(dense.weight, dense.bias, q4, int8_activations=int8))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,10 @@
-"""Linear layers that multiply by 4-bit (QuantLinear) or 8-bit (Int8Linear) weights for
-small batches; the output head built on them is in output_head.py.
+"""Linear layers that multiply by 4-bit (QuantLinear) or 8-bit (Int8Linear) weights.
 
 Decode steps with few tokens are bound by reading weights from memory, so 4-bit weights win
-there; large batches (prefill) are bound by arithmetic, where the dense bfloat16 GEMM is
-fastest. Both copies are kept; the crossovers were measured on this machine
+there. Large batches (prefill) are bound by arithmetic: there pagedllm's q4_q8_gemm rounds
+the activations to int8 per group of 32, as llama.cpp does, and multiplies with AVX512-VNNI
+at about twice the rate of bfloat16 dot products; where it is not built, a dense bfloat16
+copy of the weight is kept for them. The crossovers were measured on this machine
 (benchmarks/linear_kernels.py).
 """
 from __future__ import annotations
@@ -14,14 +15,22 @@ from torch import nn
 from pagedllm.kernels import kernel_ops
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 
-# Rows (tokens) up to which the 4-bit kernels beat dense bf16 prepacked for oneDNN here,
-# per pass over the projections of 30 layers (benchmarks/linear_kernels.py):
-# - pagedllm's q4_gemm (AVX512-BF16): 1 row 1.5 vs 6.7 ms, 8 rows 2.8 vs 7.9, 64 rows 22.5 vs
-#   23.5, 128 rows 36.1 vs 39.3, 256 rows 70.3 vs 67.7;
-# - torch's int4 kernel, where q4_gemm is not built: 1 row 3.0 vs 6.7 ms, 8 rows 6.9 vs 7.9,
-#   12 rows 9.6 vs 8.5.
+# Per pass over the projections of 30 layers, weights streaming from memory
+# (benchmarks/linear_kernels.py), ms:
+#   rows                      1     8    16    64   128   256
+#   q4_gemm (exact, bf16)   1.8   2.6   4.9  17.8  39.9  69.8
+#   q4_q8_gemm (int8 acts)  1.8   2.4   3.8  12.4  23.7  46.0
+#   dense bf16, prepacked   6.9   8.3  10.0  22.7  36.5  63.9
+#   torch int4              2.7   6.3  11.4  42.8  84.1   167
+# The exact kernel up to Q4_EXACT_MAX_ROWS, where the int8 one stops costing the same: a
+# decode step of up to 8 sequences keeps exact activations. A layer built without int8
+# activations takes q4_gemm at every row count (0.92x dense at 256 rows, and no dense copy).
+# Without q4_q8_gemm, q4_gemm up to Q4_GEMM_MAX_ROWS and dense above; without q4_gemm
+# either, torch's int4 kernel up to INT4_MAX_ROWS.
+Q4_EXACT_MAX_ROWS = 8
 Q4_GEMM_MAX_ROWS = 128
 INT4_MAX_ROWS = 8
+ALL_ROWS = 1 << 62
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
 
 
@@ -68,36 +77,44 @@ def _prepack_available() -> bool:
 
 
 class QuantLinear(nn.Module):
-    """x @ W.T (+ b) for a 4-bit GGUF weight in a bfloat16 model: the 4-bit codes for up to
-    max_rows rows (pagedllm's q4_gemm, or torch's int4 kernel where that is not built), the
-    dense bfloat16 copy above."""
+    """x @ W.T (+ b) for a 4-bit GGUF weight in a bfloat16 model. Up to max_rows rows the
+    4-bit codes are used: exactly (q4_gemm, or torch's int4 kernel where that is not built)
+    up to exact_max_rows, with int8-rounded activations (q4_q8_gemm) above, unless
+    int8_activations is off. Beyond max_rows, a dense bfloat16 copy, kept only where
+    q4_q8_gemm is not built."""
 
     def __init__(self, dense_weight: torch.Tensor, bias: torch.Tensor | None, q4: Q4Weight,
-                 max_rows: int | None = None):
+                 int8_activations: bool = True):
         super().__init__()
         dtype = dense_weight.dtype
-        self.dense = DenseLinear(dense_weight, bias)  # [out, in] model dtype, for large batches
         self.bias = bias
+        self.dense = None
         # Both kernels take output rows in tiles of 16; other shapes run dense.
         tileable = q4.codes.shape[0] % _TILE == 0
         self.q4_ops = q4_gemm_ops() if dtype == torch.bfloat16 and tileable else None
         if self.q4_ops is not None:
             self.packed = self.q4_ops.q4_pack(q4.codes, q4.d, q4.m)
-            self.max_rows = Q4_GEMM_MAX_ROWS if max_rows is None else max_rows
+            if self.q4_ops.q4_q8_gemm_available():
+                self.max_rows = ALL_ROWS
+                self.exact_max_rows = Q4_EXACT_MAX_ROWS if int8_activations else ALL_ROWS
+            else:
+                self.exact_max_rows = self.max_rows = Q4_GEMM_MAX_ROWS
         elif int4_available() and tileable:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
             # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
             scales, zeros = q4.torch_scales_zeros()
             self.scales_zeros = torch.stack([scales.T, zeros.T], dim=-1).to(dtype).contiguous()
-            self.max_rows = INT4_MAX_ROWS if max_rows is None else max_rows
+            self.exact_max_rows = self.max_rows = INT4_MAX_ROWS
         else:
-            self.max_rows = 0  # dense only
+            self.exact_max_rows = self.max_rows = 0  # dense only
+        if self.max_rows < ALL_ROWS:
+            self.dense = DenseLinear(dense_weight, bias)  # [out, in] model dtype, for large batches
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.max_rows:
             return self.dense(x)
         if self.q4_ops is not None:
-            out = self.q4_ops.q4_gemm(x, self.packed)
+            out = self.q4_ops.q4_linear(x, self.packed, self.exact_max_rows)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
         return out if self.bias is None else out + self.bias
