@@ -1,6 +1,6 @@
 // Pieces shared by the low-bit GEMMs (q4_gemm.cpp, q8_gemm.cpp): weights repacked into tiles
-// of 16 output rows x 32 inputs (one scale group), multiplied with AVX512-BF16 pair dot
-// products by a few bfloat16 activation rows at a time.
+// of 16 output rows x 32 inputs (one scale group), multiplied by a few activation rows at a
+// time, as bfloat16 pairs (AVX512-BF16) or as int8 codes (AVX512-VNNI, quantize_rows).
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

@@ -1,15 +1,20 @@
 // x @ W.T for 4-bit GGUF weights (Q4_0 / Q4_1: w = d * q + m, q in 0..15, one (d, m) per 32
-// inputs) and a few bfloat16 rows: the decode steps of a batch. torch's int4 kernel turns
-// each weight into float32 and multiplies with float32 FMAs, which makes it compute-bound
-// from ~4 rows (benchmarks/linear_kernels.py); this one feeds the codes to AVX512-BF16's
-// pair dot product without rounding anything:
+// inputs), two ways over the same packed tiles:
+// - q4_gemm, exact, for the few rows of a decode step. torch's int4 kernel turns each weight
+//   into float32 and multiplies with float32 FMAs, which makes it compute-bound from ~4 rows
+//   (benchmarks/linear_kernels.py); this one feeds the codes to AVX512-BF16's pair dot
+//   product without rounding anything:
 //   - 128 + q is exact in bfloat16 (bits 0x4300 | q), so a code becomes a bfloat16 with one
 //     and + or, and x . (128 + q) over a group is one dot-product chain in float32;
 //   - per group, sum x*w = d * (x . (128 + q)) + (m - 128 d) * sum(x), so the scales are
 //     applied once per 32 inputs, with sum(x) computed once per call.
-// The weights are repacked once (q4_pack) into tiles of 16 output rows: per tile and group,
-// four 64-byte vectors of codes, lane i holding 8 codes of output row i, then the 16 d and
-// the 16 m as float16, which are what the GGUF file stores.
+// - q4_q8_gemm, for the many rows of a prefill, where the products are the cost: the
+//   activations rounded to int8 first, then AVX512-VNNI at twice the products per
+//   instruction (see tile_rows_int8).
+// q4_linear picks between them by row count. The weights are repacked once (q4_pack) into
+// tiles of 16 output rows: per tile and group, four 64-byte vectors of codes, lane i holding
+// 8 codes of output row i, then the 16 d and the 16 m as float16, which are what the GGUF
+// file stores.
 #include "lowbit_gemm.h"
 #include "ops.h"
 
