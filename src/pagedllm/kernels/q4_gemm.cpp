@@ -245,7 +245,7 @@ torch::Tensor q4_q8_gemm(torch::Tensor x, torch::Tensor packed) {
 
 // The 4-bit product a layer takes at this row count: exact (q4_gemm) up to exact_max_rows,
 // for decode steps of a few sequences, where it costs the same; activations rounded to int8
-// (q4_q8_gemm) above, where that is 1.3-1.7x faster (benchmarks/linear_kernels.py).
+// (q4_q8_gemm) above, where that is 1.3-1.5x faster (benchmarks/linear_kernels.py).
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor packed, int64_t exact_max_rows) {
   if (x.size(0) <= exact_max_rows || !q4_q8_gemm_available()) return q4_gemm(x, packed);
   return q4_q8_gemm(x, packed);

@@ -18,13 +18,13 @@ from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 # Per pass over the projections of 30 layers, weights streaming from memory
 # (benchmarks/linear_kernels.py), ms:
 #   rows                      1     8    16    64   128   256
-#   q4_gemm (exact, bf16)   1.8   2.6   4.9  17.8  39.9  69.8
-#   q4_q8_gemm (int8 acts)  1.8   2.4   3.8  12.4  23.7  46.0
-#   dense bf16, prepacked   6.9   8.3  10.0  22.7  36.5  63.9
-#   torch int4              2.7   6.3  11.4  42.8  84.1   167
+#   q4_gemm (exact, bf16)   1.3   2.5   4.5  17.2  34.8  67.6
+#   q4_q8_gemm (int8 acts)  1.5   2.3   3.5  12.1  23.1  44.7
+#   dense bf16, prepacked   7.3   7.7   9.0  21.4  34.8  61.6
+#   torch int4              2.5   6.2  11.4  41.6  82.5   163
 # The exact kernel up to Q4_EXACT_MAX_ROWS, where the int8 one stops costing the same: a
 # decode step of up to 8 sequences keeps exact activations. A layer built without int8
-# activations takes q4_gemm at every row count (0.92x dense at 256 rows, and no dense copy).
+# activations takes q4_gemm at every row count (0.91x dense at 256 rows, and no dense copy).
 # Without q4_q8_gemm, q4_gemm up to Q4_GEMM_MAX_ROWS and dense above; without q4_gemm
 # either, torch's int4 kernel up to INT4_MAX_ROWS.
 Q4_EXACT_MAX_ROWS = 8
