@@ -87,3 +87,31 @@ def test_decode_layers_rejects_mismatched_arguments(fast_model):
     with pytest.raises(RuntimeError, match="one decode token per sequence"):
         loop.ops.decode_layers(hidden.expand(2, -1), *args, loop.weights, [k for k, _ in kv],
                                [v for _, v in kv], *tail)
+
+
+def test_exact_activations_option_keeps_every_layer_exact(fast_model):
+    """--exact-activations: no layer rounds activations to int8, the C++ loop included;
+    without it, the middle layers do above Q4_EXACT_MAX_ROWS rows."""
+    from pagedllm import LLM
+    from pagedllm.cli import build_parser, engine_kwargs
+    from pagedllm.models.quant_linear import QuantLinear
+    from pagedllm.text_prompts import make_prompt_token_ids
+
+    if not q4_gemm_ops().q4_q8_gemm_available():
+        pytest.skip("q4_q8_gemm needs AVX512-VNNI")
+    kwargs = engine_kwargs(build_parser().parse_args(["serve", "--exact-activations"]))
+    assert kwargs["exact_activations"] is True
+    assert engine_kwargs(build_parser().parse_args(["serve"]))["exact_activations"] is False
+    exact_llm = LLM(dtype="bfloat16", exact_activations=True, kv_cache_memory=16 << 20)
+    exact = exact_llm.engine.runner.model
+    linears = [m for m in exact.modules() if isinstance(m, QuantLinear)]
+    assert linears and all(m.exact_max_rows == ALL_ROWS and m.dense is None for m in linears)
+    assert exact.decode_loop.exact_max_rows == [ALL_ROWS] * exact.config.num_layers
+    default = {m.exact_max_rows for m in fast_model.modules() if isinstance(m, QuantLinear)}
+    assert default == {ALL_ROWS, Q4_EXACT_MAX_ROWS}
+    # The same prompt prefilled both ways: close, not equal (the int8 rounding is in use).
+    ids = make_prompt_token_ids(exact_llm.tokenizer, [64], seed=3)[0]
+    exact_logits, = run_paged(exact, [ids], block_size=16)
+    fast_logits, = run_paged(fast_model, [ids], block_size=16)
+    assert not torch.equal(exact_logits, fast_logits)
+    assert (exact_logits.argmax(-1) == fast_logits.argmax(-1)).float().mean() >= 0.9

@@ -11,6 +11,9 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="bfloat16 (default): fast, 4-bit weights kept 4-bit; float32: exact")
+    parser.add_argument("--exact-activations", action="store_true",
+                        help="bfloat16: never round activations to int8 for the 4-bit GEMMs "
+                             "(prefill ~1.2x slower, logits closer to float32; BENCHMARKS.md)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-seqs", default="auto", help="parallel slots, or 'auto'")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -30,7 +33,8 @@ def engine_kwargs(args) -> dict:
     if memory is not None and memory > 1:
         memory = int(memory)
     max_num_seqs = args.max_num_seqs if args.max_num_seqs == "auto" else int(args.max_num_seqs)
-    return dict(dtype=args.dtype, block_size=args.block_size, kv_cache_memory=memory,
+    return dict(dtype=args.dtype, exact_activations=args.exact_activations,
+                block_size=args.block_size, kv_cache_memory=memory,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
 

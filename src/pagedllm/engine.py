@@ -54,7 +54,8 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model: str | None = None, *, dtype: str = "float32", block_size: int = 16,
+    def __init__(self, model: str | None = None, *, dtype: str = "float32",
+                 exact_activations: bool = False, block_size: int = 16,
                  kv_cache_memory: int | float | None = None, max_num_seqs: int | str = "auto",
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, load_progress=None):
@@ -69,7 +70,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer.from_checkpoint(checkpoint)
         torch_dtype = DTYPES[dtype]
         self.dtype = dtype
-        net = LlamaForCausalLM(config, torch_dtype)
+        net = LlamaForCausalLM(config, torch_dtype, int8_activations=not exact_activations)
         net.load_weights(checkpoint.weights, checkpoint.quantized)
         del checkpoint
         _return_freed_memory()

@@ -106,10 +106,13 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
-                 attention_backend: str = "batched"):
+                 attention_backend: str = "batched", int8_activations: bool = True):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        # bfloat16 with 4-bit weights: whether large steps may round activations to int8
+        # (q4_q8_gemm) in the layers between the exact edges.
+        self.int8_activations = int8_activations
         rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         # The reference attention backend runs with the torch layer ops too: a pure-torch oracle.
         ops = layer_ops(use_kernels=attention_backend != "torch-reference")
@@ -182,7 +185,7 @@ class LlamaForCausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             # The outermost layers keep exact activations at every batch size: int8-rounded
             # ones there moved the logits most (benchmarks/int8_activations.py).
-            int8 = EXACT_EDGE_LAYERS <= i <= last - EXACT_EDGE_LAYERS
+            int8 = self.int8_activations and EXACT_EDGE_LAYERS <= i <= last - EXACT_EDGE_LAYERS
             for parent, attr in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
                                  (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
                 prefix = "self_attn" if parent is layer.self_attn else "mlp"
