@@ -46,11 +46,14 @@ def test_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (16, 2, 128)])
-@pytest.mark.parametrize("start,chunk", [(0, 37), (45, 20), (0, 1), (16, 16)])
-def test_prefill_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim, start, chunk):
-    """A chunk of one sequence (from its start or continuing it) over scattered blocks."""
+@pytest.mark.parametrize("start,chunk,block_size", [(0, 37, 16), (45, 20, 16), (0, 1, 16), (16, 16, 16),
+                                                    (21, 70, 5), (0, 100, 32)])
+def test_prefill_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim, start, chunk, block_size):
+    """A chunk of one sequence (from its start or continuing it) over scattered blocks; bf16
+    chunks take the tiled kernel (tiles of 16 tokens, keys 16 at a time), float32 the
+    per-token one."""
     torch.manual_seed(4)
-    block_size, num_blocks = 16, 32
+    num_blocks = 64
     seq_len = start + chunk
     table = torch.randperm(num_blocks)[: -(-seq_len // block_size)].tolist()
     cache_shape = (num_blocks, block_size, kv_heads, head_dim)

@@ -13,8 +13,8 @@ from functools import lru_cache
 logger = logging.getLogger("pagedllm.kernels")
 _HERE = os.path.dirname(__file__)
 _SOURCES = [os.path.join(_HERE, name) for name in
-            ("bindings.cpp", "paged_attention.cpp", "fused_ops.cpp", "q4_gemm.cpp", "q8_gemm.cpp",
-             "decode_layers.cpp")]
+            ("bindings.cpp", "paged_attention.cpp", "prefill_attention.cpp", "fused_ops.cpp",
+             "q4_gemm.cpp", "q8_gemm.cpp", "decode_layers.cpp")]
 
 
 def _headers_digest() -> str:

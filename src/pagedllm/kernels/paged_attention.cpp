@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "ops.h"
 
 using pagedllm::Cvt;
 
@@ -224,23 +225,33 @@ static void dispatch_group(int64_t group, const scalar_t* query, const scalar_t*
   }
 }
 
-// Checks shared by both entry points, then the kernel for the dtype, head_dim and group.
-// tables: num_seqs rows of max_blocks block ids (max_blocks 0: every row the same table).
+// Checks shared by both entry points; returns the query, contiguous.
+static torch::Tensor checked_query(const torch::Tensor& query, const torch::Tensor& key_cache,
+                                   const torch::Tensor& value_cache) {
+  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
+  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type() &&
+              value_cache.scalar_type() == key_cache.scalar_type(), "query and cache dtypes differ");
+  TORCH_CHECK(query.scalar_type() == torch::kFloat || query.scalar_type() == torch::kBFloat16,
+              "query and cache must be float32 or bfloat16");
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(value_cache.sizes() == key_cache.sizes() && query.size(2) == key_cache.size(3),
+              "query, key and value shapes differ");
+  const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(2);
+  TORCH_CHECK(num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= 8,
+              "heads must be a multiple of KV heads, at most 8 per group");
+  TORCH_CHECK(query.size(2) == 64 || query.size(2) == 128, "head_dim must be 64 or 128");
+  return query.contiguous();
+}
+
+// The per-token kernel for the dtype, head_dim and group. tables: num_seqs rows of max_blocks
+// block ids (max_blocks 0: every row the same table).
 static torch::Tensor run_paged_attention(torch::Tensor query, const torch::Tensor& key_cache,
                                          const torch::Tensor& value_cache, const int64_t* tables,
                                          int64_t max_blocks, const int64_t* seq_lens,
                                          double scale) {
-  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
-  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type(), "query and cache dtypes differ");
-  TORCH_CHECK(query.scalar_type() == torch::kFloat || query.scalar_type() == torch::kBFloat16,
-              "query and cache must be float32 or bfloat16");
-  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
-  query = query.contiguous();
+  query = checked_query(query, key_cache, value_cache);
   const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
   const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
-  TORCH_CHECK(num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= 8,
-              "heads must be a multiple of KV heads, at most 8 per group");
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim must be 64 or 128");
   auto out = torch::empty_like(query);
   pagedllm::dispatch(query.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
@@ -271,9 +282,11 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
 }
 
 // Prefill chunk of one sequence: query [T, H, D] holds the tokens at positions start..start+T-1,
-// whose K/V are already in the cache; each attends causally to positions <= its own: a
-// one-query "sequence" over the same table, with its own length. Tasks (token, KV head) are
-// handed out dynamically, longest first, since later tokens see longer contexts.
+// whose K/V are already in the cache; each attends causally to positions <= its own. bfloat16
+// chunks take the tiled kernel (prefill_attention.cpp) where AVX512-BF16 is built; otherwise
+// each token is a one-query "sequence" over the same table, with its own length, and tasks
+// (token, KV head) are handed out dynamically, longest first, since later tokens see longer
+// contexts.
 torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
                                       torch::Tensor value_cache, torch::Tensor block_table,
                                       int64_t start, double scale) {
@@ -284,6 +297,10 @@ torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cac
   const int64_t tokens = query.size(0);
   TORCH_CHECK(start >= 0 && start + tokens <= block_table.size(0) * key_cache.size(1),
               "the chunk runs past its block table");
+  query = checked_query(query, key_cache, value_cache);
+  auto out = torch::empty_like(query);
+  if (tiled_prefill_attention(query, key_cache, value_cache, block_table, start, scale, out))
+    return out;
   auto lens = torch::arange(start + 1, start + tokens + 1, block_table.options());
   return run_paged_attention(query, key_cache, value_cache, block_table.data_ptr<int64_t>(),
                              /*max_blocks=*/0, lens.data_ptr<int64_t>(), scale);
