@@ -9,7 +9,7 @@
 //     lane, so one dot product per pair of keys adds both keys' weighted values. The
 //     probabilities are rounded to bfloat16 for it, as FlashAttention does; the softmax
 //     itself (online: running maximum and sum per row, the sums rescaled when the maximum
-//     grows) stays float32.
+//     grows) stays float32, its sums adding the rounded weights so that they sum to 1.
 // A token's GROUP query rows are processed together: they see the same keys, and their
 // independent dot-product chains hide the instruction's latency.
 #include "ops.h"
@@ -174,8 +174,10 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
           row_max[g] = group_max;
         }
         const __m512 pg = exp512(_mm512_sub_ps(sg, _mm512_set1_ps(row_max[g])));
-        row_sum[g] += _mm512_reduce_add_ps(pg);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(prob_pairs[g]), (__m256i)_mm512_cvtneps_pbh(pg));
+        const __m256bh rounded = _mm512_cvtneps_pbh(pg);
+        // The sum of the rounded weights p.v uses, so that they still add up to 1.
+        row_sum[g] += _mm512_reduce_add_ps(_mm512_cvtpbh_ps(rounded));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(prob_pairs[g]), (__m256i)rounded);
       }
       for (int j = 0; 2 * j < visible; ++j)
         for (int v = 0; v < V; ++v)
