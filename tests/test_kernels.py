@@ -70,6 +70,14 @@ def test_prefill_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim,
     assert (out.float().flatten(1) - reference).abs().max() < tolerance
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_kernel_takes_an_empty_chunk(ops, dtype):
+    cache = torch.randn(4, 16, 3, 64, dtype=dtype)
+    out = ops.paged_prefill_attention(torch.empty(0, 9, 64, dtype=dtype), cache, cache,
+                                      torch.tensor([0], dtype=torch.long), 5, 0.125)
+    assert out.shape == (0, 9, 64)
+
+
 def test_prefill_kernel_rejects_a_chunk_past_its_blocks(ops):
     cache = torch.randn(4, 16, 3, 64)
     with pytest.raises(RuntimeError, match="past its block table"):

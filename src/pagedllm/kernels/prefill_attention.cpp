@@ -233,6 +233,7 @@ bool tiled_prefill_attention(const torch::Tensor& query, const torch::Tensor& ke
                              int64_t start, double scale, torch::Tensor& out) {
 #if defined(__AVX512BF16__)
   if (query.scalar_type() != at::kBFloat16) return false;
+  if (query.size(0) == 0) return true;  // nothing to attend (and no thread team of 0)
   const int64_t heads = query.size(1), head_dim = query.size(2), kv_heads = key_cache.size(2);
   const Chunk c{query.data_ptr<c10::BFloat16>(), key_cache.data_ptr<c10::BFloat16>(),
                 value_cache.data_ptr<c10::BFloat16>(), block_table.data_ptr<int64_t>(),
