@@ -1,11 +1,12 @@
-// float32 / bfloat16 element access shared by the kernels in this folder. bfloat16 <-> float
-// by bit shifts, written so the compiler vectorises them (c10's scalar conversion does not);
-// stores round to nearest even. pagedllm.kernels hashes this header into the build flags,
+// float32 / bfloat16 element access and the compile-time dispatch (dtype, head shape) shared
+// by the kernels in this folder. bfloat16 <-> float by bit shifts, written so the compiler
+// vectorises them (c10's scalar conversion does not); stores round to nearest even. pagedllm.kernels hashes this header into the build flags,
 // since torch's extension builder only watches the .cpp sources.
 #pragma once
 #include <torch/extension.h>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace pagedllm {
 
@@ -46,6 +47,24 @@ template <typename Fn>
 void dispatch(at::ScalarType type, Fn fn) {
   if (type == at::ScalarType::BFloat16) fn(c10::BFloat16{});
   else fn(float{});
+}
+
+// Calls fn(integral_constant D, integral_constant G) for head_dim D (64 or 128) and G query
+// heads per KV head (1 to 8), which the attention kernels take as template constants so
+// that their loops unroll; callers have checked both ranges.
+template <int G = 1, typename Fn>
+void dispatch_group(int64_t group, const Fn& fn) {
+  if constexpr (G <= 8) {
+    if (group == G) fn(std::integral_constant<int, G>{});
+    else dispatch_group<G + 1>(group, fn);
+  }
+}
+
+template <typename Fn>
+void dispatch_head_shape(int64_t head_dim, int64_t group, const Fn& fn) {
+  const auto with_dim = [&](auto dim) { dispatch_group(group, [&](auto g) { fn(dim, g); }); };
+  if (head_dim == 64) with_dim(std::integral_constant<int, 64>{});
+  else with_dim(std::integral_constant<int, 128>{});
 }
 
 }  // namespace pagedllm

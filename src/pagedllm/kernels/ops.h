@@ -36,8 +36,10 @@ torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::T
                             torch::Tensor d, int64_t top);
 
 // Used by paged_prefill_attention: the tiled bfloat16 prefill kernel (prefill_attention.cpp),
-// given checked arguments. Writes out and returns true where it applies (bfloat16, built with
-// AVX512-BF16); returns false otherwise.
-bool tiled_prefill_attention(const torch::Tensor& query, const torch::Tensor& key_cache,
-                             const torch::Tensor& value_cache, const torch::Tensor& block_table,
-                             int64_t start, double scale, torch::Tensor& out);
+// given checked arguments. Its output where it applies (bfloat16, built with AVX512-BF16),
+// nothing otherwise.
+c10::optional<torch::Tensor> tiled_prefill_attention(const torch::Tensor& query,
+                                                     const torch::Tensor& key_cache,
+                                                     const torch::Tensor& value_cache,
+                                                     const torch::Tensor& block_table,
+                                                     int64_t start, double scale);

@@ -204,27 +204,6 @@ static void decode_kernel(const scalar_t* query, const scalar_t* key_cache,
   }
 }
 
-// Instantiates decode_kernel for a runtime group size (query heads per KV head, 1 to 8).
-template <typename scalar_t, int HEAD_DIM, int GROUP = 1>
-static void dispatch_group(int64_t group, const scalar_t* query, const scalar_t* key_cache,
-                           const scalar_t* value_cache, const int64_t* block_tables,
-                           const int64_t* seq_lens, scalar_t* out, int64_t num_seqs,
-                           int64_t num_heads, int64_t num_kv_heads, int64_t block_size,
-                           int64_t max_blocks, float scale) {
-  if constexpr (GROUP <= 8) {
-    if (group == GROUP) {
-      decode_kernel<scalar_t, HEAD_DIM, GROUP>(query, key_cache, value_cache, block_tables,
-                                               seq_lens, out, num_seqs, num_heads, num_kv_heads,
-                                               block_size, max_blocks, scale);
-    } else {
-      dispatch_group<scalar_t, HEAD_DIM, GROUP + 1>(group, query, key_cache, value_cache,
-                                                    block_tables, seq_lens, out, num_seqs,
-                                                    num_heads, num_kv_heads, block_size,
-                                                    max_blocks, scale);
-    }
-  }
-}
-
 // Checks shared by both entry points; returns the query, contiguous.
 static torch::Tensor checked_query(const torch::Tensor& query, const torch::Tensor& key_cache,
                                    const torch::Tensor& value_cache) {
@@ -255,15 +234,12 @@ static torch::Tensor run_paged_attention(torch::Tensor query, const torch::Tenso
   auto out = torch::empty_like(query);
   pagedllm::dispatch(query.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    auto run = [&](auto dim_tag) {
-      constexpr int D = decltype(dim_tag)::value;
-      dispatch_group<scalar_t, D>(num_heads / num_kv_heads, query.data_ptr<scalar_t>(),
-                                  key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
-                                  tables, seq_lens, out.data_ptr<scalar_t>(), num_seqs, num_heads,
-                                  num_kv_heads, block_size, max_blocks, static_cast<float>(scale));
-    };
-    if (head_dim == 64) run(std::integral_constant<int, 64>{});
-    else run(std::integral_constant<int, 128>{});
+    pagedllm::dispatch_head_shape(head_dim, num_heads / num_kv_heads, [&](auto dim, auto group) {
+      decode_kernel<scalar_t, decltype(dim)::value, decltype(group)::value>(
+          query.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
+          tables, seq_lens, out.data_ptr<scalar_t>(), num_seqs, num_heads, num_kv_heads, block_size,
+          max_blocks, static_cast<float>(scale));
+    });
   });
   return out;
 }
@@ -298,9 +274,8 @@ torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cac
   TORCH_CHECK(start >= 0 && start + tokens <= block_table.size(0) * key_cache.size(1),
               "the chunk runs past its block table");
   query = checked_query(query, key_cache, value_cache);
-  auto out = torch::empty_like(query);
-  if (tiled_prefill_attention(query, key_cache, value_cache, block_table, start, scale, out))
-    return out;
+  if (auto tiled = tiled_prefill_attention(query, key_cache, value_cache, block_table, start, scale))
+    return *tiled;
   auto lens = torch::arange(start + 1, start + tokens + 1, block_table.options());
   return run_paged_attention(query, key_cache, value_cache, block_table.data_ptr<int64_t>(),
                              /*max_blocks=*/0, lens.data_ptr<int64_t>(), scale);

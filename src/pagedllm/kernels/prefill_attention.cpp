@@ -212,38 +212,29 @@ void run_tiles(const Chunk& c, int64_t tokens) {
   }
 }
 
-template <int D, int G = 1>
-bool dispatch_group(int64_t group, const Chunk& c, int64_t tokens) {
-  if constexpr (G <= 8) {
-    if (group == G) {
-      run_tiles<D, G>(c, tokens);
-      return true;
-    }
-    return dispatch_group<D, G + 1>(group, c, tokens);
-  }
-  return false;
-}
-
 #endif  // __AVX512BF16__
 
 }  // namespace
 
-bool tiled_prefill_attention(const torch::Tensor& query, const torch::Tensor& key_cache,
-                             const torch::Tensor& value_cache, const torch::Tensor& block_table,
-                             int64_t start, double scale, torch::Tensor& out) {
+c10::optional<torch::Tensor> tiled_prefill_attention(const torch::Tensor& query,
+                                                     const torch::Tensor& key_cache,
+                                                     const torch::Tensor& value_cache,
+                                                     const torch::Tensor& block_table,
+                                                     int64_t start, double scale) {
 #if defined(__AVX512BF16__)
-  if (query.scalar_type() != at::kBFloat16) return false;
-  if (query.size(0) == 0) return true;  // nothing to attend (and no thread team of 0)
-  const int64_t heads = query.size(1), head_dim = query.size(2), kv_heads = key_cache.size(2);
+  if (query.scalar_type() != at::kBFloat16) return c10::nullopt;
+  auto out = torch::empty_like(query);
+  const int64_t tokens = query.size(0), heads = query.size(1), kv_heads = key_cache.size(2);
+  if (tokens == 0) return out;  // nothing to attend (and no thread team of 0)
   const Chunk c{query.data_ptr<c10::BFloat16>(), key_cache.data_ptr<c10::BFloat16>(),
                 value_cache.data_ptr<c10::BFloat16>(), block_table.data_ptr<int64_t>(),
                 out.data_ptr<c10::BFloat16>(), heads, kv_heads, key_cache.size(1), start,
                 static_cast<float>(scale)};
-  const int64_t group = heads / kv_heads;
-  if (head_dim == 64) return dispatch_group<64>(group, c, query.size(0));
-  if (head_dim == 128) return dispatch_group<128>(group, c, query.size(0));
-  return false;
+  pagedllm::dispatch_head_shape(query.size(2), heads / kv_heads, [&](auto dim, auto group) {
+    run_tiles<decltype(dim)::value, decltype(group)::value>(c, tokens);
+  });
+  return out;
 #else
-  return false;
+  return c10::nullopt;
 #endif
 }
