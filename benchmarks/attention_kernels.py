@@ -4,9 +4,11 @@
 
 Decode: S sequences of L tokens, one query each, 30 layers with their own caches (so K/V
 stream from memory as in serving); baseline: the torch gather path (block tables padded,
-K/V gathered, masked matmuls). Prefill: one chunk of L tokens attending causally; baseline:
-gather + expanded KV heads + torch's fused SDPA (what the backend did before). bfloat16,
-9 query heads over 3 KV heads, head_dim 64, blocks of 16 scattered at random.
+K/V gathered, masked matmuls). Prefill: one chunk of tokens attending causally, from the
+sequence's start or continuing it; baselines: gather + expanded KV heads + torch's fused SDPA
+(what the backend did first; from the start only), and the per-token C++ kernel the tiled
+one replaced (kernels/prefill_attention.cpp). bfloat16, 9 query heads over 3 KV heads,
+head_dim 64, blocks of 16 scattered at random.
 """
 from __future__ import annotations
 
@@ -45,13 +47,20 @@ def decode_case(ops, torch_backend, seqs: int, length: int) -> tuple[float, floa
     return ms_per_call(gather), ms_per_call(kernel)
 
 
-def prefill_case(ops, length: int) -> tuple[float, float]:
-    blocks = -(-length // BLOCK)
+def prefill_case(ops, length: int, start: int = 0) -> tuple[float, float, float]:
+    """A chunk of `length` tokens at positions start.. over scattered blocks, one layer:
+    (SDPA ms, or nan past position 0; the per-token kernel's ms; the tiled kernel's ms). The
+    per-token figure runs the decode kernel with each token as a one-query sequence over the
+    chunk's table, which is what the prefill entry point did before the tiled kernel."""
+    total = start + length
+    blocks = -(-total // BLOCK)
     k_cache = torch.randn(blocks + 4, BLOCK, KV_HEADS, HEAD_DIM).bfloat16()
     v_cache = torch.randn_like(k_cache)
     table = torch.randperm(blocks + 4)[:blocks]
     query = torch.randn(length, HEADS, HEAD_DIM).bfloat16()
     group = HEADS // KV_HEADS
+    tables = table.unsqueeze(0).expand(length, -1).contiguous()
+    lens = torch.arange(start + 1, total + 1)
 
     def sdpa():
         keys = k_cache[table].flatten(0, 1)[:length].transpose(0, 1).repeat_interleave(group, 0)
@@ -59,10 +68,15 @@ def prefill_case(ops, length: int) -> tuple[float, float]:
         return F.scaled_dot_product_attention(query.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),
                                               values.unsqueeze(0), is_causal=True, scale=SCALE)
 
-    def kernel():
-        return ops.paged_prefill_attention(query, k_cache, v_cache, table, 0, SCALE)
+    def per_token():
+        return ops.paged_decode_attention(query, k_cache, v_cache, tables, lens, SCALE)
 
-    return ms_per_call(sdpa, 20), ms_per_call(kernel, 20)
+    def tiled():
+        return ops.paged_prefill_attention(query, k_cache, v_cache, table, start, SCALE)
+
+    assert (per_token().float() - tiled().float()).abs().max() < 2e-2  # the same attention
+    base = ms_per_call(sdpa, 20) if start == 0 else float("nan")
+    return base, ms_per_call(per_token, 20), ms_per_call(tiled, 20)
 
 
 def main() -> None:
@@ -75,10 +89,13 @@ def main() -> None:
     for seqs, length in ((1, 600), (8, 600), (16, 600), (16, 1500)):
         base, ours = decode_case(ops, torch_backend, seqs, length)
         print(f"  S={seqs:>2} L={length:>4}      {base:9.2f}   {ours:8.2f}   {base / ours:6.2f}x")
-    print("prefill, one layer:  SDPA ms           C++ ms   speed-up")
-    for length in (256, 450, 768):
-        base, ours = prefill_case(ops, length)
-        print(f"  L={length:>4}             {base:9.2f}   {ours:8.2f}   {base / ours:6.2f}x")
+    print("prefill chunk, one layer:  SDPA ms  per-token ms  tiled ms  SDPA/tiled  per-token/tiled")
+    for length, start in ((256, 0), (450, 0), (768, 0), (256, 768), (256, 2048), (512, 3584)):
+        base, per_token, tiled = prefill_case(ops, length, start)
+        sdpa = f"{base:8.2f} " if start == 0 else f"{'-':>8} "
+        sdpa_ratio = f"{base / tiled:10.2f}x" if start == 0 else f"{'-':>11}"
+        print(f"  {length:>4} tokens from {start:>4} {sdpa}{per_token:13.2f} {tiled:9.2f}"
+              f" {sdpa_ratio} {per_token / tiled:15.2f}x")
 
 
 if __name__ == "__main__":
