@@ -202,6 +202,7 @@ class LlamaForCausalLM(nn.Module):
             return hidden.float() @ self.lm_head_weight.T
         return self.lm_head(hidden)
 
+
 def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
     """Canonical q/k/v and gate/up weights -> the fused qkv_proj and gate_up_proj."""
     fused = dict(weights)

@@ -5,7 +5,7 @@ on the default model).
 Two shapes of the same contract, `head(hidden [N, H]) -> [N, vocab] float32`:
 - `Q8Head`: the GGUF Q8_0 codes through q8_gemm (activations rounded to int8 per group of
   32, as llama.cpp does), then q8_refine_top, both C++. Faster than dense bfloat16 at every
-  row count measured (49152 x 576: 1 row 0.36 vs 0.85 ms, 8 rows 0.48 vs 1.35, 64 rows 3.7
+  row count measured (49152 x 576: 1 row 0.57 vs 1.26 ms, 8 rows 0.72 vs 1.50, 64 rows 3.3
   vs 4.8; benchmarks/linear_kernels.py), so no other copy of the head is kept.
 - `RefinedHead`: where q8_gemm is not built or the head is not Q8_0: int8 per-row codes
   (Int8Linear) or dense bfloat16, then torch's topk and an exact product over those rows.
