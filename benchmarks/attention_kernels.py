@@ -8,7 +8,8 @@ K/V gathered, masked matmuls). Prefill: one chunk of tokens attending causally, 
 sequence's start or continuing it; baselines: gather + expanded KV heads + torch's fused SDPA
 (what the backend did first; from the start only), and the per-token C++ kernel the tiled
 one replaced (kernels/prefill_attention.cpp). bfloat16, 9 query heads over 3 KV heads,
-head_dim 64, blocks of 16 scattered at random.
+head_dim 64, blocks of 16 scattered at random. Both also with an int8 cache
+(`--kv-cache-dtype int8`: the same K/V as codes and scales) against the bfloat16 one.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagedllm.attention import AttentionMetadata
+from pagedllm.attention import AttentionMetadata, LayerKVCache
 from pagedllm.attention.batched import BatchedBackend
+from pagedllm.attention.layer_cache import quantize_rows
 from pagedllm.kernels import kernel_ops
 from timing import ms_per_call, parse_args
 
@@ -25,31 +27,41 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 SCALE = HEAD_DIM ** -0.5
 
 
-def decode_case(ops, torch_backend, seqs: int, length: int) -> tuple[float, float]:
+def int8_cache(key: torch.Tensor, value: torch.Tensor) -> LayerKVCache:
+    (key_codes, key_scale), (value_codes, value_scale) = quantize_rows(key), quantize_rows(value)
+    return LayerKVCache(key_codes, value_codes, key_scale, value_scale)
+
+
+def decode_case(ops, torch_backend, seqs: int, length: int) -> tuple[float, float, float]:
+    """(torch gather ms, C++ ms, C++ ms over the int8 cache)."""
     blocks = -(-length // BLOCK)
     num_blocks = seqs * blocks + 1
-    caches = [(torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).bfloat16(),
-               torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).bfloat16()) for _ in range(30)]
+    caches = [LayerKVCache(torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).bfloat16(),
+                           torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).bfloat16())
+              for _ in range(30)]
+    int8_caches = [int8_cache(c.key, c.value) for c in caches]
     tables = torch.randperm(num_blocks)[: seqs * blocks].view(seqs, blocks).tolist()
     slots = [t[(length - 1) // BLOCK] * BLOCK + (length - 1) % BLOCK for t in tables]
     meta = AttentionMetadata.build(slots, list(range(seqs + 1)), [length] * seqs, tables, BLOCK)
     batch = meta.decode_batch()
     query = torch.randn(seqs, HEADS, HEAD_DIM).bfloat16()
 
-    def kernel():
-        for k, v in caches:
-            ops.paged_decode_attention(query, k, v, batch.block_tables, batch.seq_lens, SCALE)
+    def kernel(layer_caches=caches):
+        for c in layer_caches:
+            ops.paged_decode_attention(query, c.key, c.value, batch.block_tables, batch.seq_lens,
+                                       SCALE, c.key_scale, c.value_scale)
 
     def gather():
-        for k, v in caches:
-            torch_backend._decode(query, k, v, batch)
+        for c in caches:
+            torch_backend._decode(query, c, batch)
 
-    return ms_per_call(gather), ms_per_call(kernel)
+    return ms_per_call(gather), ms_per_call(kernel), ms_per_call(lambda: kernel(int8_caches))
 
 
-def prefill_case(ops, length: int, start: int = 0) -> tuple[float, float, float]:
+def prefill_case(ops, length: int, start: int = 0) -> tuple[float, float, float, float]:
     """A chunk of `length` tokens at positions start.. over scattered blocks, one layer:
-    (SDPA ms, or nan past position 0; the per-token kernel's ms; the tiled kernel's ms). The
+    (SDPA ms, or nan past position 0; the per-token kernel's ms; the tiled kernel's ms; the
+    tiled kernel's over the int8 cache). The
     per-token figure runs the decode kernel with each token as a one-query sequence over the
     chunk's table, which is what the prefill entry point did before the tiled kernel."""
     total = start + length
@@ -74,9 +86,16 @@ def prefill_case(ops, length: int, start: int = 0) -> tuple[float, float, float]
     def tiled():
         return ops.paged_prefill_attention(query, k_cache, v_cache, table, start, SCALE)
 
+    quantized = int8_cache(k_cache, v_cache)
+
+    def tiled_int8():
+        return ops.paged_prefill_attention(query, quantized.key, quantized.value, table, start, SCALE,
+                                           quantized.key_scale, quantized.value_scale)
+
     assert (per_token().float() - tiled().float()).abs().max() < 2e-2  # the same attention
+    assert (tiled_int8().float() - tiled().float()).abs().max() < 5e-2
     base = ms_per_call(sdpa, 20) if start == 0 else float("nan")
-    return base, ms_per_call(per_token, 20), ms_per_call(tiled, 20)
+    return base, ms_per_call(per_token, 20), ms_per_call(tiled, 20), ms_per_call(tiled_int8, 20)
 
 
 def main() -> None:
@@ -85,17 +104,19 @@ def main() -> None:
     assert ops is not None, "the C++ kernels did not build (make install builds them)"
     torch_backend = BatchedBackend(HEADS, KV_HEADS, HEAD_DIM, use_kernel=False)
     print(f"threads={args.threads}, bfloat16, {HEADS} heads / {KV_HEADS} KV heads, head_dim {HEAD_DIM}")
-    print("decode, 30 layers:   torch gather ms   C++ ms   speed-up")
+    print("decode, 30 layers:   torch gather ms   C++ ms   speed-up   C++ int8 cache ms   bf16/int8")
     for seqs, length in ((1, 600), (8, 600), (16, 600), (16, 1500)):
-        base, ours = decode_case(ops, torch_backend, seqs, length)
-        print(f"  S={seqs:>2} L={length:>4}      {base:9.2f}   {ours:8.2f}   {base / ours:6.2f}x")
-    print("prefill chunk, one layer:  SDPA ms  per-token ms  tiled ms  SDPA/tiled  per-token/tiled")
+        base, ours, int8 = decode_case(ops, torch_backend, seqs, length)
+        print(f"  S={seqs:>2} L={length:>4}      {base:9.2f}   {ours:8.2f}   {base / ours:6.2f}x"
+              f"   {int8:17.2f}   {ours / int8:8.2f}x")
+    print("prefill chunk, one layer:  SDPA ms  per-token ms  tiled ms  SDPA/tiled  per-token/tiled"
+          "  tiled int8 ms  bf16/int8")
     for length, start in ((256, 0), (450, 0), (768, 0), (256, 768), (256, 2048), (512, 3584)):
-        base, per_token, tiled = prefill_case(ops, length, start)
+        base, per_token, tiled, tiled_int8 = prefill_case(ops, length, start)
         sdpa = f"{base:8.2f} " if start == 0 else f"{'-':>8} "
         sdpa_ratio = f"{base / tiled:10.2f}x" if start == 0 else f"{'-':>11}"
         print(f"  {length:>4} tokens from {start:>4} {sdpa}{per_token:13.2f} {tiled:9.2f}"
-              f" {sdpa_ratio} {per_token / tiled:15.2f}x")
+              f" {sdpa_ratio} {per_token / tiled:15.2f}x {tiled_int8:14.2f} {tiled / tiled_int8:9.2f}x")
 
 
 if __name__ == "__main__":

@@ -5,17 +5,22 @@ import random
 
 import torch
 
-from pagedllm.attention import AttentionMetadata
+from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 
 
-def make_kv_caches(config, num_blocks: int, block_size: int, dtype=torch.float32):
-    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-            for _ in range(config.num_layers)]
+def make_kv_caches(config, num_blocks: int, block_size: int, dtype=torch.float32,
+                   kv_cache_dtype: str = "auto"):
+    caches = allocate_layer_caches(config.num_layers, num_blocks, block_size, config.num_kv_heads,
+                                   config.head_dim, dtype, kv_cache_dtype)
+    for cache in caches:
+        for tensor in cache:
+            if tensor is not None:
+                tensor.zero_()
+    return caches
 
 
 def run_paged(model, seqs: list[list[int]], *, block_size: int = 4, chunk: int | None = None,
-              seed: int = 0, num_blocks: int = 256) -> list[torch.Tensor]:
+              seed: int = 0, num_blocks: int = 256, kv_cache_dtype: str = "auto") -> list[torch.Tensor]:
     """Run sequences together through the model, each prefilled in chunks of `chunk` tokens
     (all in one batch per round), with block tables scattered at random over the cache.
     Returns per sequence the float32 logits of every position."""
@@ -23,7 +28,7 @@ def run_paged(model, seqs: list[list[int]], *, block_size: int = 4, chunk: int |
     free = list(range(num_blocks))
     rng.shuffle(free)
     tables = [[free.pop() for _ in range(-(-len(s) // block_size))] for s in seqs]
-    kv = make_kv_caches(model.config, num_blocks, block_size, model.dtype)
+    kv = make_kv_caches(model.config, num_blocks, block_size, model.dtype, kv_cache_dtype)
     done = [0] * len(seqs)
     logits: list[list[torch.Tensor]] = [[] for _ in seqs]
     while any(d < len(s) for d, s in zip(done, seqs)):

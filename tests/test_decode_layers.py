@@ -20,9 +20,11 @@ def fast_model():
     return model
 
 
-def test_decode_loop_is_bit_identical_to_the_python_layers(fast_model, monkeypatch):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_decode_loop_is_bit_identical_to_the_python_layers(fast_model, monkeypatch, kv_cache_dtype):
     # Twelve sequences: steps above Q4_EXACT_MAX_ROWS rows round activations to int8 in the
-    # middle layers, then fewer than that run exact.
+    # middle layers, then fewer than that run exact. With an int8 cache the loop passes the
+    # scales too.
     seqs = [[1, 504, 3300, 28, 253, 1135, 30, 216], [9690, 17, 2],
             list(range(100, 140)), [4, 5, 6, 7, 8, 9]] + [[200 + i] * (3 + i) for i in range(8)]
     calls = []
@@ -34,10 +36,10 @@ def test_decode_loop_is_bit_identical_to_the_python_layers(fast_model, monkeypat
 
     monkeypatch.setattr(DecodeLoop, "__call__", counted)
     # One token per sequence per step: every step is decode-only, batches of 4 shrinking to 1.
-    fast = run_paged(fast_model, seqs, block_size=16, chunk=1)
+    fast = run_paged(fast_model, seqs, block_size=16, chunk=1, kv_cache_dtype=kv_cache_dtype)
     assert len(calls) == max(map(len, seqs)) and set(calls) >= {1, 2, 12}
     monkeypatch.setattr(fast_model, "decode_loop", None)
-    slow = run_paged(fast_model, seqs, block_size=16, chunk=1)
+    slow = run_paged(fast_model, seqs, block_size=16, chunk=1, kv_cache_dtype=kv_cache_dtype)
     for f, s in zip(fast, slow):
         assert torch.equal(f, s)
 
@@ -78,15 +80,21 @@ def test_decode_layers_rejects_mismatched_arguments(fast_model):
     args = (torch.tensor([0]), loop.cos, loop.sin)
     tail = (torch.tensor([0]), torch.zeros(1, 1, dtype=torch.long), torch.tensor([1]),
             loop.num_heads, loop.eps, loop.scale, loop.exact_max_rows)
+    keys, values = [c.key for c in kv], [c.value for c in kv]
     with pytest.raises(RuntimeError, match="6 weights and a key and value cache per layer"):
-        loop.ops.decode_layers(hidden, *args, loop.weights[:-1], [k for k, _ in kv],
-                               [v for _, v in kv], *tail)
+        loop.ops.decode_layers(hidden, *args, loop.weights[:-1], keys, values, [], [], *tail)
     with pytest.raises(RuntimeError, match="a row limit per layer"):
-        loop.ops.decode_layers(hidden, *args, loop.weights, [k for k, _ in kv], [v for _, v in kv],
-                               *tail[:-1], loop.exact_max_rows[:-1])
+        loop.ops.decode_layers(hidden, *args, loop.weights, keys, values, [], [], *tail[:-1],
+                               loop.exact_max_rows[:-1])
     with pytest.raises(RuntimeError, match="one decode token per sequence"):
-        loop.ops.decode_layers(hidden.expand(2, -1), *args, loop.weights, [k for k, _ in kv],
-                               [v for _, v in kv], *tail)
+        loop.ops.decode_layers(hidden.expand(2, -1), *args, loop.weights, keys, values, [], [], *tail)
+    int8 = make_kv_caches(config, 4, 16, torch.bfloat16, "int8")
+    with pytest.raises(RuntimeError, match="scales per layer for int8 caches"):
+        loop.ops.decode_layers(hidden, *args, loop.weights, [c.key for c in int8], [c.value for c in int8],
+                               [c.key_scale for c in int8][:-1], [c.value_scale for c in int8], *tail)
+    with pytest.raises(RuntimeError, match="needs key and value scales"):
+        loop.ops.decode_layers(hidden, *args, loop.weights, [c.key for c in int8], [c.value for c in int8],
+                               [], [], *tail)
 
 
 def test_exact_activations_option_keeps_every_layer_exact(fast_model):

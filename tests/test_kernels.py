@@ -3,7 +3,7 @@ layer ops (RMSNorm with residual, RoPE + KV write, SiLU-and-mul)."""
 import pytest
 import torch
 
-from pagedllm.attention import AttentionMetadata, TorchReferenceBackend
+from pagedllm.attention import AttentionMetadata, LayerKVCache, TorchReferenceBackend
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.kernels import kernel_ops
 from pagedllm.models.layer_ops import TorchLayerOps
@@ -36,7 +36,7 @@ def test_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim):
     slots = [t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, lens)]
     meta = AttentionMetadata.build(slots, list(range(len(lens) + 1)), lens, tables, block_size)
     reference = TorchReferenceBackend(heads, kv_heads, head_dim).forward(
-        query.float(), (key_cache.float(), value_cache.float()), meta)
+        query.float(), LayerKVCache(key_cache.float(), value_cache.float()), meta)
     batch = meta.decode_batch()
     out = ops.paged_decode_attention(query, key_cache, value_cache, batch.block_tables,
                                      batch.seq_lens, head_dim ** -0.5)
@@ -63,7 +63,7 @@ def test_prefill_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim,
     slots = [table[p // block_size] * block_size + p % block_size for p in range(start, seq_len)]
     meta = AttentionMetadata.build(slots, [0, chunk], [seq_len], [table], block_size)
     reference = TorchReferenceBackend(heads, kv_heads, head_dim).forward(
-        query.float(), (key_cache.float(), value_cache.float()), meta)
+        query.float(), LayerKVCache(key_cache.float(), value_cache.float()), meta)
     out = ops.paged_prefill_attention(query, key_cache, value_cache, meta.context_block_ids[0],
                                       start, head_dim ** -0.5)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
@@ -100,7 +100,7 @@ def test_kernel_rejects_bad_input(ops):
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         ops.paged_decode_attention(q.double(), cache.double(), cache.double(),
                                    torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long), 0.1)
-    with pytest.raises(RuntimeError, match="dtypes"):
+    with pytest.raises(RuntimeError, match="int8 or in the query's dtype"):
         ops.paged_decode_attention(q.bfloat16(), cache, cache, torch.zeros(2, 1, dtype=torch.long),
                                    torch.ones(2, dtype=torch.long), 0.1)
 

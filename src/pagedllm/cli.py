@@ -14,6 +14,9 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exact-activations", action="store_true",
                         help="bfloat16: never round activations to int8 for the 4-bit GEMMs "
                              "(prefill ~1.2x slower, logits closer to float32; BENCHMARKS.md)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
+                        help="auto (default): K/V in the model's dtype; int8: codes with a scale "
+                             "per row, ~half the memory and decode-attention reads (BENCHMARKS.md)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-num-seqs", default="auto", help="parallel slots, or 'auto'")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -34,7 +37,7 @@ def engine_kwargs(args) -> dict:
         memory = int(memory)
     max_num_seqs = args.max_num_seqs if args.max_num_seqs == "auto" else int(args.max_num_seqs)
     return dict(dtype=args.dtype, exact_activations=args.exact_activations,
-                block_size=args.block_size, kv_cache_memory=memory,
+                kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, kv_cache_memory=memory,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
 
@@ -119,7 +122,8 @@ def cmd_plan(args) -> int:
         return 2
     try:
         plan = make_plan(args.model, dtype=args.dtype, context=args.context, parallels=parallels,
-                         memory=memory, block_size=args.block_size)
+                         memory=memory, block_size=args.block_size,
+                         kv_cache_dtype=args.kv_cache_dtype)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -178,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--parallel", default="1,2,4,8,16,32")
     plan.add_argument("--memory", default=None, help="e.g. 8GiB (default: this machine's free memory)")
     plan.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    plan.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"])
     plan.add_argument("--block-size", type=int, default=16)
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm import sizing
+from pagedllm.attention import KV_CACHE_DTYPES
 from pagedllm.config import CacheConfig, SchedulerConfig
 from pagedllm.kv_cache import KVCacheManager
 from pagedllm.model_runner import ModelRunner
@@ -55,12 +56,16 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, model: str | None = None, *, dtype: str = "float32",
-                 exact_activations: bool = False, block_size: int = 16,
+                 exact_activations: bool = False, kv_cache_dtype: str = "auto",
+                 block_size: int = 16,
                  kv_cache_memory: int | float | None = None, max_num_seqs: int | str = "auto",
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, load_progress=None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {kv_cache_dtype!r}")
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         started = time.monotonic()
@@ -77,7 +82,9 @@ class LLMEngine:
 
         element_size = torch.tensor([], dtype=torch_dtype).element_size()
         self.kv_memory_bytes = sizing.resolve_kv_memory(kv_cache_memory)
-        num_blocks = sizing.num_blocks_for_memory(self.kv_memory_bytes, config, element_size, block_size)
+        self.kv_cache_dtype = kv_cache_dtype
+        num_blocks = sizing.num_blocks_for_memory(self.kv_memory_bytes, config, element_size,
+                                                  block_size, kv_cache_dtype)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory of {self.kv_memory_bytes} bytes holds no block of "
                              f"{block_size} tokens")
@@ -101,13 +108,13 @@ class LLMEngine:
             max_model_len=max_model_len)
         self.kv_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_manager)
-        self.runner = ModelRunner(net, config, num_blocks, block_size, torch_dtype)
+        self.runner = ModelRunner(net, config, num_blocks, block_size, torch_dtype, kv_cache_dtype)
         self._text_states: dict[str, RequestTextState] = {}
         self._ids = itertools.count()
         logger.info(
-            "loaded %s (%s) in %.1fs; KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); "
+            "loaded %s (%s) in %.1fs; KV cache (%s): %d blocks x %d tokens = %d tokens (%.2f GiB); "
             "maximum concurrency for %d-token requests: %.2fx; max_num_seqs=%d",
-            config.name, dtype, time.monotonic() - started, num_blocks, block_size, capacity,
+            config.name, dtype, time.monotonic() - started, kv_cache_dtype, num_blocks, block_size, capacity,
             self.kv_memory_bytes / 2**30, max_model_len, capacity / max_model_len,
             self.scheduler_config.max_num_seqs)
 

@@ -1,13 +1,14 @@
 """Turns a SchedulerOutput into tensors, runs the model over the paged KV cache and samples.
 
-Owns the KV tensors: per layer a (key, value) pair of [num_blocks, block_size, kv_heads,
-head_dim]. All per-step metadata is built here once and passed down explicitly.
+Owns the KV tensors: per layer a LayerKVCache, key and value [num_blocks, block_size,
+kv_heads, head_dim] (int8 codes and their scales with kv_cache_dtype "int8"). All per-step
+metadata is built here once and passed down explicitly.
 """
 from __future__ import annotations
 
 import torch
 
-from pagedllm.attention import AttentionMetadata
+from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.config import ModelConfig
 from pagedllm.request import TokenLogprob
 from pagedllm.sampler import Sampler, SamplingRow
@@ -16,17 +17,16 @@ from pagedllm.scheduler import SchedulerOutput
 
 class ModelRunner:
     def __init__(self, model, config: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, kv_cache_dtype: str = "auto"):
         self.model = model
         self.config = config
         self.block_size = block_size
         self.num_blocks = num_blocks
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        # torch.empty maps fresh pages without touching them: memory becomes resident only
-        # as blocks are first written, so a generous pool costs nothing until it is used.
-        # Attention reads only slots it has written (padding is masked and zeroed).
-        self.kv_caches = [(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
-                          for _ in range(config.num_layers)]
+        # Mapped lazily (resident as blocks are first written). Attention reads only slots
+        # it has written (padding is masked and zeroed).
+        self.kv_caches = allocate_layer_caches(config.num_layers, num_blocks, block_size,
+                                               config.num_kv_heads, config.head_dim, dtype,
+                                               kv_cache_dtype)
         self.sampler = Sampler()
 
     def execute(self, out: SchedulerOutput) -> dict[str, tuple[int, TokenLogprob | None]]:

@@ -14,12 +14,13 @@ ELEMENT_SIZES = {"float32": 4, "bfloat16": 2}
 
 
 def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[int],
-              memory: int | None, block_size: int = 16) -> sizing.CapacityPlan:
+              memory: int | None, block_size: int = 16,
+              kv_cache_dtype: str = "auto") -> sizing.CapacityPlan:
     summary = summarize_checkpoint(model)
     memory_bytes = memory if memory is not None else sizing.available_memory_bytes()
     return sizing.plan_capacity(summary, dtype=dtype, element_size=ELEMENT_SIZES[dtype],
                                 context=context, parallels=parallels, memory_bytes=memory_bytes,
-                                block_size=block_size)
+                                block_size=block_size, kv_cache_dtype=kv_cache_dtype)
 
 
 def print_plan(plan: sizing.CapacityPlan, as_json: bool, console: Console | None = None) -> None:
@@ -30,9 +31,10 @@ def print_plan(plan: sizing.CapacityPlan, as_json: bool, console: Console | None
     g = sizing.gib
     console.print(f"model {plan.model} ({plan.dtype}), context {plan.context} tokens, "
                   f"block size {plan.block_size}")
-    console.print(f"KV cache: {plan.kv_bytes_per_token:,} bytes per token = "
-                  f"2 x layers x kv_heads x head_dim x bytes; {g(plan.kv_bytes_per_request)} "
-                  f"per full-context request")
+    formula = ("2 x layers x kv_heads x (head_dim int8 codes + a 4-byte scale)"
+               if plan.kv_cache_dtype == "int8" else "2 x layers x kv_heads x head_dim x bytes")
+    console.print(f"KV cache ({plan.kv_cache_dtype}): {plan.kv_bytes_per_token:,} bytes per token = "
+                  f"{formula}; {g(plan.kv_bytes_per_request)} per full-context request")
     console.print(f"weights: {g(plan.weight_bytes)}; memory: {g(plan.memory_bytes)}; "
                   f"left for KV: {g(plan.kv_budget_bytes)}")
     table = Table("parallel", "KV memory", "weights + KV", "fits")
@@ -42,6 +44,7 @@ def print_plan(plan: sizing.CapacityPlan, as_json: bool, console: Console | None
     console.print(table)
     console.print(f"largest parallel count that fits: [bold]{plan.max_parallel}[/] "
                   f"(pagedllm serve --max-num-seqs {max(plan.max_parallel, 1)} "
-                  f"--max-model-len {plan.context})")
+                  f"--max-model-len {plan.context}"
+                  f"{' --kv-cache-dtype int8' if plan.kv_cache_dtype == 'int8' else ''})")
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {warning}")

@@ -17,8 +17,15 @@ DEFAULT_KV_FRACTION = 0.1  # of available memory, when no budget is given
 DEFAULT_KV_MAX_BYTES = 512 << 20
 
 
-def kv_bytes_per_token(config: ModelConfig, element_size: int) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+SCALE_BYTES = 4  # an int8 cache's float32 scale per (token, layer, K or V, KV head)
+
+
+def kv_bytes_per_token(config: ModelConfig, element_size: int, kv_cache_dtype: str = "auto") -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element; with kv_cache_dtype
+    "int8", 1 byte an element plus a scale per row (2 x layers x kv_heads x 4 bytes)."""
+    if kv_cache_dtype == "int8":
+        return (config.kv_bytes_per_token_per_element
+                + 2 * config.num_layers * config.num_kv_heads * SCALE_BYTES)
     return config.kv_bytes_per_token_per_element * element_size
 
 
@@ -40,8 +47,8 @@ def resolve_kv_memory(kv_cache_memory: int | float | None) -> int:
 
 
 def num_blocks_for_memory(memory_bytes: int, config: ModelConfig, element_size: int,
-                          block_size: int) -> int:
-    return memory_bytes // (kv_bytes_per_token(config, element_size) * block_size)
+                          block_size: int, kv_cache_dtype: str = "auto") -> int:
+    return memory_bytes // (kv_bytes_per_token(config, element_size, kv_cache_dtype) * block_size)
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
@@ -70,6 +77,7 @@ class ParallelFit:
 class CapacityPlan:
     model: str
     dtype: str
+    kv_cache_dtype: str
     context: int
     block_size: int
     kv_bytes_per_token: int
@@ -83,10 +91,10 @@ class CapacityPlan:
 
 
 def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
-                  memory_bytes: int, block_size: int = 16) -> CapacityPlan:
+                  memory_bytes: int, block_size: int = 16, kv_cache_dtype: str = "auto") -> CapacityPlan:
     """Memory = weights + parallel x context x KV bytes per token (whole blocks)."""
     config = summary.config
-    per_token = kv_bytes_per_token(config, element_size)
+    per_token = kv_bytes_per_token(config, element_size, kv_cache_dtype)
     per_request = blocks_for_tokens(context, block_size) * block_size * per_token
     weight_bytes = summary.weight_bytes(element_size)
     budget = max(0, memory_bytes - weight_bytes)
@@ -102,7 +110,7 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
             warnings.append(f"{row.parallel} x {context} tokens needs {gib(row.total_bytes)} "
                             f"(weights {gib(weight_bytes)} + KV {gib(row.kv_bytes)}), "
                             f"more than the {gib(memory_bytes)} given")
-    return CapacityPlan(config.name, dtype, context, block_size, per_token, per_request, weight_bytes,
+    return CapacityPlan(config.name, dtype, kv_cache_dtype, context, block_size, per_token, per_request, weight_bytes,
                         memory_bytes, budget, budget // per_request if per_request else 0, rows,
                         warnings)
 

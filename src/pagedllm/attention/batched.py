@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pagedllm.attention.layer_cache import LayerKVCache
 from pagedllm.attention.metadata import AttentionMetadata
 
 
@@ -32,31 +33,31 @@ class BatchedBackend:
         self.group = num_heads // num_kv_heads
         self.scale = head_dim ** -0.5
 
-    def forward(self, query: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, query: torch.Tensor, kv_cache: LayerKVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
         """query [T, heads, D]; this step's K/V are already in the cache. Returns [T, heads * D]."""
-        key_cache, value_cache = kv_cache
         batch = meta.decode_batch()
         if batch is not None and len(batch.rows) == query.shape[0]:
-            return self._decode(query, key_cache, value_cache, batch).flatten(1)
+            return self._decode(query, kv_cache, batch).flatten(1)
         output = torch.empty_like(query)
         if batch is not None:
-            output[batch.rows_tensor] = self._decode(query[batch.rows_tensor], key_cache, value_cache, batch)
+            output[batch.rows_tensor] = self._decode(query[batch.rows_tensor], kv_cache, batch)
         for i in meta.prefill_seq_indices():
             start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
-            output[start:end] = self._prefill(query[start:end], key_cache, value_cache, meta, i)
+            output[start:end] = self._prefill(query[start:end], kv_cache, meta, i)
         return output.flatten(1)
 
-    def _decode(self, query, key_cache, value_cache, batch) -> torch.Tensor:
+    def _decode(self, query, kv: LayerKVCache, batch) -> torch.Tensor:
         """query [S, heads, D] (one token per sequence) -> [S, heads, D]."""
         if self.kernel is not None:
-            return self.kernel.paged_decode_attention(query, key_cache, value_cache,
-                                                      batch.block_tables, batch.seq_lens, self.scale)
+            return self.kernel.paged_decode_attention(query, kv.key, kv.value, batch.block_tables,
+                                                      batch.seq_lens, self.scale, kv.key_scale,
+                                                      kv.value_scale)
         num_seqs = query.shape[0]
         # float32 math: CPU bf16 kernels are slow for these small, oddly shaped products.
-        keys = key_cache[batch.block_tables].flatten(1, 2).float()  # [S, L, kv_heads, D]
+        keys = kv.keys(batch.block_tables).flatten(1, 2).float()  # [S, L, kv_heads, D]
         # Padding slots hold whatever the memory held: zero them, since 0 * NaN is NaN.
-        values = value_cache[batch.block_tables].flatten(1, 2).float()
+        values = kv.values(batch.block_tables).flatten(1, 2).float()
         values.masked_fill_(batch.padding_mask.view(num_seqs, -1, 1, 1), 0.0)
         # Group query heads by their KV head: [S, kv_heads, group, D] x [S, kv_heads, D, L].
         q = query.view(num_seqs, self.num_kv_heads, self.group, self.head_dim).float()
@@ -65,16 +66,17 @@ class BatchedBackend:
         out = torch.matmul(scores.softmax(dim=-1), values.transpose(1, 2))  # [S, kv_heads, group, D]
         return out.view(num_seqs, self.num_heads, self.head_dim).to(query.dtype)
 
-    def _prefill(self, query, key_cache, value_cache, meta, i) -> torch.Tensor:
+    def _prefill(self, query, kv: LayerKVCache, meta, i) -> torch.Tensor:
         seq_len = meta.seq_lens[i]
         blocks = meta.context_block_ids[i]
         if self.kernel is not None:
             # Each token over its own causal context, straight from the blocks: no K/V gather,
             # no expanded KV heads (3.6x SDPA at 450 tokens, benchmarks/attention_kernels.py).
-            return self.kernel.paged_prefill_attention(query, key_cache, value_cache, blocks,
-                                                       seq_len - query.shape[0], self.scale)
-        keys = key_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)  # [kv_heads, L, D]
-        values = value_cache[blocks].flatten(0, 1)[:seq_len].transpose(0, 1)
+            return self.kernel.paged_prefill_attention(query, kv.key, kv.value, blocks,
+                                                       seq_len - query.shape[0], self.scale,
+                                                       kv.key_scale, kv.value_scale)
+        keys = kv.keys(blocks).flatten(0, 1)[:seq_len].transpose(0, 1).to(query.dtype)  # [kv_heads, L, D]
+        values = kv.values(blocks).flatten(0, 1)[:seq_len].transpose(0, 1).to(query.dtype)
         if self.group > 1:
             keys = keys.repeat_interleave(self.group, dim=0)
             values = values.repeat_interleave(self.group, dim=0)

@@ -8,12 +8,20 @@
 using NoGil = pybind11::call_guard<pybind11::gil_scoped_release>;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, NoGil(), "paged decode attention (CPU)");
+  using pybind11::arg;
+  m.def("paged_decode_attention", &paged_decode_attention, NoGil(), "paged decode attention (CPU)",
+        arg("query"), arg("key_cache"), arg("value_cache"), arg("block_tables"), arg("seq_lens"),
+        arg("scale"), arg("key_scales") = pybind11::none(), arg("value_scales") = pybind11::none());
   m.def("paged_prefill_attention", &paged_prefill_attention, NoGil(),
-        "causal attention of one sequence's prefill chunk over the paged cache (CPU)");
+        "causal attention of one sequence's prefill chunk over the paged cache (CPU)",
+        arg("query"), arg("key_cache"), arg("value_cache"), arg("block_table"), arg("start"),
+        arg("scale"), arg("key_scales") = pybind11::none(), arg("value_scales") = pybind11::none());
   m.def("rms_norm", &rms_norm, NoGil(), "RMSNorm, optionally adding x into residual first (in place)",
-        pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
-  m.def("rope_write_kv", &rope_write_kv, NoGil(), "RoPE on q and k; k and v written to the paged cache");
+        arg("x"), arg("residual"), arg("weight"), arg("eps"));
+  m.def("rope_write_kv", &rope_write_kv, NoGil(), "RoPE on q and k; k and v written to the paged cache",
+        arg("qkv"), arg("positions"), arg("cos"), arg("sin"), arg("key_cache"), arg("value_cache"),
+        arg("slot_mapping"), arg("num_heads"), arg("key_scales") = pybind11::none(),
+        arg("value_scales") = pybind11::none());
   m.def("silu_and_mul", &silu_and_mul, NoGil(), "silu(gate) * up");
   m.def("q4_gemm_available", &q4_gemm_available, NoGil(), "whether q4_gemm was built (AVX512-BF16)");
   m.def("q4_pack", &q4_pack, NoGil(), "4-bit codes, d, m -> the tiles q4_gemm reads");

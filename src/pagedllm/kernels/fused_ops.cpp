@@ -53,33 +53,60 @@ void rms_norm_impl(const T* x, T* residual, const T* weight, T* out, int64_t row
   });
 }
 
-template <typename T>
+// A K or V row into its cache slot: rounded to the cache's dtype, or, for an int8 cache,
+// to codes round(x / scale) with scale = max|x| / 127 (the row's own scale, so one large
+// row does not coarsen the others).
+template <typename C>
+inline void store_row(const float* x, C* dst, float*, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) Cvt<C>::store(dst, i, x[i]);
+}
+
+inline void store_row(const float* x, int8_t* dst, float* scale, int64_t n) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::abs(x[i]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = static_cast<int8_t>(std::nearbyint(std::min(127.f, std::max(-127.f, x[i] * inv))));
+  *scale = amax / 127.f;
+}
+
+// C: the cache's element type (T, or int8_t with scales).
+template <typename T, typename C>
 void rope_write_kv_impl(const T* qkv, const int64_t* positions, const float* cos,
-                        const float* sin, T* key_cache, T* value_cache, const int64_t* slots,
-                        T* q_out, int64_t tokens, int64_t heads, int64_t kv_heads,
-                        int64_t head_dim) {
+                        const float* sin, C* key_cache, C* value_cache, float* key_scales,
+                        float* value_scales, const int64_t* slots, T* q_out, int64_t tokens,
+                        int64_t heads, int64_t kv_heads, int64_t head_dim) {
   const int64_t half = head_dim / 2, row = (heads + 2 * kv_heads) * head_dim;
   const int64_t slot_stride = kv_heads * head_dim;
   at::parallel_for(0, tokens, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(head_dim);
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cos + positions[t] * head_dim;
       const float* s = sin + positions[t] * head_dim;
       const T* src = qkv + t * row;
-      // Rotate-half RoPE: [x1, x2] -> [x1 c - x2 s, x2 c + x1 s].
-      auto rotate = [&](const T* in, T* out) {
+      // Rotate-half RoPE: [x1, x2] -> [x1 c - x2 s, x2 c + x1 s], into buf.
+      auto rotate = [&](const T* in) {
         for (int64_t d = 0; d < half; ++d) {
           const float x1 = Cvt<T>::load(in, d), x2 = Cvt<T>::load(in, d + half);
-          Cvt<T>::store(out, d, x1 * c[d] - x2 * s[d]);
-          Cvt<T>::store(out, d + half, x2 * c[d + half] + x1 * s[d + half]);
+          buf[d] = x1 * c[d] - x2 * s[d];
+          buf[d + half] = x2 * c[d + half] + x1 * s[d + half];
         }
       };
-      for (int64_t h = 0; h < heads; ++h)
-        rotate(src + h * head_dim, q_out + (t * heads + h) * head_dim);
+      for (int64_t h = 0; h < heads; ++h) {
+        rotate(src + h * head_dim);
+        store_row(buf.data(), q_out + (t * heads + h) * head_dim, nullptr, head_dim);
+      }
       const T* k = src + heads * head_dim;
       const T* v = k + kv_heads * head_dim;
-      T* kc = key_cache + slots[t] * slot_stride;
-      for (int64_t h = 0; h < kv_heads; ++h) rotate(k + h * head_dim, kc + h * head_dim);
-      std::memcpy(value_cache + slots[t] * slot_stride, v, slot_stride * sizeof(T));
+      const int64_t slot = slots[t];
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        rotate(k + h * head_dim);
+        store_row(buf.data(), key_cache + slot * slot_stride + h * head_dim,
+                  key_scales + slot * kv_heads + h, head_dim);
+        for (int64_t d = 0; d < head_dim; ++d) buf[d] = Cvt<T>::load(v, h * head_dim + d);
+        store_row(buf.data(), value_cache + slot * slot_stride + h * head_dim,
+                  value_scales + slot * kv_heads + h, head_dim);
+      }
     }
   });
 }
@@ -134,14 +161,27 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
 }
 
 // qkv [T, (H + 2 KVH) D] -> q [T, H, D] with RoPE applied; K (rotated) and V are written to
-// their slots of the paged caches [blocks, block_size, KVH, D]. cos/sin [positions, D] f32.
+// their slots of the paged caches [blocks, block_size, KVH, D]: in qkv's dtype, or int8 with
+// their scales [blocks, block_size, KVH] float32. cos/sin [positions, D] f32.
 torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos,
                             torch::Tensor sin, torch::Tensor key_cache, torch::Tensor value_cache,
-                            torch::Tensor slot_mapping, int64_t num_heads) {
+                            torch::Tensor slot_mapping, int64_t num_heads,
+                            c10::optional<torch::Tensor> key_scales,
+                            c10::optional<torch::Tensor> value_scales) {
   check_rows(qkv, "qkv");
   TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
-              key_cache.sizes() == value_cache.sizes(), "caches must be contiguous and alike");
-  TORCH_CHECK(key_cache.scalar_type() == qkv.scalar_type(), "cache and qkv dtypes differ");
+              key_cache.sizes() == value_cache.sizes() &&
+              key_cache.scalar_type() == value_cache.scalar_type(), "caches must be contiguous and alike");
+  const bool quantized = key_cache.scalar_type() == torch::kInt8;
+  TORCH_CHECK(quantized || key_cache.scalar_type() == qkv.scalar_type(),
+              "the cache must be int8 or in qkv's dtype");
+  TORCH_CHECK(quantized == (key_scales.has_value() && value_scales.has_value()),
+              "an int8 cache needs key and value scales; a float cache takes none");
+  if (quantized)
+    for (const auto* t : {&*key_scales, &*value_scales})
+      TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() &&
+                  t->sizes() == key_cache.sizes().slice(0, 3),
+                  "scales must be contiguous float32 [num_blocks, block_size, kv_heads]");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat &&
               cos.is_contiguous() && sin.is_contiguous(), "cos/sin must be contiguous float32");
   TORCH_CHECK(positions.scalar_type() == torch::kInt64 && slot_mapping.scalar_type() == torch::kInt64,
@@ -162,10 +202,16 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
   auto q = torch::empty({tokens, num_heads, head_dim}, qkv.options());
   dispatch(qkv.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    rope_write_kv_impl<scalar_t>(qkv.data_ptr<scalar_t>(), pos, cos.data_ptr<float>(),
-                                 sin.data_ptr<float>(), key_cache.data_ptr<scalar_t>(),
-                                 value_cache.data_ptr<scalar_t>(), slots, q.data_ptr<scalar_t>(),
-                                 tokens, num_heads, kv_heads, head_dim);
+    const auto run = [&](auto* key, auto* value, float* ks, float* vs) {
+      rope_write_kv_impl(qkv.data_ptr<scalar_t>(), pos, cos.data_ptr<float>(), sin.data_ptr<float>(),
+                         key, value, ks, vs, slots, q.data_ptr<scalar_t>(), tokens, num_heads,
+                         kv_heads, head_dim);
+    };
+    if (quantized)
+      run(key_cache.data_ptr<int8_t>(), value_cache.data_ptr<int8_t>(), key_scales->data_ptr<float>(),
+          value_scales->data_ptr<float>());
+    else
+      run(key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(), nullptr, nullptr);
   });
   return q;
 }

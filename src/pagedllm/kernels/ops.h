@@ -3,17 +3,24 @@
 #include <torch/extension.h>
 #include <vector>
 
+// Caches in the query's dtype, or int8 with float32 scales (paged_cache.h).
 torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
                                      torch::Tensor value_cache, torch::Tensor block_tables,
-                                     torch::Tensor seq_lens, double scale);
+                                     torch::Tensor seq_lens, double scale,
+                                     c10::optional<torch::Tensor> key_scales,
+                                     c10::optional<torch::Tensor> value_scales);
 torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
                                       torch::Tensor value_cache, torch::Tensor block_table,
-                                      int64_t start, double scale);
+                                      int64_t start, double scale,
+                                      c10::optional<torch::Tensor> key_scales,
+                                      c10::optional<torch::Tensor> value_scales);
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
                        torch::Tensor weight, double eps);
 torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos,
                             torch::Tensor sin, torch::Tensor key_cache, torch::Tensor value_cache,
-                            torch::Tensor slot_mapping, int64_t num_heads);
+                            torch::Tensor slot_mapping, int64_t num_heads,
+                            c10::optional<torch::Tensor> key_scales,
+                            c10::optional<torch::Tensor> value_scales);
 torch::Tensor silu_and_mul(torch::Tensor x);
 bool q4_gemm_available();
 torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m);
@@ -27,6 +34,8 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
                                          std::vector<torch::Tensor> weights,
                                          std::vector<torch::Tensor> key_caches,
                                          std::vector<torch::Tensor> value_caches,
+                                         std::vector<torch::Tensor> key_scales,
+                                         std::vector<torch::Tensor> value_scales,
                                          torch::Tensor slot_mapping, torch::Tensor block_tables,
                                          torch::Tensor seq_lens, int64_t num_heads, double eps,
                                          double scale, std::vector<int64_t> exact_max_rows);
@@ -38,8 +47,8 @@ torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::T
 // Used by paged_prefill_attention: the tiled bfloat16 prefill kernel (prefill_attention.cpp),
 // given checked arguments. Its output where it applies (bfloat16, built with AVX512-BF16),
 // nothing otherwise.
+struct PagedCache;
 c10::optional<torch::Tensor> tiled_prefill_attention(const torch::Tensor& query,
-                                                     const torch::Tensor& key_cache,
-                                                     const torch::Tensor& value_cache,
+                                                     const PagedCache& cache,
                                                      const torch::Tensor& block_table,
                                                      int64_t start, double scale);

@@ -4,6 +4,8 @@
 // heads of its group (GQA). Math in float32 whatever the cache dtype; for bfloat16 caches on
 // CPUs with AVX512-BF16 the q.k products use its dot-product instruction
 // (benchmarks/attention_kernels.py: 25x the torch gather path at 16 sequences x 600 tokens).
+// int8 caches (paged_cache.h) hold half the bytes: q.k multiplies the key codes by the
+// query rounded to int8 (AVX512-VNNI), p.v folds each row's scale into its weight.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include "dtype.h"
 #include "ops.h"
+#include "paged_cache.h"
 
 using pagedllm::Cvt;
 
@@ -22,38 +25,50 @@ static inline void load_row(const scalar_t* __restrict__ src, float* __restrict_
   for (int d = 0; d < D; ++d) dst[d] = Cvt<scalar_t>::load(src, d);
 }
 
+// An int8 row's codes as floats; its scale is applied by the caller, once per row.
+template <typename scalar_t, int D>
+static inline void load_row(const int8_t* __restrict__ src, float* __restrict__ dst) {
+  for (int d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
 // Asks for the rows of one KV head a few blocks ahead while this block is computed: blocks
 // are scattered, so the hardware prefetcher cannot guess them (1.15-1.3x on the decode
 // kernel one block ahead; two ahead took 8 sequences x 600 tokens from 4.99 to 4.36 ms,
 // benchmarks/attention_kernels.py, since 110 MB of K/V come from memory, not cache).
 constexpr int64_t kPrefetchAhead = 2;
 
-template <typename scalar_t>
-static inline void prefetch_block(const scalar_t* block, int64_t block_size, int64_t token_stride,
+template <typename cache_t>
+static inline void prefetch_block(const cache_t* block, int64_t block_size, int64_t token_stride,
                                   int64_t head_dim) {
   const char* base = reinterpret_cast<const char*>(block);
-  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(cache_t));
   for (int64_t r = 0; r < block_size; ++r)
     for (int64_t c = 0; c < row_bytes; c += 64)
-      __builtin_prefetch(base + (r * token_stride) * static_cast<int64_t>(sizeof(scalar_t)) + c);
+      __builtin_prefetch(base + (r * token_stride) * static_cast<int64_t>(sizeof(cache_t)) + c);
 }
 
-// Walks one KV head's context block by block: fn(rows, start, n) gets the block's first row
-// (the next rows token_stride apart), that row's position and how many of the block's rows
-// are in the context, while the rows kPrefetchAhead blocks ahead are asked for.
-template <typename scalar_t, typename Fn>
-static inline void for_each_block(const scalar_t* cache, const int64_t* table, int64_t len,
-                                  int64_t block_size, int64_t token_stride, int64_t head_dim,
-                                  const Fn& fn) {
-  const int64_t block_stride = block_size * token_stride;
-  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
-    if (start + kPrefetchAhead * block_size < len)
-      prefetch_block(cache + table[b + kPrefetchAhead] * block_stride, block_size, token_stride, head_dim);
-    fn(cache + table[b] * block_stride, start, std::min(block_size, len - start));
+// Walks one KV head's context block by block: fn(rows, scales, start, n) gets the block's
+// first row (the next rows token_stride apart), its scales (kv_heads apart; null when not
+// quantized), that row's position and how many of the block's rows are in the context,
+// while the rows kPrefetchAhead blocks ahead are asked for.
+template <typename cache_t, typename Fn>
+static inline void for_each_block(const HeadRows<cache_t>& h, const int64_t* table, int64_t len,
+                                  int64_t head_dim, const Fn& fn) {
+  const int64_t block_stride = h.block_size * h.token_stride;
+  const int64_t scale_stride = h.block_size * h.kv_heads;
+  for (int64_t start = 0, b = 0; start < len; start += h.block_size, ++b) {
+    if (start + kPrefetchAhead * h.block_size < len) {
+      const int64_t ahead = table[b + kPrefetchAhead];
+      prefetch_block(h.cache + ahead * block_stride, h.block_size, h.token_stride, head_dim);
+      if (h.scales)
+        for (int64_t c = 0; c < scale_stride; c += 16) __builtin_prefetch(h.scales + ahead * scale_stride + c);
+    }
+    fn(h.cache + table[b] * block_stride, h.scales ? h.scales + table[b] * scale_stride : nullptr,
+       start, std::min(h.block_size, len - start));
   }
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 
 // Sums of each of four vectors, as one 4-float vector: a shared shuffle tree, several times
@@ -67,19 +82,22 @@ static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
+#endif
+
+#if defined(__AVX512BF16__)
+
 // q.k for bfloat16 caches with the AVX512-BF16 dot-product instruction: bf16 pairs multiplied
 // exactly and summed in float32, four tokens at a time. scores [G][len], scaled.
 template <int D, int G>
-static void qk_scores_bf16(const c10::BFloat16* query, const c10::BFloat16* key_cache,
-                           const int64_t* table, int64_t len, int64_t token_stride,
-                           int64_t block_size, float scale, float* scores) {
+static void qk_scores_bf16(const c10::BFloat16* query, const HeadRows<c10::BFloat16>& keys,
+                           const int64_t* table, int64_t len, float scale, float* scores) {
   constexpr int V = D / 32;  // 512-bit vectors per row
+  const int64_t token_stride = keys.token_stride;
   __m512bh q[G][V];
   for (int g = 0; g < G; ++g)
     for (int v = 0; v < V; ++v)
       q[g][v] = (__m512bh)_mm512_loadu_si512(query + g * D + v * 32);
-  for_each_block(key_cache, table, len, block_size, token_stride, D,
-                 [&](const c10::BFloat16* k, int64_t start, int64_t n) {
+  for_each_block(keys, table, len, D, [&](const c10::BFloat16* k, const float*, int64_t start, int64_t n) {
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
       __m512bh rows[4][V];
@@ -108,19 +126,106 @@ static void qk_scores_bf16(const c10::BFloat16* query, const c10::BFloat16* key_
 }
 #endif
 
-// q.k for any cache dtype, widened to float32. scores [G][len], scaled.
+// The G query rows rounded to int8 for the int8 key cache's integer dot products, as
+// llama.cpp rounds activations against a q8_0 cache: per row, scale max|q| / 127.
 template <typename scalar_t, int D, int G>
-static void qk_scores_generic(const scalar_t* __restrict__ query,
-                              const scalar_t* __restrict__ key_cache,
-                              const int64_t* __restrict__ table, int64_t len, int64_t token_stride,
-                              int64_t block_size, float scale, float* __restrict__ scores) {
+struct QueryCodes {
+  alignas(64) int8_t codes[G][D];
+  float scale[G];  // times the softmax scale
+  int32_t sum[G];  // sum of the codes
+  QueryCodes(const scalar_t* query, float softmax_scale) {
+    for (int g = 0; g < G; ++g) {
+      float amax = 0.f;
+      for (int d = 0; d < D; ++d) amax = std::max(amax, std::abs(Cvt<scalar_t>::load(query, g * D + d)));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      sum[g] = 0;
+      for (int d = 0; d < D; ++d) {
+        const float x = std::min(127.f, std::max(-127.f, Cvt<scalar_t>::load(query, g * D + d) * inv));
+        codes[g][d] = static_cast<int8_t>(std::nearbyint(x));
+        sum[g] += codes[g][d];
+      }
+      scale[g] = amax / 127.f * softmax_scale;
+    }
+  }
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+
+// q.k for int8 key caches with AVX512-VNNI: the key codes, flipped to unsigned (k + 128),
+// times the query codes, 64 byte products an instruction, summed exactly in int32; the
+// 128 * sum(q) the flip added is taken off, then both scales are applied. Four tokens at a
+// time, as for bfloat16. scores [G][len], scaled.
+template <typename scalar_t, int D, int G>
+static void qk_scores_int8(const scalar_t* query, const HeadRows<int8_t>& keys,
+                           const int64_t* table, int64_t len, float scale, float* scores) {
+  constexpr int V = D / 64;  // 512-bit vectors per row
+  const QueryCodes<scalar_t, D, G> qc(query, scale);
+  const int64_t token_stride = keys.token_stride, kv_heads = keys.kv_heads;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i q[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int v = 0; v < V; ++v) q[g][v] = _mm512_load_si512(qc.codes[g] + v * 64);
+  for_each_block(keys, table, len, D, [&](const int8_t* k, const float* ks, int64_t start, int64_t n) {
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      __m512i rows[4][V];
+      for (int r = 0; r < 4; ++r)
+        for (int v = 0; v < V; ++v)
+          rows[r][v] = _mm512_xor_si512(_mm512_loadu_si512(k + (j + r) * token_stride + v * 64), flip);
+      const __m128 row_scale = _mm_setr_ps(ks[j * kv_heads], ks[(j + 1) * kv_heads],
+                                           ks[(j + 2) * kv_heads], ks[(j + 3) * kv_heads]);
+      for (int g = 0; g < G; ++g) {
+        __m512 acc[4];
+        for (int r = 0; r < 4; ++r) {
+          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), rows[r][0], q[g][0]);
+          for (int v = 1; v < V; ++v) dot = _mm512_dpbusd_epi32(dot, rows[r][v], q[g][v]);
+          acc[r] = _mm512_cvtepi32_ps(dot);  // exact: |lane| < 2^24
+        }
+        __m128 s = _mm_sub_ps(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_set1_ps(128.f * qc.sum[g]));
+        s = _mm_mul_ps(_mm_mul_ps(s, row_scale), _mm_set1_ps(qc.scale[g]));
+        _mm_storeu_ps(scores + g * len + start + j, s);
+      }
+    }
+    for (; j < n; ++j) {
+      for (int g = 0; g < G; ++g) {
+        __m512i dot = _mm512_setzero_si512();
+        for (int v = 0; v < V; ++v)
+          dot = _mm512_dpbusd_epi32(
+              dot, _mm512_xor_si512(_mm512_loadu_si512(k + j * token_stride + v * 64), flip), q[g][v]);
+        scores[g * len + start + j] =
+            static_cast<float>(_mm512_reduce_add_epi32(dot) - 128 * qc.sum[g]) * ks[j * kv_heads] * qc.scale[g];
+      }
+    }
+  });
+}
+#else
+// Without AVX512-VNNI: the same integer products, one at a time.
+template <typename scalar_t, int D, int G>
+static void qk_scores_int8(const scalar_t* query, const HeadRows<int8_t>& keys,
+                           const int64_t* table, int64_t len, float scale, float* scores) {
+  const QueryCodes<scalar_t, D, G> qc(query, scale);
+  for_each_block(keys, table, len, D, [&](const int8_t* k, const float* ks, int64_t start, int64_t n) {
+    for (int64_t j = 0; j < n; ++j, k += keys.token_stride)
+      for (int g = 0; g < G; ++g) {
+        int32_t dot = 0;
+        for (int d = 0; d < D; ++d) dot += static_cast<int32_t>(qc.codes[g][d]) * k[d];
+        scores[g * len + start + j] = static_cast<float>(dot) * ks[j * keys.kv_heads] * qc.scale[g];
+      }
+  });
+}
+#endif
+
+// q.k for a float32 or bfloat16 cache, widened to float32. scores [G][len], scaled.
+template <typename scalar_t, int D, int G>
+static void qk_scores_generic(const scalar_t* __restrict__ query, const HeadRows<scalar_t>& keys,
+                              const int64_t* __restrict__ table, int64_t len, float scale,
+                              float* __restrict__ scores) {
   alignas(64) float q[G][D];
   alignas(64) float row[D];
   for (int g = 0; g < G; ++g)
     for (int d = 0; d < D; ++d) q[g][d] = Cvt<scalar_t>::load(query, g * D + d) * scale;
-  for_each_block(key_cache, table, len, block_size, token_stride, D,
-                 [&](const scalar_t* k, int64_t start, int64_t n) {
-    for (int64_t j = 0; j < n; ++j, k += token_stride) {
+  for_each_block(keys, table, len, D, [&](const scalar_t* k, const float*, int64_t start, int64_t n) {
+    for (int64_t j = 0; j < n; ++j, k += keys.token_stride) {
       load_row<scalar_t, D>(k, row);
       for (int g = 0; g < G; ++g) {
         float s = 0.f;
@@ -134,24 +239,26 @@ static void qk_scores_generic(const scalar_t* __restrict__ query,
 // One (sequence, KV head) task: the group's query heads attend over the context. HEAD_DIM
 // and GROUP as template constants let the compiler unroll the loops and keep the group's
 // accumulators in vector registers; the context is walked block by block, so finding a
-// token's slot needs no division.
-template <typename scalar_t, int HEAD_DIM, int GROUP>
-static void attend(const scalar_t* __restrict__ query, const scalar_t* __restrict__ key_cache,
-                   const scalar_t* __restrict__ value_cache, const int64_t* __restrict__ table,
-                   int64_t len, scalar_t* __restrict__ out, int64_t token_stride,
-                   int64_t block_size, float scale, std::vector<float>& score_buffer) {
+// token's slot needs no division. cache_t: scalar_t, or int8_t with per-row scales.
+template <typename scalar_t, typename cache_t, int HEAD_DIM, int GROUP>
+static void attend(const scalar_t* __restrict__ query, const HeadRows<cache_t>& keys,
+                   const HeadRows<cache_t>& values, const int64_t* __restrict__ table,
+                   int64_t len, scalar_t* __restrict__ out, float scale,
+                   std::vector<float>& score_buffer) {
   constexpr int D = HEAD_DIM, G = GROUP;
   alignas(64) float acc[G][D];
-  alignas(64) float row[D];
   score_buffer.resize(static_cast<size_t>(G) * len);
   float* __restrict__ scores = score_buffer.data();
+  if constexpr (std::is_same_v<cache_t, int8_t>) {
+    qk_scores_int8<scalar_t, D, G>(query, keys, table, len, scale, scores);
+  } else {
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
-    qk_scores_bf16<D, G>(query, key_cache, table, len, token_stride, block_size, scale, scores);
-  else
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>)
+      qk_scores_bf16<D, G>(query, keys, table, len, scale, scores);
+    else
 #endif
-    qk_scores_generic<scalar_t, D, G>(query, key_cache, table, len, token_stride, block_size,
-                                      scale, scores);
+      qk_scores_generic<scalar_t, D, G>(query, keys, table, len, scale, scores);
+  }
   for (int g = 0; g < G; ++g) {
     float* sg = scores + g * len;
     float m = sg[0];
@@ -162,12 +269,13 @@ static void attend(const scalar_t* __restrict__ query, const scalar_t* __restric
     for (int64_t t = 0; t < len; ++t) sg[t] *= inv;
     for (int d = 0; d < D; ++d) acc[g][d] = 0.f;
   }
-  for_each_block(value_cache, table, len, block_size, token_stride, D,
-                 [&](const scalar_t* v, int64_t start, int64_t n) {
-    for (int64_t j = 0; j < n; ++j, v += token_stride) {
+  alignas(64) float row[D];
+  for_each_block(values, table, len, D, [&](const cache_t* v, const float* vs, int64_t start, int64_t n) {
+    for (int64_t j = 0; j < n; ++j, v += values.token_stride) {
       load_row<scalar_t, D>(v, row);
+      const float row_scale = vs ? vs[j * values.kv_heads] : 1.f;  // int8: the row's scale
       for (int g = 0; g < G; ++g) {
-        const float p = scores[g * len + start + j];
+        const float p = scores[g * len + start + j] * row_scale;
         for (int d = 0; d < D; ++d) acc[g][d] += p * row[d];
       }
     }
@@ -176,13 +284,11 @@ static void attend(const scalar_t* __restrict__ query, const scalar_t* __restric
     for (int d = 0; d < D; ++d) out[g * D + d] = static_cast<scalar_t>(acc[g][d]);
 }
 
-template <typename scalar_t, int HEAD_DIM, int GROUP>
-static void decode_kernel(const scalar_t* query, const scalar_t* key_cache,
-                          const scalar_t* value_cache, const int64_t* block_tables,
+template <typename scalar_t, typename cache_t, int HEAD_DIM, int GROUP>
+static void decode_kernel(const scalar_t* query, const PagedCache& cache, const int64_t* block_tables,
                           const int64_t* seq_lens, scalar_t* out, int64_t num_seqs,
-                          int64_t num_heads, int64_t num_kv_heads, int64_t block_size,
-                          int64_t max_blocks, float scale) {
-  const int64_t token_stride = num_kv_heads * HEAD_DIM;  // one slot of the cache
+                          int64_t num_heads, int64_t max_blocks, float scale) {
+  const int64_t num_kv_heads = cache.kv_heads;
   const int64_t tasks = num_seqs * num_kv_heads;
   // Tasks handed out one at a time, last first: in a prefill chunk the last tokens have the
   // longest contexts, and starting with them balances the threads (a static split gave one
@@ -196,65 +302,89 @@ static void decode_kernel(const scalar_t* query, const scalar_t* key_cache,
       const int64_t task = tasks - 1 - i;
       const int64_t seq = task / num_kv_heads, kv_head = task % num_kv_heads;
       const int64_t head0 = (seq * num_heads + kv_head * GROUP) * HEAD_DIM;
-      attend<scalar_t, HEAD_DIM, GROUP>(query + head0, key_cache + kv_head * HEAD_DIM,
-                                        value_cache + kv_head * HEAD_DIM,
-                                        block_tables + seq * max_blocks, seq_lens[seq],
-                                        out + head0, token_stride, block_size, scale, scores);
+      attend<scalar_t, cache_t, HEAD_DIM, GROUP>(
+          query + head0, cache.head_rows<cache_t>(cache.key, cache.key_scales, kv_head),
+          cache.head_rows<cache_t>(cache.value, cache.value_scales, kv_head),
+          block_tables + seq * max_blocks, seq_lens[seq], out + head0, scale, scores);
     }
   }
 }
 
-// Checks shared by both entry points; returns the query, contiguous.
-static torch::Tensor checked_query(const torch::Tensor& query, const torch::Tensor& key_cache,
-                                   const torch::Tensor& value_cache) {
+PagedCache::PagedCache(const torch::Tensor& query, const torch::Tensor& key_cache,
+                       const torch::Tensor& value_cache,
+                       const c10::optional<torch::Tensor>& key_scale_tensor,
+                       const c10::optional<torch::Tensor>& value_scale_tensor) {
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
-  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type() &&
-              value_cache.scalar_type() == key_cache.scalar_type(), "query and cache dtypes differ");
   TORCH_CHECK(query.scalar_type() == torch::kFloat || query.scalar_type() == torch::kBFloat16,
-              "query and cache must be float32 or bfloat16");
+              "query must be float32 or bfloat16");
+  TORCH_CHECK(value_cache.scalar_type() == key_cache.scalar_type(), "key and value cache dtypes differ");
+  quantized = key_cache.scalar_type() == torch::kInt8;
+  TORCH_CHECK(quantized || key_cache.scalar_type() == query.scalar_type(),
+              "the cache must be int8 or in the query's dtype");
+  TORCH_CHECK(quantized == (key_scale_tensor.has_value() && value_scale_tensor.has_value()),
+              "an int8 cache needs key and value scales; a float cache takes none");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(value_cache.sizes() == key_cache.sizes() && query.size(2) == key_cache.size(3),
               "query, key and value shapes differ");
-  const int64_t num_heads = query.size(1), num_kv_heads = key_cache.size(2);
-  TORCH_CHECK(num_heads % num_kv_heads == 0 && num_heads / num_kv_heads <= 8,
+  const int64_t num_heads = query.size(1);
+  kv_heads = key_cache.size(2);
+  TORCH_CHECK(num_heads % kv_heads == 0 && num_heads / kv_heads <= 8,
               "heads must be a multiple of KV heads, at most 8 per group");
   TORCH_CHECK(query.size(2) == 64 || query.size(2) == 128, "head_dim must be 64 or 128");
-  return query.contiguous();
+  block_size = key_cache.size(1);
+  head_dim = key_cache.size(3);
+  key = key_cache.data_ptr();
+  value = value_cache.data_ptr();
+  if (quantized) {
+    for (const auto* t : {&*key_scale_tensor, &*value_scale_tensor})
+      TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() &&
+                  t->sizes() == key_cache.sizes().slice(0, 3),
+                  "scales must be contiguous float32 [num_blocks, block_size, kv_heads]");
+    key_scales = key_scale_tensor->data_ptr<float>();
+    value_scales = value_scale_tensor->data_ptr<float>();
+  }
 }
 
 // The per-token kernel for the dtype, head_dim and group. tables: num_seqs rows of max_blocks
 // block ids (max_blocks 0: every row the same table).
-static torch::Tensor run_paged_attention(torch::Tensor query, const torch::Tensor& key_cache,
-                                         const torch::Tensor& value_cache, const int64_t* tables,
-                                         int64_t max_blocks, const int64_t* seq_lens,
-                                         double scale) {
-  query = checked_query(query, key_cache, value_cache);
-  const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
-  const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
+static torch::Tensor run_paged_attention(const torch::Tensor& query, const PagedCache& cache,
+                                         const int64_t* tables, int64_t max_blocks,
+                                         const int64_t* seq_lens, double scale) {
+  const int64_t num_seqs = query.size(0), num_heads = query.size(1);
   auto out = torch::empty_like(query);
   pagedllm::dispatch(query.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    pagedllm::dispatch_head_shape(head_dim, num_heads / num_kv_heads, [&](auto dim, auto group) {
-      decode_kernel<scalar_t, decltype(dim)::value, decltype(group)::value>(
-          query.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
-          tables, seq_lens, out.data_ptr<scalar_t>(), num_seqs, num_heads, num_kv_heads, block_size,
-          max_blocks, static_cast<float>(scale));
+    pagedllm::dispatch_head_shape(cache.head_dim, num_heads / cache.kv_heads, [&](auto dim, auto group) {
+      constexpr int D = decltype(dim)::value, G = decltype(group)::value;
+      if (cache.quantized)
+        decode_kernel<scalar_t, int8_t, D, G>(query.data_ptr<scalar_t>(), cache, tables, seq_lens,
+                                              out.data_ptr<scalar_t>(), num_seqs, num_heads,
+                                              max_blocks, static_cast<float>(scale));
+      else
+        decode_kernel<scalar_t, scalar_t, D, G>(query.data_ptr<scalar_t>(), cache, tables, seq_lens,
+                                                out.data_ptr<scalar_t>(), num_seqs, num_heads,
+                                                max_blocks, static_cast<float>(scale));
     });
   });
   return out;
 }
 
-// query [S, H, D]; caches [num_blocks, block_size, KVH, D]; block_tables [S, max_blocks] int64;
-// seq_lens [S] int64. Returns [S, H, D] in the query dtype.
+// query [S, H, D]; caches [num_blocks, block_size, KVH, D] in the query's dtype, or int8 with
+// float32 scales [num_blocks, block_size, KVH]; block_tables [S, max_blocks] int64; seq_lens
+// [S] int64. Returns [S, H, D] in the query dtype.
 torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
                                      torch::Tensor value_cache, torch::Tensor block_tables,
-                                     torch::Tensor seq_lens, double scale) {
+                                     torch::Tensor seq_lens, double scale,
+                                     c10::optional<torch::Tensor> key_scales,
+                                     c10::optional<torch::Tensor> value_scales) {
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && seq_lens.scalar_type() == torch::kInt64,
               "block_tables and seq_lens must be int64");
   block_tables = block_tables.contiguous();
   seq_lens = seq_lens.contiguous();
-  return run_paged_attention(query, key_cache, value_cache, block_tables.data_ptr<int64_t>(),
-                             block_tables.size(1), seq_lens.data_ptr<int64_t>(), scale);
+  query = query.contiguous();
+  const PagedCache cache(query, key_cache, value_cache, key_scales, value_scales);
+  return run_paged_attention(query, cache, block_tables.data_ptr<int64_t>(), block_tables.size(1),
+                             seq_lens.data_ptr<int64_t>(), scale);
 }
 
 // Prefill chunk of one sequence: query [T, H, D] holds the tokens at positions start..start+T-1,
@@ -265,7 +395,9 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
 // contexts.
 torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
                                       torch::Tensor value_cache, torch::Tensor block_table,
-                                      int64_t start, double scale) {
+                                      int64_t start, double scale,
+                                      c10::optional<torch::Tensor> key_scales,
+                                      c10::optional<torch::Tensor> value_scales) {
   TORCH_CHECK(block_table.scalar_type() == torch::kInt64 && block_table.dim() == 1,
               "block_table must be 1-D int64");
   TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
@@ -273,10 +405,11 @@ torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cac
   const int64_t tokens = query.size(0);
   TORCH_CHECK(start >= 0 && start + tokens <= block_table.size(0) * key_cache.size(1),
               "the chunk runs past its block table");
-  query = checked_query(query, key_cache, value_cache);
-  if (auto tiled = tiled_prefill_attention(query, key_cache, value_cache, block_table, start, scale))
+  query = query.contiguous();
+  const PagedCache cache(query, key_cache, value_cache, key_scales, value_scales);
+  if (auto tiled = tiled_prefill_attention(query, cache, block_table, start, scale))
     return *tiled;
   auto lens = torch::arange(start + 1, start + tokens + 1, block_table.options());
-  return run_paged_attention(query, key_cache, value_cache, block_table.data_ptr<int64_t>(),
-                             /*max_blocks=*/0, lens.data_ptr<int64_t>(), scale);
+  return run_paged_attention(query, cache, block_table.data_ptr<int64_t>(), /*max_blocks=*/0,
+                             lens.data_ptr<int64_t>(), scale);
 }

@@ -11,8 +11,10 @@
 //     itself (online: running maximum and sum per row, the sums rescaled when the maximum
 //     grows) stays float32, its sums adding the rounded weights so that they sum to 1.
 // A token's GROUP query rows are processed together: they see the same keys, and their
-// independent dot-product chains hide the instruction's latency.
+// independent dot-product chains hide the instruction's latency. An int8 cache's rows are
+// dequantized to bfloat16 as they are laid out, so the products are the same code.
 #include "ops.h"
+#include "paged_cache.h"
 
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -39,8 +41,7 @@ constexpr float kMasked = -1e30f;
 
 struct Chunk {
   const c10::BFloat16* query;  // [T, H, D]
-  const c10::BFloat16* key_cache;
-  const c10::BFloat16* value_cache;
+  const PagedCache& cache;
   const int64_t* table;
   c10::BFloat16* out;  // [T, H, D]
   int64_t heads, kv_heads, block_size, start;
@@ -82,6 +83,19 @@ inline __m512 exp512(__m512 x) {
   return _mm512_maskz_scalef_ps(live, p, n);
 }
 
+// A cache row as bfloat16 bits: copied, or int8 codes times their scale, rounded to
+// bfloat16 (once per tile, so the products below are the same for both caches).
+template <int D>
+inline void fetch_row(const c10::BFloat16* row, const float*, uint16_t* out) {
+  std::memcpy(out, row, D * sizeof(uint16_t));
+}
+
+template <int D>
+inline void fetch_row(const int8_t* row, const float* scale, uint16_t* out) {
+  const float s = *scale;
+  for (int d = 0; d < D; ++d) out[d] = pagedllm::Cvt<c10::BFloat16>::to_bits(static_cast<float>(row[d]) * s);
+}
+
 // Where lane i of value-pair vector v of a row lands among its D dimensions: unpacking two
 // rows' 16-bit values interleaves them within each 128-bit quarter, 4 dimensions at a time.
 template <int D>
@@ -94,7 +108,7 @@ int value_dim(int v, int i) {
 // Tokens t0 .. t0 + nt - 1, the query heads of KV head kv. The tile's keys are laid out once
 // (kt, vp: thread-local buffers, one group of 16 keys after another); then each token walks
 // its groups with its rows' running maximum, sum and output in registers.
-template <int D, int G>
+template <typename cache_t, int D, int G>
 void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
   constexpr int P = D / 2;   // bf16 pairs in a key row
   constexpr int V = D / 16;  // float32 vectors in an output row
@@ -102,7 +116,8 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
     uint32_t kt[P][kKeys];
     __m512i vp[kKeys / 2][V];
   };
-  const int64_t token_stride = c.kv_heads * D;  // one slot of the cache
+  const HeadRows<cache_t> key_rows = c.cache.head_rows<cache_t>(c.cache.key, c.cache.key_scales, kv);
+  const HeadRows<cache_t> value_rows = c.cache.head_rows<cache_t>(c.cache.value, c.cache.value_scales, kv);
   const int64_t last = c.start + t0 + nt - 1;   // the last position any row sees
   const int64_t groups = last / kKeys + 1;
   thread_local std::vector<KeyGroup, AlignedAllocator<KeyGroup>> buffer;
@@ -116,11 +131,15 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
       if (k < nk) {
         const int64_t pos = k0 + k;
         const int64_t slot = c.table[pos / c.block_size] * c.block_size + pos % c.block_size;
-        const int64_t offset = slot * token_stride + kv * D;
+        alignas(64) uint16_t key_row[D];
+        fetch_row<D>(key_rows.cache + slot * key_rows.token_stride,
+                     key_rows.scales ? key_rows.scales + slot * key_rows.kv_heads : nullptr, key_row);
         uint32_t pairs[P];
-        std::memcpy(pairs, c.key_cache + offset, sizeof(pairs));
+        std::memcpy(pairs, key_row, sizeof(pairs));
         for (int p = 0; p < P; ++p) kg.kt[p][k] = pairs[p];
-        std::memcpy(values[k], c.value_cache + offset, sizeof(values[k]));
+        fetch_row<D>(value_rows.cache + slot * value_rows.token_stride,
+                     value_rows.scales ? value_rows.scales + slot * value_rows.kv_heads : nullptr,
+                     values[k]);
       } else {
         for (int p = 0; p < P; ++p) kg.kt[p][k] = 0;
         std::fill_n(values[k], D, 0);
@@ -197,7 +216,7 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
   }
 }
 
-template <int D, int G>
+template <typename cache_t, int D, int G>
 void run_tiles(const Chunk& c, int64_t tokens) {
   const int64_t tiles = (tokens + kTileTokens - 1) / kTileTokens;
   const int64_t tasks = tiles * c.kv_heads;
@@ -208,7 +227,7 @@ void run_tiles(const Chunk& c, int64_t tokens) {
     const int64_t task = tasks - 1 - i;
     const int64_t tile = task / c.kv_heads, kv = task % c.kv_heads;
     const int64_t t0 = tile * kTileTokens;
-    attend_tile<D, G>(c, kv, t0, std::min(kTileTokens, tokens - t0));
+    attend_tile<cache_t, D, G>(c, kv, t0, std::min(kTileTokens, tokens - t0));
   }
 }
 
@@ -217,21 +236,21 @@ void run_tiles(const Chunk& c, int64_t tokens) {
 }  // namespace
 
 c10::optional<torch::Tensor> tiled_prefill_attention(const torch::Tensor& query,
-                                                     const torch::Tensor& key_cache,
-                                                     const torch::Tensor& value_cache,
+                                                     const PagedCache& cache,
                                                      const torch::Tensor& block_table,
                                                      int64_t start, double scale) {
 #if defined(__AVX512BF16__)
   if (query.scalar_type() != at::kBFloat16) return c10::nullopt;
   auto out = torch::empty_like(query);
-  const int64_t tokens = query.size(0), heads = query.size(1), kv_heads = key_cache.size(2);
+  const int64_t tokens = query.size(0), heads = query.size(1), kv_heads = cache.kv_heads;
   if (tokens == 0) return out;  // nothing to attend (and no thread team of 0)
-  const Chunk c{query.data_ptr<c10::BFloat16>(), key_cache.data_ptr<c10::BFloat16>(),
-                value_cache.data_ptr<c10::BFloat16>(), block_table.data_ptr<int64_t>(),
-                out.data_ptr<c10::BFloat16>(), heads, kv_heads, key_cache.size(1), start,
+  const Chunk c{query.data_ptr<c10::BFloat16>(), cache, block_table.data_ptr<int64_t>(),
+                out.data_ptr<c10::BFloat16>(), heads, kv_heads, cache.block_size, start,
                 static_cast<float>(scale)};
   pagedllm::dispatch_head_shape(query.size(2), heads / kv_heads, [&](auto dim, auto group) {
-    run_tiles<decltype(dim)::value, decltype(group)::value>(c, tokens);
+    constexpr int D = decltype(dim)::value, G = decltype(group)::value;
+    if (cache.quantized) run_tiles<int8_t, D, G>(c, tokens);
+    else run_tiles<c10::BFloat16, D, G>(c, tokens);
   });
   return out;
 #else

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedllm.attention import AttentionMetadata
+from pagedllm.attention import AttentionMetadata, LayerKVCache
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.kernels import kernel_ops
 from pagedllm.models.quant_linear import QuantLinear
@@ -65,12 +65,15 @@ class DecodeLoop:
         return batch is not None and len(batch.rows) == tokens and tokens <= self.max_rows
 
     def __call__(self, hidden: torch.Tensor, positions: torch.Tensor,
-                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 kv_caches: list[LayerKVCache],
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """Embedded tokens [T, H] -> (last MLP output, residual), as the Python layers return."""
         batch = meta.decode_batch()
+        quantized = kv_caches[0].quantized
         hidden, residual = self.ops.decode_layers(
-            hidden, positions, self.cos, self.sin, self.weights, [k for k, _ in kv_caches],
-            [v for _, v in kv_caches], meta.slot_mapping, batch.block_tables, batch.seq_lens,
-            self.num_heads, self.eps, self.scale, self.exact_max_rows)
+            hidden, positions, self.cos, self.sin, self.weights, [kv.key for kv in kv_caches],
+            [kv.value for kv in kv_caches], [kv.key_scale for kv in kv_caches] if quantized else [],
+            [kv.value_scale for kv in kv_caches] if quantized else [], meta.slot_mapping,
+            batch.block_tables, batch.seq_lens, self.num_heads, self.eps, self.scale,
+            self.exact_max_rows)
         return hidden, residual

@@ -4,7 +4,8 @@
 the same three functions fused into one pass each (`layer_ops` picks it when it is built).
 Signatures:
   rms_norm(x, residual, weight, eps) -> normed; with a residual, residual += x in place first
-  rope_write_kv(qkv, positions, cos, sin, key_cache, value_cache, slot_mapping, num_heads) -> q
+  rope_write_kv(qkv, positions, cos, sin, key_cache, value_cache, slot_mapping, num_heads,
+                key_scales=None, value_scales=None) -> q   (scales: for int8 caches)
   silu_and_mul(gate_up) -> silu(gate) * up
 """
 from __future__ import annotations
@@ -30,7 +31,9 @@ class TorchLayerOps:
     @staticmethod
     def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                       sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor, num_heads: int) -> torch.Tensor:
+                      slot_mapping: torch.Tensor, num_heads: int,
+                      key_scales: torch.Tensor | None = None,
+                      value_scales: torch.Tensor | None = None) -> torch.Tensor:
         num_tokens = qkv.shape[0]
         num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
         q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim,
@@ -42,7 +45,7 @@ class TorchLayerOps:
         sin = sin[positions].unsqueeze(1).to(qkv.dtype)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        write_kv(k, v, key_cache, value_cache, slot_mapping)
+        write_kv(k, v, key_cache, value_cache, slot_mapping, key_scales, value_scales)
         return q
 
     @staticmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.attention import BACKENDS, AttentionMetadata
+from pagedllm.attention import BACKENDS, AttentionMetadata, LayerKVCache
 from pagedllm.config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.layer_ops import layer_ops
@@ -63,11 +63,10 @@ class Attention(nn.Module):
         self.backend = BACKENDS[backend](self.num_heads, self.num_kv_heads, self.head_dim)
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata):
-        key_cache, value_cache = kv_cache
         # RoPE on q and k, and this step's K/V stored at their slots, in one op.
         q = self.ops.rope_write_kv(self.qkv_proj(hidden), positions, self.rotary.cos,
-                                   self.rotary.sin, key_cache, value_cache, meta.slot_mapping,
-                                   self.num_heads)
+                                   self.rotary.sin, kv_cache.key, kv_cache.value, meta.slot_mapping,
+                                   self.num_heads, kv_cache.key_scale, kv_cache.value_scale)
         return self.o_proj(self.backend.forward(q, kv_cache, meta))
 
 
@@ -169,7 +168,7 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, H] in the model dtype."""
         hidden = self._embedding_rows(input_ids).to(self.dtype)
         if self.decode_loop is not None and self.decode_loop.applies(meta, hidden.shape[0]):

@@ -1,0 +1,37 @@
+// A layer's paged K/V cache as the attention kernels read it: [num_blocks, block_size, KVH, D]
+// codes in the query's dtype, or int8 codes with a float32 scale per (slot, KV head)
+// [num_blocks, block_size, KVH] (kv_cache_dtype "int8": half the bytes of bfloat16, so half
+// the memory traffic of decode attention and twice the tokens in the same memory).
+#pragma once
+#include <torch/extension.h>
+#include <cstdint>
+
+// One KV head's rows: the cache and its scales offset to the head.
+template <typename cache_t>
+struct HeadRows {
+  const cache_t* cache;
+  const float* scales;   // null unless int8
+  int64_t token_stride;  // elements from one slot to the next (KV heads x head_dim)
+  int64_t kv_heads;      // scales from one slot to the next
+  int64_t block_size;
+};
+
+struct PagedCache {
+  // Checks the query against the caches (dtypes, shapes, contiguity, scales where int8).
+  PagedCache(const torch::Tensor& query, const torch::Tensor& key_cache,
+             const torch::Tensor& value_cache, const c10::optional<torch::Tensor>& key_scales,
+             const c10::optional<torch::Tensor>& value_scales);
+
+  const void* key;
+  const void* value;
+  const float* key_scales = nullptr;
+  const float* value_scales = nullptr;
+  int64_t block_size, kv_heads, head_dim;
+  bool quantized = false;
+
+  template <typename cache_t>
+  HeadRows<cache_t> head_rows(const void* codes, const float* scales, int64_t kv_head) const {
+    return {static_cast<const cache_t*>(codes) + kv_head * head_dim,
+            scales ? scales + kv_head : nullptr, kv_heads * head_dim, kv_heads, block_size};
+  }
+};
