@@ -59,59 +59,50 @@ def test_eight_prompts_together_equal_alone(real_llm):
         assert t.text == a.text
 
 
+def assert_close_to_float32(real_llm, model, label: str, max_mean_error: float,
+                            kv_cache_dtype: str = "auto") -> None:
+    """The fast model's logits at every position of a short and a 300-token prompt, against
+    the float32 model's (exact cache): whole-prompt prefill, and one token a step (the C++
+    decode loop). Greedy agreement >= 95 %, mean |logit difference| < max_mean_error; pytest
+    -s prints the figures that BENCHMARKS.md quotes."""
+    from paged_helpers import run_paged
+
+    short = real_llm.tokenizer.encode(PROMPTS[3] + " The fisherman's daughter walked to the harbour.")
+    long = make_prompt_token_ids(real_llm.tokenizer, [300], seed=3)[0]
+    for ids in (short, long):
+        exact = run_paged(real_llm.engine.runner.model, [ids], block_size=16)[0]
+        for chunk in (None, 1):
+            approx = run_paged(model, [ids], block_size=16, chunk=chunk, kv_cache_dtype=kv_cache_dtype)[0]
+            agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean().item()
+            mean_error = (approx - exact).abs().mean().item()
+            print(f"{label} vs float32, {len(ids)} tokens, chunk {chunk}: greedy agreement "
+                  f"{agree:.3f}, mean |logit difference| {mean_error:.3f}")
+            assert agree >= 0.95, (len(ids), chunk, agree)
+            assert mean_error < max_mean_error, (len(ids), chunk, mean_error)
+
+
 def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
     from pagedllm import LLM
-    from paged_helpers import run_paged
 
     fast = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
     model = fast.engine.runner.model
     assert any(type(m).__name__ == "QuantLinear" for m in model.modules())  # 4-bit in use
     assert model.embed_q8 is not None and model.embed_weight.numel() == 0  # 8-bit embedding
-    from pagedllm.text_prompts import make_prompt_token_ids
-
-    short = real_llm.tokenizer.encode(PROMPTS[3] + " The fisherman's daughter walked to the harbour.")
-    long = make_prompt_token_ids(real_llm.tokenizer, [300], seed=3)[0]
-    for ids in (short, long):
-        exact = run_paged(real_llm.engine.runner.model, [ids], block_size=16)[0]
-        # Whole-prompt prefill (int8-rounded activations in the middle layers, above 8 rows)
-        # and one-token steps (the C++ decode loop, exact q4_gemm, q8 head, C++ attention).
-        for chunk in (None, 1):
-            approx = run_paged(model, [ids], block_size=16, chunk=chunk)[0]
-            agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean().item()
-            mean_error = (approx - exact).abs().mean().item()
-            # BENCHMARKS.md quotes these (pytest -s prints them), whole prompt / one token a
-            # step: agreement 1.0 / 1.0 (short), 0.97 / 0.98 (long); mean |difference| 0.22 /
-            # 0.15 (short), 0.16 / 0.11 (long). Int8-rounded activations and the tiled prefill
-            # attention raised the whole-prompt errors from 0.15 and 0.11
-            # (benchmarks/int8_activations.py).
-            print(f"bf16 vs float32, {len(ids)} tokens, chunk {chunk}: greedy agreement "
-                  f"{agree:.3f}, mean |logit difference| {mean_error:.3f}")
-            assert agree >= 0.95, (len(ids), chunk, agree)
-            assert mean_error < 0.25
+    # Whole prompt / one token a step: agreement 1.0 / 1.0 (short), 0.97 / 0.98 (long); mean
+    # |difference| 0.22 / 0.15 (short), 0.16 / 0.11 (long). Int8-rounded activations (middle
+    # layers, above 8 rows) and the tiled prefill attention raised the whole-prompt errors
+    # from 0.15 and 0.11 (benchmarks/int8_activations.py).
+    assert_close_to_float32(real_llm, model, "bf16", 0.25)
     out = fast.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
     assert "Paris" in out.text
 
 
 def test_int8_kv_cache_stays_close_to_float32(real_llm):
-    """kv_cache_dtype "int8" on the bfloat16 fast path, against the float32 model (exact
-    cache): whole-prompt prefill (the tiled kernel reads dequantized rows) and one token a
-    step (the C++ loop; decode attention multiplies int8 codes). Stated tolerance: greedy
-    agreement >= 95 %, mean |logit difference| < 0.3 (0.25 for the bfloat16 cache above:
-    the int8 cache adds ~0.03, benchmarks/kv_cache_int8.py)."""
+    """kv_cache_dtype "int8" on the bfloat16 fast path: the tiled prefill kernel reads
+    dequantized rows, decode attention multiplies int8 codes. Stated tolerance: mean |logit
+    difference| < 0.3 (0.25 for the bfloat16 cache: the int8 cache adds ~0.03,
+    benchmarks/kv_cache_int8.py)."""
     from pagedllm import LLM
-    from paged_helpers import run_paged
-    from pagedllm.text_prompts import make_prompt_token_ids
 
     model = LLM(dtype="bfloat16", kv_cache_memory=64 << 20, kv_cache_dtype="int8").engine.runner.model
-    short = real_llm.tokenizer.encode(PROMPTS[3] + " The fisherman's daughter walked to the harbour.")
-    long = make_prompt_token_ids(real_llm.tokenizer, [300], seed=3)[0]
-    for ids in (short, long):
-        exact = run_paged(real_llm.engine.runner.model, [ids], block_size=16)[0]
-        for chunk in (None, 1):
-            approx = run_paged(model, [ids], block_size=16, chunk=chunk, kv_cache_dtype="int8")[0]
-            agree = (approx.argmax(-1) == exact.argmax(-1)).float().mean().item()
-            mean_error = (approx - exact).abs().mean().item()
-            print(f"bf16 + int8 KV vs float32, {len(ids)} tokens, chunk {chunk}: greedy agreement "
-                  f"{agree:.3f}, mean |logit difference| {mean_error:.3f}")
-            assert agree >= 0.95, (len(ids), chunk, agree)
-            assert mean_error < 0.3
+    assert_close_to_float32(real_llm, model, "bf16 + int8 KV", 0.3, kv_cache_dtype="int8")
