@@ -218,3 +218,30 @@ def test_plan_sizes_an_int8_cache(capsys):
     text = capsys.readouterr().out
     assert "KV cache (int8): 12,240 bytes per token" in text  # 2 x 30 x 3 x (64 + 4)
     assert "--kv-cache-dtype int8" in text
+
+
+def test_server_with_int8_cache_serves_and_says_so(tmp_path):
+    """`pagedllm serve --kv-cache-dtype int8` through the official client: streamed and
+    whole completions agree, bad input still gets its 400, and /metrics names the cache."""
+    import httpx
+    import openai
+    from prometheus_client.parser import text_string_to_metric_families
+    from server_process import ServerProcess
+
+    proc = ServerProcess("--kv-cache-dtype", "int8", "--kv-cache-memory", str(64 << 20),
+                         "--served-model-name", "smollm2", log_path=str(tmp_path / "log"))
+    try:
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        kwargs = dict(model="smollm2", prompt="The capital of France is", max_tokens=8, temperature=0)
+        whole = client.completions.create(**kwargs).choices[0].text
+        streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kwargs)
+                           if c.choices)
+        assert "Paris" in whole and streamed == whole
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="smollm2", prompt="x", max_tokens=-1)
+        text = httpx.get(proc.url + "/metrics").text
+        [info] = [f for f in text_string_to_metric_families(text) if f.name == "pagedllm:cache_config_info"]
+        assert info.samples[0].labels["cache_dtype"] == "int8"
+        assert "KV cache (int8)" in proc.output()
+    finally:
+        assert proc.stop() == 0

@@ -48,6 +48,15 @@ class EngineStatsCollector:
         for user, count in self.engine.scheduler.waiting.waiting_by_user().items():
             by_user.add_metric([self.labels["model_name"], user], count)
         yield by_user
+        # As vLLM's cache_config_info: the pool's settings as labels, for dashboards that
+        # divide usage by capacity or tell an int8 cache from a full-precision one.
+        cache = self.engine.cache_config
+        info = GaugeMetricFamily(P + "cache_config_info", "KV-cache configuration (labels; value 1).",
+                                 labels=["model_name", "block_size", "cache_dtype", "num_blocks",
+                                         "enable_prefix_caching"])
+        info.add_metric([self.labels["model_name"], str(cache.block_size), self.engine.kv_cache_dtype,
+                         str(cache.num_blocks), str(cache.enable_prefix_caching)], 1)
+        yield info
 
 
 class ServerMetrics:
