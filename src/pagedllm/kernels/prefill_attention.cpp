@@ -44,7 +44,7 @@ struct Chunk {
   const PagedCache& cache;
   const int64_t* table;
   c10::BFloat16* out;  // [T, H, D]
-  int64_t heads, kv_heads, block_size, start;
+  int64_t heads, start;  // kv_heads and block_size: the cache's
   float scale;
 };
 
@@ -130,7 +130,8 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
     for (int k = 0; k < kKeys; ++k) {
       if (k < nk) {
         const int64_t pos = k0 + k;
-        const int64_t slot = c.table[pos / c.block_size] * c.block_size + pos % c.block_size;
+        const int64_t block_size = c.cache.block_size;
+        const int64_t slot = c.table[pos / block_size] * block_size + pos % block_size;
         alignas(64) uint16_t key_row[D];
         fetch_row<D>(key_rows.cache + slot * key_rows.token_stride,
                      key_rows.scales ? key_rows.scales + slot * key_rows.kv_heads : nullptr, key_row);
@@ -219,13 +220,13 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
 template <typename cache_t, int D, int G>
 void run_tiles(const Chunk& c, int64_t tokens) {
   const int64_t tiles = (tokens + kTileTokens - 1) / kTileTokens;
-  const int64_t tasks = tiles * c.kv_heads;
+  const int64_t tasks = tiles * c.cache.kv_heads;
   // One task at a time, longest (latest tile) first, so that the threads end together.
   const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), tasks));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < tasks; ++i) {
     const int64_t task = tasks - 1 - i;
-    const int64_t tile = task / c.kv_heads, kv = task % c.kv_heads;
+    const int64_t tile = task / c.cache.kv_heads, kv = task % c.cache.kv_heads;
     const int64_t t0 = tile * kTileTokens;
     attend_tile<cache_t, D, G>(c, kv, t0, std::min(kTileTokens, tokens - t0));
   }
@@ -245,8 +246,7 @@ c10::optional<torch::Tensor> tiled_prefill_attention(const torch::Tensor& query,
   const int64_t tokens = query.size(0), heads = query.size(1), kv_heads = cache.kv_heads;
   if (tokens == 0) return out;  // nothing to attend (and no thread team of 0)
   const Chunk c{query.data_ptr<c10::BFloat16>(), cache, block_table.data_ptr<int64_t>(),
-                out.data_ptr<c10::BFloat16>(), heads, kv_heads, cache.block_size, start,
-                static_cast<float>(scale)};
+                out.data_ptr<c10::BFloat16>(), heads, start, static_cast<float>(scale)};
   pagedllm::dispatch_head_shape(query.size(2), heads / kv_heads, [&](auto dim, auto group) {
     constexpr int D = decltype(dim)::value, G = decltype(group)::value;
     if (cache.quantized) run_tiles<int8_t, D, G>(c, tokens);
