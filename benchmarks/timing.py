@@ -23,3 +23,19 @@ def ms_per_call(fn, repeat: int = 20) -> float:
     for _ in range(repeat):
         fn()
     return (time.perf_counter() - start) / repeat * 1e3
+
+
+def allocate_as_a_loaded_engine() -> None:
+    """Puts glibc's allocator in the state a serving process is in. Freeing a model's
+    staging tensors raises glibc's mmap threshold (to 32 MiB at most), so the engine's
+    per-step tensors of a few MB come from the heap; a fresh script instead maps and
+    page-faults each of them anew, which made the torch gather baseline of
+    attention_kernels.py ~5x slower (231.7 against 44.2 ms at S=8) and its ratio depend on
+    what the script had freed before."""
+    import ctypes
+
+    M_MMAP_THRESHOLD = -3
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 32 << 20)
+    except (OSError, AttributeError):
+        pass

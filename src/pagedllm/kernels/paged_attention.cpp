@@ -3,7 +3,7 @@
 // path, with no gather copy and one pass over the context per KV head, shared by the query
 // heads of its group (GQA). Math in float32 whatever the cache dtype; for bfloat16 caches on
 // CPUs with AVX512-BF16 the q.k products use its dot-product instruction
-// (benchmarks/attention_kernels.py: 25x the torch gather path at 16 sequences x 600 tokens).
+// (benchmarks/attention_kernels.py: 12x the torch gather path at 16 sequences x 600 tokens).
 // int8 caches (paged_cache.h) hold half the bytes: q.k multiplies the key codes by the
 // query rounded to int8 (AVX512-VNNI), p.v folds each row's scale into its weight.
 #include <torch/extension.h>
