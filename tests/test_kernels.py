@@ -100,7 +100,7 @@ def test_kernel_rejects_bad_input(ops):
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         ops.paged_decode_attention(q.double(), cache.double(), cache.double(),
                                    torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long), 0.1)
-    with pytest.raises(RuntimeError, match="int8 or in the query's dtype"):
+    with pytest.raises(RuntimeError, match="int8 or in the activations' dtype"):
         ops.paged_decode_attention(q.bfloat16(), cache, cache, torch.zeros(2, 1, dtype=torch.long),
                                    torch.ones(2, dtype=torch.long), 0.1)
 

@@ -158,10 +158,12 @@ def test_attention_kernels_reject_mismatched_caches(ops):
         decode(query, codes, codes, tables, lens, 0.125, torch.ones(4, 16, 2), scales)
     with pytest.raises(RuntimeError, match="scales must be contiguous float32"):
         decode(query, codes, codes, tables, lens, 0.125, scales.double(), scales)
-    with pytest.raises(RuntimeError, match="int8 or in the query's dtype"):
+    with pytest.raises(RuntimeError, match="int8 or in the activations' dtype"):
         decode(query, codes.to(torch.uint8), codes.to(torch.uint8), tables, lens, 0.125, scales, scales)
     with pytest.raises(RuntimeError, match="key and value cache dtypes differ"):
         decode(query, codes, codes.float(), tables, lens, 0.125, scales, scales)
+    with pytest.raises(RuntimeError, match="contiguous, 4-D and alike"):
+        decode(query, codes, codes[:2], tables, lens, 0.125, scales, scales)
     with pytest.raises(RuntimeError, match="needs key and value scales"):
         ops.paged_prefill_attention(query, codes, codes, torch.tensor([0]), 0, 0.125)
     qkv, cos = torch.randn(1, (9 + 6) * 64), torch.ones(16, 64)

@@ -6,6 +6,8 @@ import logging
 import os
 import sys
 
+from pagedllm.config import KV_CACHE_DTYPES
+
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M)")
@@ -14,7 +16,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exact-activations", action="store_true",
                         help="bfloat16: never round activations to int8 for the 4-bit GEMMs "
                              "(prefill ~1.2x slower, logits closer to float32; BENCHMARKS.md)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"],
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto (default): K/V in the model's dtype; int8: codes with a scale "
                              "per row, ~half the memory and decode-attention reads (BENCHMARKS.md)")
     parser.add_argument("--block-size", type=int, default=16)
@@ -182,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--parallel", default="1,2,4,8,16,32")
     plan.add_argument("--memory", default=None, help="e.g. 8GiB (default: this machine's free memory)")
     plan.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    plan.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8"])
+    plan.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     plan.add_argument("--block-size", type=int, default=16)
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)

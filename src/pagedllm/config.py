@@ -34,11 +34,16 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
 
+# "auto": K/V in the model's dtype; "int8": codes with a scale per row (attention/layer_cache.py).
+KV_CACHE_DTYPES = ("auto", "int8")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
     num_blocks: int = 0  # 0 until sized from kv_cache_memory
     enable_prefix_caching: bool = True
+    cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
 
 @dataclass(frozen=True)

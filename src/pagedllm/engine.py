@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm import sizing
-from pagedllm.attention import KV_CACHE_DTYPES
-from pagedllm.config import CacheConfig, SchedulerConfig
+from pagedllm.config import KV_CACHE_DTYPES, CacheConfig, SchedulerConfig
 from pagedllm.kv_cache import KVCacheManager
 from pagedllm.model_runner import ModelRunner
 from pagedllm.models import LlamaForCausalLM
@@ -82,7 +81,6 @@ class LLMEngine:
 
         element_size = torch.tensor([], dtype=torch_dtype).element_size()
         self.kv_memory_bytes = sizing.resolve_kv_memory(kv_cache_memory)
-        self.kv_cache_dtype = kv_cache_dtype
         num_blocks = sizing.num_blocks_for_memory(self.kv_memory_bytes, config, element_size,
                                                   block_size, kv_cache_dtype)
         if num_blocks < 1:
@@ -101,7 +99,7 @@ class LLMEngine:
             max_num_seqs = sizing.auto_max_num_seqs(num_blocks, block_size, max_model_len)
         if int(max_num_seqs) < 1:
             raise ValueError(f"max_num_seqs must be 'auto' or positive, got {max_num_seqs}")
-        self.cache_config = CacheConfig(block_size, num_blocks, enable_prefix_caching)
+        self.cache_config = CacheConfig(block_size, num_blocks, enable_prefix_caching, kv_cache_dtype)
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=int(max_num_seqs),
             max_num_batched_tokens=int(max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS),

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "int8")
+from pagedllm.config import KV_CACHE_DTYPES
 
 
 class LayerKVCache(NamedTuple):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "paged_cache.h"
 
 namespace {
 
@@ -169,19 +170,8 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
                             c10::optional<torch::Tensor> key_scales,
                             c10::optional<torch::Tensor> value_scales) {
   check_rows(qkv, "qkv");
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
-              key_cache.sizes() == value_cache.sizes() &&
-              key_cache.scalar_type() == value_cache.scalar_type(), "caches must be contiguous and alike");
-  const bool quantized = key_cache.scalar_type() == torch::kInt8;
-  TORCH_CHECK(quantized || key_cache.scalar_type() == qkv.scalar_type(),
-              "the cache must be int8 or in qkv's dtype");
-  TORCH_CHECK(quantized == (key_scales.has_value() && value_scales.has_value()),
-              "an int8 cache needs key and value scales; a float cache takes none");
-  if (quantized)
-    for (const auto* t : {&*key_scales, &*value_scales})
-      TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() &&
-                  t->sizes() == key_cache.sizes().slice(0, 3),
-                  "scales must be contiguous float32 [num_blocks, block_size, kv_heads]");
+  const bool quantized = check_cache_pair(key_cache, value_cache, key_scales, value_scales,
+                                          qkv.scalar_type());
   TORCH_CHECK(cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat &&
               cos.is_contiguous() && sin.is_contiguous(), "cos/sin must be contiguous float32");
   TORCH_CHECK(positions.scalar_type() == torch::kInt64 && slot_mapping.scalar_type() == torch::kInt64,

@@ -310,22 +310,35 @@ static void decode_kernel(const scalar_t* query, const PagedCache& cache, const 
   }
 }
 
+bool check_cache_pair(const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                      const c10::optional<torch::Tensor>& key_scales,
+                      const c10::optional<torch::Tensor>& value_scales, at::ScalarType dtype) {
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+              value_cache.sizes() == key_cache.sizes(), "caches must be contiguous, 4-D and alike");
+  TORCH_CHECK(value_cache.scalar_type() == key_cache.scalar_type(), "key and value cache dtypes differ");
+  const bool quantized = key_cache.scalar_type() == torch::kInt8;
+  TORCH_CHECK(quantized || key_cache.scalar_type() == dtype,
+              "the cache must be int8 or in the activations' dtype");
+  TORCH_CHECK(quantized == (key_scales.has_value() && value_scales.has_value()),
+              "an int8 cache needs key and value scales; a float cache takes none");
+  if (quantized)
+    for (const auto* t : {&*key_scales, &*value_scales})
+      TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() &&
+                  t->sizes() == key_cache.sizes().slice(0, 3),
+                  "scales must be contiguous float32 [num_blocks, block_size, kv_heads]");
+  return quantized;
+}
+
 PagedCache::PagedCache(const torch::Tensor& query, const torch::Tensor& key_cache,
                        const torch::Tensor& value_cache,
                        const c10::optional<torch::Tensor>& key_scale_tensor,
                        const c10::optional<torch::Tensor>& value_scale_tensor) {
-  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 4, "bad shapes");
+  TORCH_CHECK(query.dim() == 3, "query must be [tokens, heads, head_dim]");
   TORCH_CHECK(query.scalar_type() == torch::kFloat || query.scalar_type() == torch::kBFloat16,
               "query must be float32 or bfloat16");
-  TORCH_CHECK(value_cache.scalar_type() == key_cache.scalar_type(), "key and value cache dtypes differ");
-  quantized = key_cache.scalar_type() == torch::kInt8;
-  TORCH_CHECK(quantized || key_cache.scalar_type() == query.scalar_type(),
-              "the cache must be int8 or in the query's dtype");
-  TORCH_CHECK(quantized == (key_scale_tensor.has_value() && value_scale_tensor.has_value()),
-              "an int8 cache needs key and value scales; a float cache takes none");
-  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
-  TORCH_CHECK(value_cache.sizes() == key_cache.sizes() && query.size(2) == key_cache.size(3),
-              "query, key and value shapes differ");
+  quantized = check_cache_pair(key_cache, value_cache, key_scale_tensor, value_scale_tensor,
+                               query.scalar_type());
+  TORCH_CHECK(query.size(2) == key_cache.size(3), "query and cache head_dim differ");
   const int64_t num_heads = query.size(1);
   kv_heads = key_cache.size(2);
   TORCH_CHECK(num_heads % kv_heads == 0 && num_heads / kv_heads <= 8,
@@ -336,10 +349,6 @@ PagedCache::PagedCache(const torch::Tensor& query, const torch::Tensor& key_cach
   key = key_cache.data_ptr();
   value = value_cache.data_ptr();
   if (quantized) {
-    for (const auto* t : {&*key_scale_tensor, &*value_scale_tensor})
-      TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() &&
-                  t->sizes() == key_cache.sizes().slice(0, 3),
-                  "scales must be contiguous float32 [num_blocks, block_size, kv_heads]");
     key_scales = key_scale_tensor->data_ptr<float>();
     value_scales = value_scale_tensor->data_ptr<float>();
   }

@@ -16,6 +16,13 @@ struct HeadRows {
   int64_t block_size;
 };
 
+// Checks a layer's key and value caches for activations of `dtype` (the query's, or qkv's
+// when writing): contiguous, 4-D and alike, in that dtype or int8 with float32 scales
+// [num_blocks, block_size, kv_heads] for both. Returns whether they are int8.
+bool check_cache_pair(const torch::Tensor& key_cache, const torch::Tensor& value_cache,
+                      const c10::optional<torch::Tensor>& key_scales,
+                      const c10::optional<torch::Tensor>& value_scales, at::ScalarType dtype);
+
 struct PagedCache {
   // Checks the query against the caches (dtypes, shapes, contiguity, scales where int8).
   PagedCache(const torch::Tensor& query, const torch::Tensor& key_cache,

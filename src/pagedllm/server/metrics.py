@@ -54,7 +54,7 @@ class EngineStatsCollector:
         info = GaugeMetricFamily(P + "cache_config_info", "KV-cache configuration (labels; value 1).",
                                  labels=["model_name", "block_size", "cache_dtype", "num_blocks",
                                          "enable_prefix_caching"])
-        info.add_metric([self.labels["model_name"], str(cache.block_size), self.engine.kv_cache_dtype,
+        info.add_metric([self.labels["model_name"], str(cache.block_size), cache.cache_dtype,
                          str(cache.num_blocks), str(cache.enable_prefix_caching)], 1)
         yield info
 
