@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 
@@ -9,6 +10,48 @@ sys.path.insert(0, os.path.dirname(__file__))
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+from pagedllm.kernels import ENV_VAR, capabilities, kernels_for  # noqa: E402
+
+# Every CPU level this host can run (portable, avx2, avx512): the kernel tests and one
+# real-model server test run at each, so an AVX-512 host proves the lower paths too.
+ISA_LEVELS = capabilities().available
+
+
+@contextlib.contextmanager
+def isa_level(level: str):
+    """Models built inside take the kernels of `level` (PAGEDLLM_CPU_ISA)."""
+    before = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = level
+    try:
+        yield level
+    finally:
+        if before is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = before
+
+
+@pytest.fixture(scope="session", params=ISA_LEVELS)
+def isa(request):
+    """Each CPU level the host can run, in turn."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def ops(isa):
+    """The compiled kernels of one level (make install builds every level the host runs)."""
+    module = kernels_for(isa)
+    assert module is not None, f"the {isa} C++ kernels must build here (make install builds them)"
+    assert module.isa() == isa, "the build's target flags must give the level it is named for"
+    return module
+
+
+@pytest.fixture()
+def at_isa(isa):
+    """Runs the test with PAGEDLLM_CPU_ISA set to each level in turn."""
+    with isa_level(isa):
+        yield isa
 
 
 @pytest.fixture(scope="session")

@@ -7,16 +7,19 @@ from paged_helpers import make_kv_caches, run_paged
 from pagedllm.attention import AttentionMetadata
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.llama import EXACT_EDGE_LAYERS
-from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS, q4_gemm_ops
+from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS
 
 
 @pytest.fixture(scope="module")
-def fast_model():
+def fast_model(isa):
+    """The default model in bfloat16 on each CPU level's kernels: the C++ loop at every one."""
+    from conftest import isa_level
     from pagedllm import LLM
 
-    model = LLM(dtype="bfloat16", kv_cache_memory=64 << 20).engine.runner.model
-    if model.decode_loop is None:
-        pytest.skip("the fast bfloat16 path (C++ kernels with q4_gemm) is not built here")
+    with isa_level(isa):
+        model = LLM(dtype="bfloat16", kv_cache_memory=64 << 20).engine.runner.model
+    assert model.decode_loop is not None, "every kernel level runs the C++ decode loop"
+    assert model.decode_loop.ops.isa() == isa
     return model
 
 
@@ -49,17 +52,15 @@ def test_decode_loop_applies_to_decode_only_steps(fast_model):
     layers = fast_model.config.num_layers
     assert len(loop.weights) == 6 * layers
     edge = [ALL_ROWS] * EXACT_EDGE_LAYERS
-    if q4_gemm_ops().q4_q8_gemm_available():
-        assert loop.max_rows == ALL_ROWS
-        assert loop.exact_max_rows == edge + [Q4_EXACT_MAX_ROWS] * (layers - 2 * EXACT_EDGE_LAYERS) + edge
+    assert loop.max_rows == ALL_ROWS
+    assert loop.exact_max_rows == edge + [Q4_EXACT_MAX_ROWS] * (layers - 2 * EXACT_EDGE_LAYERS) + edge
     decode = AttentionMetadata.build([5, 40], [0, 1, 2], [6, 9], [[0], [2]], 16)
     mixed = AttentionMetadata.build([5, 40, 41], [0, 1, 3], [6, 10], [[0], [2]], 16)
     assert loop.applies(decode, 2)
     assert not loop.applies(mixed, 3)  # a prefill chunk rides along: the Python layers
     many = AttentionMetadata.build(list(range(129)), list(range(130)), [1] * 129,
                                    [[i // 16] for i in range(129)], 16)
-    # 4-bit codes at any batch size, where q4_q8_gemm is built; else dense beyond q4_gemm's.
-    assert loop.applies(many, 129) == (loop.max_rows == ALL_ROWS)
+    assert loop.applies(many, 129)  # 4-bit codes at any batch size
 
 
 def test_decode_loop_is_built_only_on_the_fast_path(tiny_llama_gguf):
@@ -97,7 +98,7 @@ def test_decode_layers_rejects_mismatched_arguments(fast_model):
                                [], [], *tail)
 
 
-def test_exact_activations_option_keeps_every_layer_exact(fast_model):
+def test_exact_activations_option_keeps_every_layer_exact(fast_model, isa):
     """--exact-activations: no layer rounds activations to int8, the C++ loop included;
     without it, the middle layers do above Q4_EXACT_MAX_ROWS rows."""
     from pagedllm import LLM
@@ -105,12 +106,13 @@ def test_exact_activations_option_keeps_every_layer_exact(fast_model):
     from pagedllm.models.quant_linear import QuantLinear
     from pagedllm.text_prompts import make_prompt_token_ids
 
-    if not q4_gemm_ops().q4_q8_gemm_available():
-        pytest.skip("q4_q8_gemm needs AVX512-VNNI")
     kwargs = engine_kwargs(build_parser().parse_args(["serve", "--exact-activations"]))
     assert kwargs["exact_activations"] is True
     assert engine_kwargs(build_parser().parse_args(["serve"]))["exact_activations"] is False
-    exact_llm = LLM(dtype="bfloat16", exact_activations=True, kv_cache_memory=16 << 20)
+    from conftest import isa_level
+
+    with isa_level(isa):
+        exact_llm = LLM(dtype="bfloat16", exact_activations=True, kv_cache_memory=16 << 20)
     exact = exact_llm.engine.runner.model
     linears = [m for m in exact.modules() if isinstance(m, QuantLinear)]
     assert linears and all(m.exact_max_rows == ALL_ROWS and m.dense is None for m in linears)

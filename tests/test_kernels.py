@@ -5,15 +5,7 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, LayerKVCache, TorchReferenceBackend
 from pagedllm.attention.batched import BatchedBackend
-from pagedllm.kernels import kernel_ops
 from pagedllm.models.layer_ops import TorchLayerOps
-
-
-@pytest.fixture(scope="module")
-def ops():
-    module = kernel_ops()
-    assert module is not None, "the C++ kernel must build here (make install builds it)"
-    return module
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -6,15 +6,7 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, LayerKVCache, TorchReferenceBackend, allocate_layer_caches
 from pagedllm.attention.layer_cache import quantize_rows
-from pagedllm.kernels import kernel_ops
 from pagedllm.models.layer_ops import TorchLayerOps
-
-
-@pytest.fixture(scope="module")
-def ops():
-    module = kernel_ops()
-    assert module is not None, "the C++ kernel must build here (make install builds it)"
-    return module
 
 
 def int8_cache(key: torch.Tensor, value: torch.Tensor) -> LayerKVCache:

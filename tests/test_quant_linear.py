@@ -1,21 +1,18 @@
 """The low-bit linear layers: 4-bit GGUF codes through pagedllm's q4_gemm kernel or torch's
 int4 kernel, int8 output head. All must agree with the dense product of the weights they stand
-for, at every row count."""
+for, at every row count, and the kernels at every CPU level the host runs (the `ops`
+fixture)."""
 import pytest
 import torch
 
 from pagedllm.models import quant_linear
 from pagedllm.models.output_head import Q8Head, RefinedHead, output_head
+from pagedllm.kernels import capabilities
 from pagedllm.models.quant_linear import (ALL_ROWS, INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_EXACT_MAX_ROWS,
-                                          Q4_GEMM_MAX_ROWS, Int8Linear, QuantLinear, int4_available,
-                                          int8_available, q4_gemm_ops, q8_gemm_ops)
+                                          DenseLinear, Int8Linear, QuantLinear, int4_available,
+                                          int8_available)
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 from pagedllm.weights.q8 import Q8Rows
-
-needs_q4_gemm = pytest.mark.skipif(q4_gemm_ops() is None, reason="q4_gemm needs AVX512-BF16")
-needs_q8_gemm = pytest.mark.skipif(q8_gemm_ops() is None, reason="q8_gemm needs AVX512-VNNI")
-needs_q4_q8_gemm = pytest.mark.skipif(q4_gemm_ops() is None or not q4_gemm_ops().q4_q8_gemm_available(),
-                                      reason="q4_q8_gemm needs AVX512-VNNI and AVX512-BF16")
 
 
 def random_q4(out: int, cols: int, seed: int = 0) -> Q4Weight:
@@ -31,12 +28,10 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return ((approx.float() - exact).norm() / exact.norm()).item()
 
 
-@needs_q4_gemm
 @pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 16, 17, 33, 128])
 @pytest.mark.parametrize("out,cols", [(96, 128), (16, 32), (960, 576)])
-def test_q4_gemm_is_exact_up_to_the_output_rounding(rows, out, cols):
+def test_q4_gemm_is_exact_up_to_the_output_rounding(ops, rows, out, cols):
     """Codes and bf16 activations are multiplied without rounding; only the bf16 result is."""
-    ops = q4_gemm_ops()
     q4 = random_q4(out, cols, seed=rows)
     weight = q4.dequantize()
     x = torch.randn(rows, cols).bfloat16()
@@ -46,9 +41,7 @@ def test_q4_gemm_is_exact_up_to_the_output_rounding(rows, out, cols):
     assert ((got.float() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
 
 
-@needs_q4_gemm
-def test_q4_gemm_reads_strided_input_and_empty_batches():
-    ops = q4_gemm_ops()
+def test_q4_gemm_reads_strided_input_and_empty_batches(ops):
     q4 = random_q4(32, 64)
     packed = ops.q4_pack(q4.codes, q4.d, q4.m)
     wide = torch.randn(5, 128).bfloat16()
@@ -56,9 +49,7 @@ def test_q4_gemm_reads_strided_input_and_empty_batches():
     assert ops.q4_gemm(torch.empty(0, 64, dtype=torch.bfloat16), packed).shape == (0, 32)
 
 
-@needs_q4_gemm
-def test_q4_gemm_rejects_bad_input():
-    ops = q4_gemm_ops()
+def test_q4_gemm_rejects_bad_input(ops):
     q4 = random_q4(32, 64)
     d, m = q4.d, q4.m
     packed = ops.q4_pack(q4.codes, d, m)
@@ -92,13 +83,11 @@ def int8_rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.round(scaled) * (amax / 127)).view(x.shape), either_way.view(x.shape)
 
 
-@needs_q4_q8_gemm
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 33, 300])
 @pytest.mark.parametrize("out,cols", [(16, 32), (96, 128), (960, 576)])
-def test_q4_q8_gemm_is_the_exact_product_of_int8_rounded_activations(rows, out, cols):
+def test_q4_q8_gemm_is_the_exact_product_of_int8_rounded_activations(ops, rows, out, cols):
     """The integer dot products are exact: the only differences from the dequantized weights
     times the int8-rounded activations are float32 sums and the bf16 result."""
-    ops = q4_gemm_ops()
     q4 = random_q4(out, cols, seed=rows)
     weight = q4.dequantize()
     x = torch.randn(rows, cols).bfloat16()
@@ -114,9 +103,7 @@ def test_q4_q8_gemm_is_the_exact_product_of_int8_rounded_activations(rows, out, 
     assert relative_error(got, exact) < 0.02  # what the rounding costs
 
 
-@needs_q4_q8_gemm
-def test_q4_q8_gemm_strided_empty_and_non_finite_input():
-    ops = q4_gemm_ops()
+def test_q4_q8_gemm_strided_empty_and_non_finite_input(ops):
     q4 = random_q4(32, 64)
     packed = ops.q4_pack(q4.codes, q4.d, q4.m)
     wide = torch.randn(12, 128).bfloat16()
@@ -137,9 +124,7 @@ def test_q4_q8_gemm_strided_empty_and_non_finite_input():
         ops.q4_q8_gemm(torch.randn(2, 64).bfloat16(), q4.codes)
 
 
-@needs_q4_q8_gemm
-def test_q4_linear_switches_to_int8_activations_above_the_exact_rows():
-    ops = q4_gemm_ops()
+def test_q4_linear_switches_to_int8_activations_above_the_exact_rows(ops):
     q4 = random_q4(96, 128)
     packed = ops.q4_pack(q4.codes, q4.d, q4.m)
     for rows in (4, 5):
@@ -154,27 +139,15 @@ def _torch_int4_only(monkeypatch):
     monkeypatch.setattr(quant_linear, "q4_gemm_ops", lambda: None)
 
 
-def _q4_gemm_without_int8(monkeypatch):
-    ops = q4_gemm_ops()
-    if ops is None:
-        pytest.skip("q4_gemm needs AVX512-BF16")
-    monkeypatch.setattr(ops, "q4_q8_gemm_available", lambda: False)
-
-
 # kernel -> (exact_max_rows, max_rows, keeps a dense copy)
 LAYER_KERNELS = {"q4_q8_gemm": (Q4_EXACT_MAX_ROWS, ALL_ROWS, False),
                  "q4_gemm exact only": (ALL_ROWS, ALL_ROWS, False),
-                 "q4_gemm then dense": (Q4_GEMM_MAX_ROWS, Q4_GEMM_MAX_ROWS, True),
                  "torch_int4": (INT4_MAX_ROWS, INT4_MAX_ROWS, True)}
 
 
 @pytest.mark.parametrize("kernel", list(LAYER_KERNELS))
-@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS + 1, Q4_GEMM_MAX_ROWS + 1, 300])
-def test_int4_layer_matches_dequantized_weights(kernel, rows, monkeypatch):
-    if kernel in ("q4_q8_gemm", "q4_gemm exact only") and (q4_gemm_ops() is None or not q4_gemm_ops().q4_q8_gemm_available()):
-        pytest.skip("q4_q8_gemm needs AVX512-VNNI and AVX512-BF16")
-    if kernel == "q4_gemm then dense":
-        _q4_gemm_without_int8(monkeypatch)
+@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS + 1, 129, 300])
+def test_int4_layer_matches_dequantized_weights(at_isa, kernel, rows, monkeypatch):
     if kernel == "torch_int4":
         _torch_int4_only(monkeypatch)
     torch.manual_seed(0)
@@ -184,6 +157,8 @@ def test_int4_layer_matches_dequantized_weights(kernel, rows, monkeypatch):
     layer = QuantLinear(weight.bfloat16(), bias, q4, int8_activations=kernel != "q4_gemm exact only")
     exact_max_rows, max_rows, dense = LAYER_KERNELS[kernel]
     assert (layer.exact_max_rows, layer.max_rows, layer.dense is not None) == (exact_max_rows, max_rows, dense)
+    if layer.q4_ops is not None:
+        assert layer.q4_ops.isa() == at_isa
     x = torch.randn(rows, 128)
     exact = x @ weight.T + bias.float()
     assert relative_error(layer(x.bfloat16()), exact) < 0.02  # bf16 (or int8) activations
@@ -229,17 +204,25 @@ def test_int8_head_survives_an_all_zero_row():
 
 
 @pytest.mark.parametrize("rows", [1, 17, 300])
-def test_prepacked_dense_linear_is_bit_identical_to_f_linear(rows):
-    from pagedllm.models.quant_linear import DenseLinear
-
+def test_dense_linear_matches_f_linear_at_every_level(at_isa, rows):
+    """Prepacked for oneDNN (bit-identical to F.linear) only where the level has bfloat16
+    arithmetic; below it oneDNN's bf16 path refuses the CPU, so the product runs in float32."""
     torch.manual_seed(2)
     weight, bias = torch.randn(96, 64).bfloat16(), torch.randn(96).bfloat16()
     x = torch.randn(rows, 64).bfloat16()
     layer = DenseLinear(weight, bias)
-    assert layer.prepacked == torch.backends.mkldnn.is_available()
-    assert torch.equal(layer(x), torch.nn.functional.linear(x, weight, bias))
-    assert torch.equal(DenseLinear(weight, None)(x), torch.nn.functional.linear(x, weight))
+    native = at_isa == "avx512"
+    assert layer.prepacked == (native and torch.backends.mkldnn.is_available())
+    assert layer.widened == (not layer.prepacked)
+    if layer.prepacked:
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, weight, bias))
+        assert torch.equal(DenseLinear(weight, None)(x), torch.nn.functional.linear(x, weight))
+    else:
+        assert layer.weight.dtype == torch.float32
+        wide = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).bfloat16()
+        assert layer(x).dtype == torch.bfloat16 and torch.equal(layer(x), wide)
     assert not DenseLinear(weight.float(), None).prepacked  # float32 stays plain
+    assert not DenseLinear(weight.float(), None).widened
 
 
 def test_prepacked_dense_linear_lets_the_original_weight_go():
@@ -269,13 +252,11 @@ def q8_dense(q8: Q8Rows) -> torch.Tensor:
     return q8.rows(torch.arange(q8.codes.shape[0]))
 
 
-@needs_q8_gemm
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 64])
-def test_q8_gemm_is_exact_when_activations_fit_int8(rows):
+def test_q8_gemm_is_exact_when_activations_fit_int8(ops, rows):
     """Activations are rounded to int8 per group of 32 (scale max|x| / 127); rows that are
     already integers with a group maximum of 127 round to themselves, and then the int32
     sums and one float32 scale multiply per group leave only float32 summation error."""
-    ops = q8_gemm_ops()
     q8 = random_q8(48, 96, seed=rows)
     x = torch.randint(-127, 128, (rows, 96)).float()
     x.view(rows, 3, 32)[:, :, 0] = 127
@@ -285,10 +266,8 @@ def test_q8_gemm_is_exact_when_activations_fit_int8(rows):
     assert torch.allclose(got.double(), exact, rtol=1e-5, atol=1e-3)
 
 
-@needs_q8_gemm
 @pytest.mark.parametrize("rows", [1, 8, 16])
-def test_q8_gemm_stays_within_activation_rounding(rows):
-    ops = q8_gemm_ops()
+def test_q8_gemm_stays_within_activation_rounding(ops, rows):
     q8 = random_q8(49152 // 64, 576)
     x = torch.randn(rows, 576).bfloat16()
     exact = x.float() @ q8_dense(q8).T
@@ -301,9 +280,7 @@ def test_q8_gemm_stays_within_activation_rounding(rows):
     assert ops.q8_gemm(bad, ops.q8_pack(q8.codes, q8.scales)).isnan().all()  # NaN in, NaN out
 
 
-@needs_q8_gemm
-def test_q8_gemm_rejects_bad_input():
-    ops = q8_gemm_ops()
+def test_q8_gemm_rejects_bad_input(ops):
     q8 = random_q8(32, 64)
     packed = ops.q8_pack(q8.codes, q8.scales)
     with pytest.raises(RuntimeError, match="multiple of 16"):
@@ -323,21 +300,27 @@ def test_q8_gemm_rejects_bad_input():
                                                                   torch.ones(32, 2), torch.ones(32, 2)))
 
 
-def test_output_head_prefers_the_q8_codes(monkeypatch):
+def test_output_head_prefers_the_q8_codes(at_isa, monkeypatch):
     """Both head shapes give the approximate logits with the top 16 exact, whatever built."""
+    torch.manual_seed(0)
     q8 = random_q8(4096, 64)
     weight = q8_dense(q8)
     x = torch.randn(5, 64).bfloat16()
     exact = x.float() @ weight.T
-    top = exact.topk(16, dim=-1).indices
 
     def check(head, kind):
+        """Approximate logits, of which each row's 16 candidates are exact (the 16 the
+        approximation ranked highest, so not always the exact top 16), the best among them."""
         assert isinstance(head, kind)
         logits = head(x)
         assert logits.dtype == torch.float32 and relative_error(logits, exact) < 0.01
-        assert torch.allclose(logits.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+        refined = torch.isclose(logits, exact, rtol=1e-5, atol=1e-5)
+        assert (refined.sum(-1) >= 16).all()
+        assert torch.equal(logits.argmax(-1), exact.argmax(-1))
 
-    check(output_head(weight, q8, 16), Q8Head if q8_gemm_ops() is not None else RefinedHead)
+    head = output_head(weight, q8, 16)
+    check(head, Q8Head)  # every kernel level has q8_gemm
+    assert head.ops.isa() == at_isa
     # No kernel, or a shape it cannot tile: a refined int8 (or dense) head from the weight.
     check(output_head(weight, None, 16), RefinedHead)
     cut = output_head(weight[:40], Q8Rows(q8.codes[:40], q8.scales[:40]), 16)
@@ -346,10 +329,8 @@ def test_output_head_prefers_the_q8_codes(monkeypatch):
     check(output_head(weight, q8, 16), RefinedHead)
 
 
-@needs_q8_gemm
 @pytest.mark.parametrize("rows", [1, 5])
-def test_q8_refine_top_recomputes_the_best_logits_exactly(rows):
-    ops = q8_gemm_ops()
+def test_q8_refine_top_recomputes_the_best_logits_exactly(ops, rows):
     q8 = random_q8(4096, 64, seed=rows)
     hidden = torch.randn(rows, 64).bfloat16()
     logits = ops.q8_gemm(hidden, ops.q8_pack(q8.codes, q8.scales))
@@ -362,9 +343,7 @@ def test_q8_refine_top_recomputes_the_best_logits_exactly(rows):
     assert torch.equal(refined.argmax(-1), exact.argmax(-1))
 
 
-@needs_q8_gemm
-def test_q8_refine_top_rejects_bad_input():
-    ops = q8_gemm_ops()
+def test_q8_refine_top_rejects_bad_input(ops):
     q8 = random_q8(32, 64)
     hidden, logits = torch.randn(2, 64).bfloat16(), torch.randn(2, 32)
     with pytest.raises(RuntimeError, match="top must be in 1..N"):

@@ -225,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from pagedllm.kernels import UnsupportedISAError, capabilities
+
+    try:
+        capabilities()  # a bad PAGEDLLM_CPU_ISA is refused here, before any loading
+    except UnsupportedISAError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return args.func(args)
 
 

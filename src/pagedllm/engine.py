@@ -10,6 +10,7 @@ import torch
 
 from pagedllm import sizing
 from pagedllm.config import KV_CACHE_DTYPES, CacheConfig, SchedulerConfig
+from pagedllm.kernels import capabilities, kernel_ops
 from pagedllm.kv_cache import KVCacheManager
 from pagedllm.model_runner import ModelRunner
 from pagedllm.models import LlamaForCausalLM
@@ -67,6 +68,8 @@ class LLMEngine:
                              f"got {kv_cache_dtype!r}")
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        # The CPU level first: a bad PAGEDLLM_CPU_ISA is a clear error before any loading.
+        self.cpu = capabilities()
         started = time.monotonic()
         checkpoint = load_checkpoint(model, load_progress)
         self.model_config = config = checkpoint.config
@@ -109,6 +112,10 @@ class LLMEngine:
         self.runner = ModelRunner(net, config, num_blocks, block_size, torch_dtype, kv_cache_dtype)
         self._text_states: dict[str, RequestTextState] = {}
         self._ids = itertools.count()
+        kernels = kernel_ops()
+        logger.info("CPU kernels: %s (this CPU runs up to %s%s)",
+                    self.cpu.level if kernels is not None else "none, torch fallback", self.cpu.best,
+                    "; PAGEDLLM_CPU_ISA chose a lower level" if self.cpu.level != self.cpu.best else "")
         logger.info(
             "loaded %s (%s) in %.1fs; KV cache (%s): %d blocks x %d tokens = %d tokens (%.2f GiB); "
             "maximum concurrency for %d-token requests: %.2fx; max_num_seqs=%d",

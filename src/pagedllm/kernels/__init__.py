@@ -1,45 +1,42 @@
 """Optional C++ kernels (paged decode and prefill attention, fused layer ops, 4-bit and 8-bit
-GEMMs for GGUF weights), compiled with torch's
-extension builder on first use (make install does it once, so serving never waits for a
-compiler). Without a compiler, callers fall back to the torch code and say so once."""
+GEMMs for GGUF weights), built once per CPU level (build.py) and chosen at run time from what
+the CPU has (cpu.py). Every level has every kernel: the portable build in plain C++, the
+higher ones with AVX2 or AVX-512 intrinsics where they pay. Without a compiler (or with
+PAGEDLLM_NO_KERNELS set), callers fall back to the torch code and say so once."""
 from __future__ import annotations
 
-import glob
-import hashlib
-import logging
 import os
 from functools import lru_cache
 
-logger = logging.getLogger("pagedllm.kernels")
-_HERE = os.path.dirname(__file__)
-_SOURCES = [os.path.join(_HERE, name) for name in
-            ("bindings.cpp", "paged_attention.cpp", "prefill_attention.cpp", "fused_ops.cpp",
-             "q4_gemm.cpp", "q8_gemm.cpp", "decode_layers.cpp")]
+from pagedllm.kernels.cpu import ENV_VAR, LEVELS, Capabilities, UnsupportedISAError, detect
+
+__all__ = ["LEVELS", "Capabilities", "UnsupportedISAError", "capabilities", "kernel_ops",
+           "kernels_for"]
 
 
-def _headers_digest() -> str:
-    """torch's builder rebuilds when a listed .cpp or a flag changes, not a header: the
-    headers' digest goes into the flags so that editing one rebuilds too."""
-    digest = hashlib.sha1()
-    for path in sorted(glob.glob(os.path.join(_HERE, "*.h"))):
-        with open(path, "rb") as f:
-            digest.update(f.read())
-    return digest.hexdigest()[:12]
+@lru_cache(maxsize=None)
+def _capabilities(requested: str | None) -> Capabilities:
+    return detect(requested or "")
 
 
-@lru_cache(maxsize=1)
-def kernel_ops():
-    """The compiled module, or None when it cannot be built here (or PAGEDLLM_NO_KERNELS)."""
+def capabilities() -> Capabilities:
+    """This CPU's record, with the level PAGEDLLM_CPU_ISA asks for (read on every call, so a
+    test or a benchmark can switch levels between models)."""
+    return _capabilities(os.environ.get(ENV_VAR) or None)
+
+
+def kernels_for(level: str):
+    """The compiled module of one level (the CPU must run it), or None where it cannot build."""
     if os.environ.get("PAGEDLLM_NO_KERNELS"):
         return None
-    try:
-        from torch.utils.cpp_extension import load
+    if level not in capabilities().available:
+        raise UnsupportedISAError(f"this CPU cannot run the {level} kernels "
+                                  f"(it runs {', '.join(capabilities().available)})")
+    from pagedllm.kernels.build import build
 
-        return load(name="pagedllm_kernels", sources=_SOURCES,
-                    extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp",
-                                  f"-DPAGEDLLM_HEADERS={_headers_digest()}"],
-                    extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as exc:  # noqa: BLE001 - any build problem means: use the torch path
-        logger.warning("C++ kernels unavailable (%s); using the torch path",
-                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return None
+    return build(level)
+
+
+def kernel_ops():
+    """The compiled module of the level in use, or None (no compiler, PAGEDLLM_NO_KERNELS)."""
+    return kernels_for(capabilities().level)

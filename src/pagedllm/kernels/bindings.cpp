@@ -23,18 +23,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("slot_mapping"), arg("num_heads"), arg("key_scales") = pybind11::none(),
         arg("value_scales") = pybind11::none());
   m.def("silu_and_mul", &silu_and_mul, NoGil(), "silu(gate) * up");
-  m.def("q4_gemm_available", &q4_gemm_available, NoGil(), "whether q4_gemm was built (AVX512-BF16)");
+  m.def("isa", &built_isa, "the CPU level this module was built for: portable, avx2 or avx512");
   m.def("q4_pack", &q4_pack, NoGil(), "4-bit codes, d, m -> the tiles q4_gemm reads");
   m.def("q4_gemm", &q4_gemm, NoGil(), "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16");
-  m.def("q4_q8_gemm_available", &q4_q8_gemm_available, NoGil(),
-        "whether q4_q8_gemm was built (AVX512-VNNI and AVX512-BF16)");
   m.def("q4_q8_gemm", &q4_q8_gemm, NoGil(),
         "x [M, K] bfloat16, rounded to int8 per group of 32, @ packed 4-bit weight.T -> [M, N] bfloat16");
   m.def("q4_linear", &q4_linear, NoGil(),
-        "q4_gemm up to exact_max_rows rows, q4_q8_gemm above (where it is built)");
+        "q4_gemm up to exact_max_rows rows, q4_q8_gemm above");
   m.def("decode_layers", &decode_layers, NoGil(),
         "every decoder layer of a decode step (q4_gemm projections, C++ attention) in one call");
-  m.def("q8_gemm_available", &q8_gemm_available, NoGil(), "whether q8_gemm was built (AVX512-VNNI)");
   m.def("q8_pack", &q8_pack, NoGil(), "Q8_0 codes, d -> the tiles q8_gemm reads");
   m.def("q8_gemm", &q8_gemm, NoGil(), "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");
   m.def("q8_refine_top", &q8_refine_top, NoGil(),

@@ -1,6 +1,6 @@
 // Pieces shared by the low-bit GEMMs (q4_gemm.cpp, q8_gemm.cpp): weights repacked into tiles
 // of 16 output rows x 32 inputs (one scale group), multiplied by a few activation rows at a
-// time, as bfloat16 pairs (AVX512-BF16) or as int8 codes (AVX512-VNNI, quantize_rows).
+// time, in float32 (bfloat16 pairs on AVX512-BF16) or as int8 codes (quantize_rows).
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -10,7 +10,7 @@
 #include <limits>
 #include <cstring>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -22,14 +22,6 @@ constexpr int kRowBlock = 8;    // activation rows per pass over a tile: 2 x 8 a
 // How far ahead (in tile blocks) the codes are asked for: the hardware prefetcher alone left
 // q4_gemm waiting on memory (8 rows, 30 layers: 3.3 ms without, 2.5 ms 16 blocks ahead).
 constexpr int64_t kPrefetchBlocks = 16;
-
-inline bool available() {
-#if defined(__AVX512BF16__)
-  return true;
-#else
-  return false;
-#endif
-}
 
 // By the bits: the kernels build with -ffast-math, under which std::isfinite may fold to true.
 inline bool is_finite(float v) {
@@ -142,6 +134,51 @@ Int8Rows quantize_rows(const torch::Tensor& x) {
       _mm_storeu_si128((__m128i*)(cp + i * kGroup + 16), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qhi), order));
       sp[i] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
       up[i] = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+    }
+  });
+  return q;
+}
+#else
+// The same rounding in plain C++ (every build without AVX512-BW): nearbyint rounds half to
+// even, as the vector conversion does.
+template <bool kInterleaved>
+Int8Rows quantize_rows(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % kGroup == 0,
+              "x must be [M, K] bfloat16, K a multiple of ", kGroup);
+  auto xc = x.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / kGroup;
+  Int8Rows q{torch::empty({rows, k}, x.options().dtype(at::kChar)),
+             torch::empty({rows, groups}, x.options().dtype(at::kFloat)),
+             torch::empty({rows, groups}, x.options().dtype(at::kInt))};
+  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  int8_t* cp = q.codes.data_ptr<int8_t>();
+  float* sp = q.scale.data_ptr<float>();
+  int32_t* up = q.sum.data_ptr<int32_t>();
+  // Where input e of each 8 is stored when interleaved (the inverse of the order above).
+  static constexpr int kPosition[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint16_t* v = xp + i * kGroup;
+      float values[kGroup];
+      uint32_t top = 0;  // max |x| by its bits, as above: NaN and infinity compare highest
+      for (int64_t e = 0; e < kGroup; ++e) {
+        const uint32_t bits = static_cast<uint32_t>(v[e]) << 16;
+        std::memcpy(&values[e], &bits, 4);
+        top = std::max(top, bits & 0x7FFFFFFFu);
+      }
+      const bool finite = top < 0x7F800000u;
+      float amax;
+      std::memcpy(&amax, &top, 4);
+      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t sum = 0;
+      for (int64_t e = 0; e < kGroup; ++e) {
+        const int32_t code = finite ? static_cast<int32_t>(std::nearbyint(values[e] * inv)) : 0;
+        const int64_t at = kInterleaved ? (e & ~int64_t{7}) + kPosition[e & 7] : e;
+        cp[i * kGroup + at] = static_cast<int8_t>(code);
+        sum += code;
+      }
+      sp[i] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      up[i] = sum;
     }
   });
   return q;

@@ -3,6 +3,17 @@
 #include <torch/extension.h>
 #include <vector>
 
+// The level this build's target flags give (pagedllm.kernels.build): what its #ifs chose.
+inline const char* built_isa() {
+#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
 // Caches in the query's dtype, or int8 with float32 scales (paged_cache.h).
 torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
                                      torch::Tensor value_cache, torch::Tensor block_tables,
@@ -22,13 +33,10 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
                             c10::optional<torch::Tensor> key_scales,
                             c10::optional<torch::Tensor> value_scales);
 torch::Tensor silu_and_mul(torch::Tensor x);
-bool q4_gemm_available();
 torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m);
 torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed);
-bool q4_q8_gemm_available();
 torch::Tensor q4_q8_gemm(torch::Tensor x, torch::Tensor packed);
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor packed, int64_t exact_max_rows);
-bool q8_gemm_available();
 std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
                                          torch::Tensor cos, torch::Tensor sin,
                                          std::vector<torch::Tensor> weights,

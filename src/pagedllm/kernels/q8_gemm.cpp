@@ -19,14 +19,6 @@ namespace {
 constexpr int64_t kCodeBytes = kTile * kGroup;           // 512
 constexpr int64_t kBlockBytes = kCodeBytes + kTile * 2;  // codes, then d (float16)
 
-bool vnni_available() {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  return true;
-#else
-  return false;
-#endif
-}
-
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
 template <int R>
@@ -62,11 +54,45 @@ constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>,
                                             tile_rows<4>, tile_rows<5>, tile_rows<6>,
                                             tile_rows<7>, tile_rows<8>};
 
+#else
+
+// Plain C++ (every build without AVX512-VNNI): each group's weight codes unpacked to an
+// input-major [32][16] array first, so the inner loop over the tile's 16 output rows
+// vectorises at whatever width the target has.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+               const float* dx, const int32_t*, float* out, int64_t ldo) {
+  alignas(64) float total[R][kTile] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockBytes;
+    alignas(64) int16_t w[kGroup][kTile];
+    for (int64_t c = 0; c < kGroup; ++c)
+      for (int64_t i = 0; i < kTile; ++i) w[c][i] = static_cast<int16_t>(block[64 * (c / 4) + 4 * i + c % 4]) - 128;
+    alignas(64) float d[kTile];
+    const auto* halves = reinterpret_cast<const at::Half*>(block + kCodeBytes);
+    for (int64_t i = 0; i < kTile; ++i) d[i] = static_cast<float>(halves[i]);
+    for (int r = 0; r < R; ++r) {
+      alignas(64) int32_t acc[kTile] = {};
+      const int8_t* xr = xq + r * ldx + g * kGroup;
+      for (int64_t c = 0; c < kGroup; ++c)
+        for (int64_t i = 0; i < kTile; ++i) acc[i] += static_cast<int32_t>(xr[c]) * w[c][i];
+      const float scale = dx[r * groups + g];
+      for (int64_t i = 0; i < kTile; ++i) total[r][i] += static_cast<float>(acc[i]) * (d[i] * scale);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t i = 0; i < kTile; ++i) out[r * ldo + i] = total[r][i];
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
+                        const int32_t*, float*, int64_t);
+constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
+                                            tile_rows<4>, tile_rows<5>, tile_rows<6>,
+                                            tile_rows<7>, tile_rows<8>};
+
 #endif  // __AVX512VNNI__
 
 }  // namespace
-
-bool q8_gemm_available() { return vnni_available(); }
 
 // codes [N, K] int8, d [N, K / 32] float32 (exact float16 values) -> the packed tiles,
 // [N / 16, K / 32, kBlockBytes] uint8.
@@ -97,11 +123,10 @@ torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d) {
 
 // x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] float32.
 torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed) {
-  TORCH_CHECK(vnni_available(), "q8_gemm needs a CPU with AVX512-VNNI (and a build for it)");
   const GemmShape shape = check_gemm(x, packed, kBlockBytes, "q8_pack");
   const int64_t rows = shape.rows, k = shape.k, tiles = shape.tiles, groups = shape.groups;
   auto out = torch::empty({rows, tiles * kTile}, x.options().dtype(at::kFloat));
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if (rows == 0) return out;
   const Int8Rows xq = quantize_rows<false>(x);
   const int8_t* qp = xq.codes.data_ptr<int8_t>();
   const float* dp = xq.scale.data_ptr<float>();
@@ -113,7 +138,6 @@ torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed) {
     kTileFns[rb](wp + t * groups * kBlockBytes, groups, qp + r0 * k, k, dp + r0 * groups,
                  sp + r0 * groups, op + r0 * n + t * kTile, n);
   });
-#endif
   return out;
 }
 

@@ -2,17 +2,18 @@
 
 Decode steps with few tokens are bound by reading weights from memory, so 4-bit weights win
 there. Large batches (prefill) are bound by arithmetic: there pagedllm's q4_q8_gemm rounds
-the activations to int8 per group of 32, as llama.cpp does, and multiplies with AVX512-VNNI
-at about twice the rate of bfloat16 dot products; where it is not built, a dense bfloat16
-copy of the weight is kept for them. The crossovers were measured on this machine
-(benchmarks/linear_kernels.py).
+the activations to int8 per group of 32, as llama.cpp does, and multiplies them as integers
+(AVX512-VNNI, AVX2's vpmaddubsw, or plain C++ on the portable level) at about twice the rate
+of float dot products. Every kernel level has both; only without the C++ kernels do layers
+fall back to torch's int4 kernel and a dense copy. The crossovers were measured on this
+machine (benchmarks/linear_kernels.py).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from pagedllm.kernels import kernel_ops
+from pagedllm.kernels import capabilities, kernel_ops
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 
 # Per pass over the projections of 30 layers, weights streaming from memory
@@ -25,10 +26,8 @@ from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 # The exact kernel up to Q4_EXACT_MAX_ROWS, where the int8 one stops costing the same: a
 # decode step of up to 8 sequences keeps exact activations. A layer built without int8
 # activations takes q4_gemm at every row count (0.91x dense at 256 rows, and no dense copy).
-# Without q4_q8_gemm, q4_gemm up to Q4_GEMM_MAX_ROWS and dense above; without q4_gemm
-# either, torch's int4 kernel up to INT4_MAX_ROWS.
+# Without the C++ kernels, torch's int4 kernel up to INT4_MAX_ROWS, dense above.
 Q4_EXACT_MAX_ROWS = 8
-Q4_GEMM_MAX_ROWS = 128
 INT4_MAX_ROWS = 8
 ALL_ROWS = 1 << 62
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
@@ -39,9 +38,8 @@ def int4_available() -> bool:
 
 
 def q4_gemm_ops():
-    """The compiled kernels when they include q4_gemm (a CPU with AVX512-BF16), else None."""
-    ops = kernel_ops()
-    return ops if ops is not None and ops.q4_gemm_available() else None
+    """The compiled kernels of the level in use (every level has the 4-bit GEMMs), or None."""
+    return kernel_ops()
 
 
 def quantized_matmul_available() -> bool:
@@ -53,21 +51,31 @@ PACK_ROWS_HINT = 256
 
 
 class DenseLinear:
-    """x @ W.T (+ b). bfloat16 weights are reordered once into oneDNN's blocked layout:
-    bit-identical to F.linear and 5-25 % faster here from 17 to 300 rows (F.linear reorders
-    on every call). Other dtypes, or torch without oneDNN: plain F.linear."""
+    """x @ W.T (+ b). bfloat16 weights are reordered once into oneDNN's blocked layout where
+    the CPU level has bfloat16 arithmetic (avx512): bit-identical to F.linear and 5-25 % faster
+    here from 17 to 300 rows (F.linear reorders on every call). Below that level oneDNN's
+    bfloat16 path refuses to run (or emulates it slowly), so the weight is kept in float32 and
+    bfloat16 inputs are multiplied in float32, the result rounded back. Other dtypes, or
+    torch without oneDNN: plain F.linear."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.bias = bias
-        self.prepacked = weight.dtype == torch.bfloat16 and _prepack_available()
         # detach: an autograd record on the packed copy would keep the original alive.
         weight = weight.detach()
+        bf16 = weight.dtype == torch.bfloat16
+        self.prepacked = bf16 and capabilities().native_bf16 and _prepack_available()
+        self.widened = bf16 and not self.prepacked
+        if self.widened:
+            weight = weight.float()
+            bias = None if bias is None else bias.float()
+        self.bias = bias
         self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
                        if self.prepacked else weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.prepacked:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.widened:
+            return nn.functional.linear(x.float(), self.weight, self.bias).to(x.dtype)
         return nn.functional.linear(x, self.weight, self.bias)
 
 
@@ -77,11 +85,10 @@ def _prepack_available() -> bool:
 
 
 class QuantLinear(nn.Module):
-    """x @ W.T (+ b) for a 4-bit GGUF weight in a bfloat16 model. Up to max_rows rows the
-    4-bit codes are used: exactly (q4_gemm, or torch's int4 kernel where that is not built)
-    up to exact_max_rows, with int8-rounded activations (q4_q8_gemm) above, unless
-    int8_activations is off. Beyond max_rows, a dense bfloat16 copy, kept only where
-    q4_q8_gemm is not built."""
+    """x @ W.T (+ b) for a 4-bit GGUF weight in a bfloat16 model. With the C++ kernels (any
+    level): exactly (q4_gemm) up to exact_max_rows, with int8-rounded activations
+    (q4_q8_gemm) above, unless int8_activations is off; no dense copy. Without them: torch's
+    int4 kernel up to INT4_MAX_ROWS rows, a dense copy beyond."""
 
     def __init__(self, dense_weight: torch.Tensor, bias: torch.Tensor | None, q4: Q4Weight,
                  int8_activations: bool = True):
@@ -94,11 +101,8 @@ class QuantLinear(nn.Module):
         self.q4_ops = q4_gemm_ops() if dtype == torch.bfloat16 and tileable else None
         if self.q4_ops is not None:
             self.packed = self.q4_ops.q4_pack(q4.codes, q4.d, q4.m)
-            if self.q4_ops.q4_q8_gemm_available():
-                self.max_rows = ALL_ROWS
-                self.exact_max_rows = Q4_EXACT_MAX_ROWS if int8_activations else ALL_ROWS
-            else:
-                self.exact_max_rows = self.max_rows = Q4_GEMM_MAX_ROWS
+            self.max_rows = ALL_ROWS
+            self.exact_max_rows = Q4_EXACT_MAX_ROWS if int8_activations else ALL_ROWS
         elif int4_available() and tileable:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
             # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
@@ -120,7 +124,7 @@ class QuantLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-# Rows up to which the int8 output head (the fallback where q8_gemm is not built) beats dense
+# Rows up to which the int8 output head (the fallback without the C++ kernels) beats dense
 # bfloat16 prepacked for oneDNN here (49152 x 576: 1 row 0.95 vs 1.28 ms, 4 rows 1.01 vs 1.23,
 # 8 rows 1.96 vs 1.42; benchmarks/linear_kernels.py).
 INT8_MAX_ROWS = 4
@@ -152,6 +156,5 @@ def int8_available() -> bool:
 
 
 def q8_gemm_ops():
-    """The compiled kernels when they include q8_gemm (a CPU with AVX512-VNNI), else None."""
-    ops = kernel_ops()
-    return ops if ops is not None and ops.q8_gemm_available() else None
+    """The compiled kernels of the level in use (every level has q8_gemm), or None."""
+    return kernel_ops()

@@ -57,6 +57,11 @@ class EngineStatsCollector:
         info.add_metric([self.labels["model_name"], str(cache.block_size), cache.cache_dtype,
                          str(cache.num_blocks), str(cache.enable_prefix_caching)], 1)
         yield info
+        cpu = self.engine.cpu
+        cpu_info = GaugeMetricFamily(P + "cpu_info", "CPU kernel level in use (labels; value 1).",
+                                     labels=["model_name", "isa", "best_isa", "machine"])
+        cpu_info.add_metric([self.labels["model_name"], cpu.level, cpu.best, cpu.machine], 1)
+        yield cpu_info
 
 
 class ServerMetrics:

@@ -1,0 +1,78 @@
+"""Compiles the C++ kernels once per instruction-set level (cpu.py), the way vLLM ships
+_C_AVX2 / _C_AVX512 and ggml builds every CPU variant. The sources are the same for every
+level; what differs is the target flags, so `#if defined(__AVX512BF16__)` and the like inside
+a build say what that build may use, and the level chosen at run time says which build loads.
+
+Each build is cached by torch's extension builder under a name that holds the level and a
+digest of the flags and headers: a cache built on one host is reused on another only where
+it was built for the same level with the same flags, and a level this CPU lacks is never
+loaded. `make install` builds every level this host can run, so serving never waits for g++.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+import platform
+from functools import lru_cache
+
+from pagedllm.kernels.cpu import LEVELS
+
+logger = logging.getLogger("pagedllm.kernels")
+_HERE = os.path.dirname(__file__)
+SOURCES = [os.path.join(_HERE, name) for name in
+           ("bindings.cpp", "paged_attention.cpp", "prefill_attention.cpp", "fused_ops.cpp",
+            "q4_gemm.cpp", "q8_gemm.cpp", "decode_layers.cpp")]
+
+# Every build: hidden symbols, so two levels loaded in one process (the tests load each)
+# never resolve each other's functions.
+COMMON_FLAGS = ("-O3", "-ffast-math", "-fopenmp", "-fvisibility=hidden", "-fvisibility-inlines-hidden")
+# Target flags per level. "portable" names no target at all: the architecture's baseline.
+X86_TARGET_FLAGS = {
+    "portable": (),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    "avx512": ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
+               "-mavx512dq", "-mavx512bf16", "-mavx512vnni"),
+}
+
+
+def target_flags(level: str, machine: str | None = None) -> tuple[str, ...]:
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}")
+    machine = (machine or platform.machine()).lower()
+    if machine in ("x86_64", "amd64"):
+        return X86_TARGET_FLAGS[level]
+    if level != "portable":
+        raise ValueError(f"level {level} exists only on x86-64, not on {machine}")
+    return ()
+
+
+def _digest(flags: tuple[str, ...]) -> str:
+    """Flags and headers: torch's builder rebuilds when a listed .cpp changes, not a header."""
+    digest = hashlib.sha1(" ".join(flags).encode())
+    for path in sorted(glob.glob(os.path.join(_HERE, "*.h"))):
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:10]
+
+
+def module_name(level: str) -> str:
+    flags = COMMON_FLAGS + target_flags(level)
+    return f"pagedllm_kernels_{level}_{_digest(flags)}"
+
+
+@lru_cache(maxsize=None)
+def build(level: str):
+    """The compiled module for `level` (callers check the CPU can run it), or None when it
+    cannot be built here; the torch code then runs and the reason is logged once."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        flags = list(COMMON_FLAGS + target_flags(level))
+        return load(name=module_name(level), sources=SOURCES, extra_cflags=flags,
+                    extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as exc:  # noqa: BLE001 - any build problem means: use the torch path
+        logger.warning("C++ kernels (%s) unavailable (%s); using the torch path", level,
+                       str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None

@@ -1,0 +1,100 @@
+"""What this CPU can run, read at run time, and the kernel level chosen from it.
+
+The C++ kernels are built once per instruction-set level (build.py). A level is chosen here
+from the CPU's own feature flags, never from what the compiler had, so a cache or `.venv`
+carried to a host with fewer instructions falls back instead of dying with SIGILL:
+
+- ``portable``: plain C++ the compiler vectorises for the baseline of the architecture
+  (x86-64 SSE2, aarch64 NEON); runs anywhere.
+- ``avx2``: AVX2 + FMA + F16C (Intel since Haswell, AMD since Zen 1).
+- ``avx512``: AVX-512 F/BW/VL/DQ with BF16 and VNNI (Intel Sapphire Rapids, AMD Zen 4+).
+  An AVX-512 CPU without BF16/VNNI (Skylake-X, Ice Lake) runs the avx2 level.
+
+``PAGEDLLM_CPU_ISA`` forces a lower level (to prove or compare the lower paths on a host
+that has more); asking for more than the CPU has is an error, not a crash later.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+LEVELS = ("portable", "avx2", "avx512")
+ENV_VAR = "PAGEDLLM_CPU_ISA"
+
+# Linux /proc/cpuinfo flag names each level needs (x86 only; other machines run portable).
+REQUIRED_FLAGS = {
+    "portable": frozenset(),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "avx512": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                         "avx512_bf16", "avx512_vnni"}),
+}
+
+
+class UnsupportedISAError(ValueError):
+    """PAGEDLLM_CPU_ISA names an unknown level, or one this CPU cannot run."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """One record of what runs here: every kernel and layer implementation is chosen from it."""
+    machine: str            # platform.machine(): x86_64, aarch64, ...
+    flags: frozenset[str]   # the CPU's feature flags as the OS reports them
+    best: str               # the highest level this CPU can run
+    level: str              # the level in use: best, or lower where PAGEDLLM_CPU_ISA says
+
+    @property
+    def available(self) -> tuple[str, ...]:
+        """Every level this CPU can run, lowest first: what the tests exercise."""
+        return LEVELS[: LEVELS.index(self.best) + 1]
+
+    @property
+    def native_bf16(self) -> bool:
+        """Whether bfloat16 matrix products have hardware support at the level in use; where
+        not, dense layers multiply in float32 (oneDNN's bf16 path refuses such CPUs)."""
+        return self.level == "avx512"
+
+
+def cpu_flags() -> frozenset[str]:
+    """The feature flags of the first CPU in /proc/cpuinfo ("flags" on x86, "Features" on
+    ARM); empty where that file does not exist (then only the portable level is chosen)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def best_level(machine: str, flags: frozenset[str]) -> str:
+    if machine.lower() not in ("x86_64", "amd64"):
+        return "portable"
+    return max((lvl for lvl in LEVELS if REQUIRED_FLAGS[lvl] <= flags), key=LEVELS.index)
+
+
+def resolve_level(best: str, requested: str | None) -> str:
+    """The level to run: `requested` (PAGEDLLM_CPU_ISA) when set, checked against `best`."""
+    if not requested:
+        return best
+    requested = requested.strip().lower()
+    if requested not in LEVELS:
+        raise UnsupportedISAError(
+            f"{ENV_VAR}={requested!r} is not a level; choose one of {', '.join(LEVELS)}")
+    if LEVELS.index(requested) > LEVELS.index(best):
+        raise UnsupportedISAError(
+            f"{ENV_VAR}={requested} asks for more than this CPU has (it runs up to {best}; "
+            f"{requested} needs {', '.join(sorted(REQUIRED_FLAGS[requested]))})")
+    return requested
+
+
+def detect(requested: str | None = None) -> Capabilities:
+    """This host's record; `requested` defaults to the PAGEDLLM_CPU_ISA environment variable."""
+    machine = platform.machine()
+    flags = cpu_flags()
+    best = best_level(machine, flags)
+    if requested is None:
+        requested = os.environ.get(ENV_VAR)
+    return Capabilities(machine, flags, best, resolve_level(best, requested))

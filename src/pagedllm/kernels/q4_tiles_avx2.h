@@ -1,0 +1,2 @@
+#pragma once
+#include "q4_tiles_portable.h"

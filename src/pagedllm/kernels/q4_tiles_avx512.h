@@ -1,0 +1,121 @@
+// The 4-bit tiles with AVX-512 intrinsics (the avx512 build): q4_gemm's exact tile on
+// AVX512-BF16 pair dot products, q4_q8_gemm's on AVX512-VNNI. Included by q4_gemm.cpp only.
+#pragma once
+#include "q4_layout.h"
+
+namespace pagedllm::q4 {
+
+// quantize_rows stores each 8 activation codes in the order the int8 tile reads nibbles.
+constexpr bool kInterleavedCodes = true;
+
+#if defined(__AVX512BF16__)
+
+template <int P>
+inline __m512bh codes_pair(__m512i v) {
+  const __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 4 * P), _mm512_set1_epi32(0x000F000F));
+  return (__m512bh)_mm512_or_si512(q, _mm512_set1_epi32(0x43004300));  // bfloat16 128 + q
+}
+
+template <int R, int S, int P>
+inline void dot_pair(__m512 (&acc)[S][R], __m512i v, const at::BFloat16* x, int64_t ldx, int64_t k) {
+  const __m512bh w = codes_pair<P>(v);
+  for (int r = 0; r < R; ++r)
+    acc[P % S][r] = _mm512_dpbf16_ps(acc[P % S][r], w, broadcast_pair(x + r * ldx + k + 2 * P));
+}
+
+// R rows of x times one tile of 16 output rows. The dot products run in R * S independent
+// chains (S sets of accumulators taking turns): the instruction's latency needs about a dozen
+// in flight to keep both of its pipes busy. The float32 totals live in memory, touched once
+// per group, so that the registers go to the chains.
+template <int R, int S>
+void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
+               const float* xsum, at::BFloat16* out, int64_t ldo) {
+  alignas(64) float total[R][kTile] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockBytes;
+    prefetch_ahead(block, kBlockBytes);
+    __m512 acc[S][R];
+    for (int s = 0; s < S; ++s)
+      for (int r = 0; r < R; ++r) acc[s][r] = _mm512_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(block + 64 * j);
+      const int64_t k = g * kGroup + 8 * j;
+      dot_pair<R, S, 0>(acc, v, x, ldx, k);
+      dot_pair<R, S, 1>(acc, v, x, ldx, k);
+      dot_pair<R, S, 2>(acc, v, x, ldx, k);
+      dot_pair<R, S, 3>(acc, v, x, ldx, k);
+    }
+    const __m512 d = load_halves(block + kCodeBytes);
+    const __m512 m = load_halves(block + kCodeBytes + 32);
+    const __m512 m_shifted = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);  // m - 128 d
+    for (int r = 0; r < R; ++r) {
+      __m512 sum = acc[0][r];
+      for (int s = 1; s < S; ++s) sum = _mm512_add_ps(sum, acc[s][r]);
+      __m512 t = _mm512_fmadd_ps(sum, d, _mm512_load_ps(total[r]));
+      _mm512_store_ps(total[r], _mm512_fmadd_ps(m_shifted, _mm512_set1_ps(xsum[r * groups + g]), t));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(total[r])));
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const at::BFloat16*, int64_t, const float*,
+                        at::BFloat16*, int64_t);
+constexpr TileFn kTileFns[kRowBlock + 1] = {
+    nullptr, tile_rows<1, 2>, tile_rows<2, 2>, tile_rows<3, 2>, tile_rows<4, 2>,
+    tile_rows<5, 2>, tile_rows<6, 2>, tile_rows<7, 2>, tile_rows<8, 2>};
+
+#endif  // __AVX512BF16__
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+
+// R rows of int8 activations (quantize_rows<true>) times one tile, for q4_q8_gemm. A code
+// vector's lane holds 8 codes of one output row; masking the low and the high nibble of each
+// byte gives two lanes of 4 codes as unsigned bytes, inputs (0 4 1 5) and (2 6 3 7), which
+// the interleaved activation codes match. Per group:
+//   sum x*w = dx * (d * (xq . q) + m * sum(xq)),
+// the integer dot product exact in int32, the scales applied once per 32 inputs.
+template <int R>
+void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+                    const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockBytes;
+    prefetch_ahead(block, kBlockBytes);
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(block + 64 * j);
+      const __m512i low = _mm512_and_si512(v, nibble);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi32(v, 4), nibble);
+      const int8_t* x = xq + g * kGroup + 8 * j;
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm512_dpbusd_epi32(acc[r], low, broadcast_quad(x + r * ldx));
+        acc[r] = _mm512_dpbusd_epi32(acc[r], high, broadcast_quad(x + r * ldx + 4));
+      }
+    }
+    const __m512 d = load_halves(block + kCodeBytes);
+    const __m512 m = load_halves(block + kCodeBytes + 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, total[r]);
+      total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx_sum[r * groups + g]), total[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(total[r]));
+}
+
+using Int8TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
+                            const float*, at::BFloat16*, int64_t);
+constexpr Int8TileFn kInt8TileFns[kRowBlock + 1] = {
+    nullptr, tile_rows_int8<1>, tile_rows_int8<2>, tile_rows_int8<3>, tile_rows_int8<4>,
+    tile_rows_int8<5>, tile_rows_int8<6>, tile_rows_int8<7>, tile_rows_int8<8>};
+
+#endif  // __AVX512VNNI__
+
+
+}  // namespace pagedllm::q4
