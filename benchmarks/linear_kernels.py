@@ -7,7 +7,7 @@ weights stream from memory instead of sitting in cache (with one layer's weights
 an earlier version measured, int4 lost from 8 rows on). Prints milliseconds per pass over
 all layers by batch rows for dense bf16 (F.linear, and weights prepacked for oneDNN: the
 model's dense path without q4_q8_gemm), torch's int4 kernel, pagedllm's q4_gemm (exact) and
-q4_q8_gemm (activations rounded to int8), with the ratios; these set Q4_GEMM_MAX_ROWS (where
+q4_q8_gemm (activations rounded to int8), with the ratios; these set Q4_EXACT_MAX_ROWS (where
 the exact kernel gives way to q4_q8_gemm) and INT4_MAX_ROWS in pagedllm/models/quant_linear.py. Then the output head: prepacked bf16, torch's int8
 kernel (INT8_MAX_ROWS) and pagedllm's q8_gemm.
 """
@@ -62,10 +62,7 @@ def time_pass(layers, rows: int, kind: str, repeat: int = 5) -> float:
 
 def main() -> None:
     args = parse_args()
-    ops = kernel_ops()
-    if ops is not None and not (ops.q4_gemm_available() and ops.q4_q8_gemm_available()
-                                and ops.q8_gemm_available()):
-        ops = None
+    ops = kernel_ops()  # the level in use: PAGEDLLM_CPU_ISA picks a lower one
     layers = make_layers(ops)
     print(f"threads={args.threads}; ms per pass over the projections of {NUM_LAYERS} layers")
     print(f"{'rows':>5} {'bf16':>8} {'prepacked':>10} {'int4':>8} {'q4_gemm':>8} {'q4_q8':>8}"

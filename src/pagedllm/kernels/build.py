@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import platform
+import time
 from functools import lru_cache
 
 from pagedllm.kernels.cpu import LEVELS
@@ -62,6 +63,23 @@ def module_name(level: str) -> str:
     return f"pagedllm_kernels_{level}_{_digest(flags)}"
 
 
+# A build takes a few minutes; a lock older than this was left by a build that was killed.
+# torch's builder would wait on it forever (seen when a test run was stopped mid-build).
+STALE_LOCK_SECONDS = 30 * 60
+
+
+def _clear_stale_lock(name: str) -> None:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+    try:
+        if time.time() - os.path.getmtime(lock) > STALE_LOCK_SECONDS:
+            logger.warning("removing a stale kernel build lock (%s)", lock)
+            os.remove(lock)
+    except OSError:
+        pass  # no lock: the usual case
+
+
 @lru_cache(maxsize=None)
 def build(level: str):
     """The compiled module for `level` (callers check the CPU can run it), or None when it
@@ -70,6 +88,7 @@ def build(level: str):
         from torch.utils.cpp_extension import load
 
         flags = list(COMMON_FLAGS + target_flags(level))
+        _clear_stale_lock(module_name(level))
         return load(name=module_name(level), sources=SOURCES, extra_cflags=flags,
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build problem means: use the torch path

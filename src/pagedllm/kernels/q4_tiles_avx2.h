@@ -1,2 +1,157 @@
+// The 4-bit tiles with AVX2 intrinsics (the avx2 build: AVX2 + FMA + F16C). A 64-byte code
+// vector of the packed layout is two 256-bit halves, output rows 0-7 and 8-15.
+// - Exact tile (q4_gemm): each code pulled out of its lane by a shift and a mask, converted
+//   to float32 and multiplied with float32 FMAs (a bfloat16 times a 4-bit integer is exact).
+// - Int8 tile (q4_q8_gemm): as llama.cpp multiplies Q4 by Q8 on AVX2: the low and high
+//   nibbles of each byte, as unsigned bytes, times the interleaved int8 activation codes with
+//   vpmaddubsw (pairs summed to int16: at most 2 x 15 x 127 = 3810, so the 8 of a group sum to
+//   at most 30480 and never saturate), then vpmaddwd against ones to int32, once per group.
 #pragma once
-#include "q4_tiles_portable.h"
+#include "q4_layout.h"
+
+namespace pagedllm::q4 {
+
+// quantize_rows stores each 8 activation codes in the order the int8 tile reads nibbles.
+constexpr bool kInterleavedCodes = true;
+
+// 8 float16 values (half a tile's scales) as float32.
+inline __m256 load_halves8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256 bf16_to_float(const at::BFloat16* x) {
+  uint32_t bits = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(x)) << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return _mm256_set1_ps(v);
+}
+
+// 8 float32 totals rounded to bfloat16 (nearest even) and stored.
+inline void store_bf16x8(const __m256 v, at::BFloat16* out) {
+  __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  // Pack the 8 low halves: packus works within 128-bit lanes, then order the two quads.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(u, u), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+
+template <int C>
+inline __m256 code_floats(__m256i v) {
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, code_shift(C)), _mm256_set1_epi32(0xF)));
+}
+
+template <int R, int C>
+inline void fma_code(__m256 (&acc)[2][R], const __m256i (&v)[2], const at::BFloat16* x,
+                     int64_t ldx, int64_t k) {
+  const __m256 w0 = code_floats<C>(v[0]), w1 = code_floats<C>(v[1]);
+  for (int r = 0; r < R; ++r) {
+    const __m256 xv = bf16_to_float(x + r * ldx + k + C);
+    acc[0][r] = _mm256_fmadd_ps(w0, xv, acc[0][r]);
+    acc[1][r] = _mm256_fmadd_ps(w1, xv, acc[1][r]);
+  }
+}
+
+// R bfloat16 rows times one tile, exactly: d * (x . q) + m * sum(x) per group.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
+               const float* xsum, at::BFloat16* out, int64_t ldo) {
+  // The float32 totals live in memory, touched once per group, so the registers go to the
+  // accumulators.
+  alignas(32) float total[R][kTile] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockBytes;
+    prefetch_ahead(block, kBlockBytes);
+    __m256 acc[2][R];
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j)),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32))};
+      const int64_t k = g * kGroup + 8 * j;
+      fma_code<R, 0>(acc, v, x, ldx, k);
+      fma_code<R, 1>(acc, v, x, ldx, k);
+      fma_code<R, 2>(acc, v, x, ldx, k);
+      fma_code<R, 3>(acc, v, x, ldx, k);
+      fma_code<R, 4>(acc, v, x, ldx, k);
+      fma_code<R, 5>(acc, v, x, ldx, k);
+      fma_code<R, 6>(acc, v, x, ldx, k);
+      fma_code<R, 7>(acc, v, x, ldx, k);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = load_halves8(block + kCodeBytes + 16 * h);
+      const __m256 m = load_halves8(block + kCodeBytes + 32 + 16 * h);
+      for (int r = 0; r < R; ++r) {
+        const __m256 t = _mm256_fmadd_ps(acc[h][r], d, _mm256_load_ps(total[r] + 8 * h));
+        _mm256_store_ps(total[r] + 8 * h, _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[r * groups + g]), t));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
+}
+
+// 4 int8 activation codes in every 32-bit lane.
+inline __m256i broadcast_quad8(const int8_t* x) {
+  int32_t quad;
+  std::memcpy(&quad, x, 4);
+  return _mm256_set1_epi32(quad);
+}
+
+// R rows of int8 activations (quantize_rows<true>) times one tile:
+// sum x*w = dx * (d * (xq . q) + m * sum(xq)) per group, the dot product exact in integers.
+template <int R>
+void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+                    const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
+  // The float32 totals live in memory, touched once per group, so the registers go to the
+  // accumulators.
+  alignas(32) float total[R][kTile] = {};
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockBytes;
+    prefetch_ahead(block, kBlockBytes);
+    __m256i sum16[2][R];
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < R; ++r) sum16[h][r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h));
+        const __m256i low = _mm256_and_si256(v, nibble);
+        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* x = xq + r * ldx + g * kGroup + 8 * j;
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast_quad8(x)),
+                                             _mm256_maddubs_epi16(high, broadcast_quad8(x + 4)));
+          sum16[h][r] = _mm256_add_epi16(sum16[h][r], p);
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = load_halves8(block + kCodeBytes + 16 * h);
+      const __m256 m = load_halves8(block + kCodeBytes + 32 + 16 * h);
+      for (int r = 0; r < R; ++r) {
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[h][r], ones));
+        const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+        const __m256 t = _mm256_fmadd_ps(dot, scale, _mm256_load_ps(total[r] + 8 * h));
+        _mm256_store_ps(total[r] + 8 * h, _mm256_fmadd_ps(m, _mm256_set1_ps(dx_sum[r * groups + g]), t));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const at::BFloat16*, int64_t, const float*,
+                        at::BFloat16*, int64_t);
+constexpr TileFn kTileFns[kRowBlock + 1] = {
+    nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
+    tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+
+using Int8TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
+                            const float*, at::BFloat16*, int64_t);
+constexpr Int8TileFn kInt8TileFns[kRowBlock + 1] = {
+    nullptr, tile_rows_int8<1>, tile_rows_int8<2>, tile_rows_int8<3>, tile_rows_int8<4>,
+    tile_rows_int8<5>, tile_rows_int8<6>, tile_rows_int8<7>, tile_rows_int8<8>};
+
+}  // namespace pagedllm::q4

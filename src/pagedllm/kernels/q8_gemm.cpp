@@ -54,9 +54,55 @@ constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>,
                                             tile_rows<4>, tile_rows<5>, tile_rows<6>,
                                             tile_rows<7>, tile_rows<8>};
 
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+// AVX2, as llama.cpp multiplies Q8_0 by Q8_0: vpmaddubsw takes unsigned times signed bytes,
+// so the weight codes go back to signed (xor 0x80), their magnitudes become the unsigned side
+// and their signs move onto the activations (vpsignb). A pair sums to at most 2 x 128 x 127
+// = 32512, within int16; vpmaddwd against ones widens to int32 for each 4-code quad.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+               const float* dx, const int32_t*, float* out, int64_t ldo) {
+  alignas(32) float total[R][kTile] = {};
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g * kBlockBytes;
+    prefetch_ahead(block, kBlockBytes);
+    for (int h = 0; h < 2; ++h) {
+      __m256i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+      for (int j = 0; j < kGroup / 4; ++j) {
+        const __m256i w = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h)), flip);
+        const __m256i magnitude = _mm256_sign_epi8(w, w);
+        for (int r = 0; r < R; ++r) {
+          int32_t quad;
+          std::memcpy(&quad, xq + r * ldx + g * kGroup + 4 * j, 4);
+          const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(quad), w);
+          acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kCodeBytes + 16 * h)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+        _mm256_store_ps(total[r] + 8 * h,
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), scale, _mm256_load_ps(total[r] + 8 * h)));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) std::memcpy(out + r * ldo, total[r], sizeof(total[r]));
+}
+
+using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
+                        const int32_t*, float*, int64_t);
+constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
+                                            tile_rows<4>, tile_rows<5>, tile_rows<6>,
+                                            tile_rows<7>, tile_rows<8>};
+
 #else
 
-// Plain C++ (every build without AVX512-VNNI): each group's weight codes unpacked to an
+// Plain C++ (every build without AVX512-VNNI or AVX2): each group's weight codes unpacked to an
 // input-major [32][16] array first, so the inner loop over the tile's 16 output rows
 // vectorises at whatever width the target has.
 template <int R>

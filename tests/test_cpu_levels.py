@@ -1,0 +1,123 @@
+"""CPU levels: which one a CPU gets (from its flags, never from the compiler), the
+PAGEDLLM_CPU_ISA override and its errors, the per-level builds, and the real server on the
+default model at every level this host runs."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ISA_LEVELS
+from pagedllm import kernels
+from pagedllm.kernels import build, cpu
+from pagedllm.kernels.cpu import REQUIRED_FLAGS, UnsupportedISAError, best_level, resolve_level
+
+ZEN3 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi2".split())
+SKYLAKE_X = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+SAPPHIRE_RAPIDS = SKYLAKE_X | {"avx512_bf16", "avx512_vnni", "amx_bf16"}
+
+
+@pytest.mark.parametrize("machine,flags,expected", [
+    ("x86_64", frozenset({"sse2", "avx"}), "portable"),       # Sandy Bridge: no AVX2
+    ("x86_64", ZEN3 - {"f16c"}, "portable"),                  # AVX2 without F16C is not enough
+    ("x86_64", ZEN3, "avx2"),
+    ("x86_64", SKYLAKE_X, "avx2"),                            # AVX-512 without BF16/VNNI
+    ("x86_64", SAPPHIRE_RAPIDS, "avx512"),
+    ("AMD64", SAPPHIRE_RAPIDS, "avx512"),
+    ("aarch64", frozenset({"fp", "asimd", "asimddp"}), "portable"),
+    ("aarch64", SAPPHIRE_RAPIDS, "portable"),                 # x86 flags mean nothing there
+])
+def test_best_level_comes_from_the_cpu_flags(machine, flags, expected):
+    assert best_level(machine, flags) == expected
+
+
+def test_each_level_needs_what_the_one_below_needs():
+    levels = cpu.LEVELS
+    for lower, higher in zip(levels, levels[1:]):
+        assert REQUIRED_FLAGS[lower] < REQUIRED_FLAGS[higher]
+
+
+@pytest.mark.parametrize("best,requested,expected", [
+    ("avx512", None, "avx512"), ("avx512", "", "avx512"), ("avx512", "avx2", "avx2"),
+    ("avx512", " PORTABLE ", "portable"), ("avx2", "avx2", "avx2"), ("portable", "portable", "portable"),
+])
+def test_requested_level_may_be_lower(best, requested, expected):
+    assert resolve_level(best, requested) == expected
+
+
+def test_requested_level_above_the_cpu_or_unknown_is_a_clear_error():
+    with pytest.raises(UnsupportedISAError, match="asks for more than this CPU has.*up to avx2.*avx512_bf16"):
+        resolve_level("avx2", "avx512")
+    with pytest.raises(UnsupportedISAError, match="up to portable"):
+        resolve_level("portable", "avx2")
+    with pytest.raises(UnsupportedISAError, match="'sse9' is not a level; choose one of portable, avx2, avx512"):
+        resolve_level("avx512", "sse9")
+
+
+def test_this_host_record(monkeypatch):
+    monkeypatch.delenv(cpu.ENV_VAR, raising=False)
+    caps = kernels.capabilities()
+    assert caps.level == caps.best and caps.available[-1] == caps.best
+    assert caps.available == ISA_LEVELS and caps.available[0] == "portable"
+    if sys.platform == "linux":
+        assert caps.flags, "/proc/cpuinfo has the flags"
+    monkeypatch.setenv(cpu.ENV_VAR, "portable")
+    assert kernels.capabilities().level == "portable" and not kernels.capabilities().native_bf16
+    assert kernels.kernel_ops().isa() == "portable"
+
+
+def test_kernels_for_a_level_the_cpu_lacks_refuses(monkeypatch):
+    avx2_host = cpu.Capabilities("x86_64", ZEN3, "avx2", "avx2")
+    monkeypatch.setattr(kernels, "capabilities", lambda: avx2_host)
+    with pytest.raises(UnsupportedISAError, match="cannot run the avx512 kernels"):
+        kernels.kernels_for("avx512")
+
+
+def test_builds_are_keyed_by_level_and_flags():
+    names = {build.module_name(level) for level in cpu.LEVELS}
+    assert len(names) == 3 and all(n.startswith(f"pagedllm_kernels_{lvl}_") for n, lvl in
+                                   zip(sorted(names), sorted(cpu.LEVELS)))
+    assert "-march=native" not in " ".join(build.COMMON_FLAGS + sum(build.X86_TARGET_FLAGS.values(), ()))
+    assert build.target_flags("portable", "x86_64") == ()
+    assert "-mavx512bf16" in build.target_flags("avx512", "x86_64")
+    assert "-mavx512f" not in build.target_flags("avx2", "x86_64")
+    assert build.target_flags("portable", "aarch64") == ()  # the ARM64 build: baseline NEON
+    with pytest.raises(ValueError, match="only on x86-64"):
+        build.target_flags("avx2", "aarch64")
+
+
+def test_cli_refuses_a_bad_level_before_loading():
+    env = {**os.environ, cpu.ENV_VAR: "avx1024"}
+    done = subprocess.run([sys.executable, "-m", "pagedllm.cli", "serve", "--port", "1"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "error: PAGEDLLM_CPU_ISA='avx1024' is not a level" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_server_serves_at_every_level(level, tmp_path):
+    """The real server on the default model in bfloat16 (the 4-bit kernels, the C++ decode
+    loop) at each level, through the official client; startup line and /metrics say which."""
+    import httpx
+    import openai
+    from prometheus_client.parser import text_string_to_metric_families
+    from server_process import ServerProcess
+
+    proc = ServerProcess("--kv-cache-memory", str(64 << 20), "--served-model-name", "smollm2",
+                         log_path=str(tmp_path / "log"), env={cpu.ENV_VAR: level})
+    try:
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        done = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                         max_tokens=8, temperature=0)
+        assert "Paris" in done.choices[0].text and done.usage.completion_tokens == 8
+        chat = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Say hello."}], max_tokens=12)
+        assert chat.choices[0].message.content.strip()
+        text = httpx.get(proc.url + "/metrics").text
+        [info] = [f for f in text_string_to_metric_families(text) if f.name == "pagedllm:cpu_info"]
+        assert info.samples[0].labels["isa"] == level
+        assert info.samples[0].labels["best_isa"] == ISA_LEVELS[-1]
+        assert f"CPU kernels: {level}" in proc.output()
+    finally:
+        assert proc.stop() == 0
