@@ -41,7 +41,7 @@ def set_int8_layers(model, int8_layers: set[int]) -> None:
     for i, layer in enumerate(model.layers):
         for linear in layer.modules():
             if isinstance(linear, QuantLinear):
-                linear.exact_max_rows = Q4_EXACT_MAX_ROWS if i in int8_layers else ALL_ROWS
+                linear.exact_max_rows = Q4_EXACT_MAX_ROWS[linear.q4_ops.isa()] if i in int8_layers else ALL_ROWS
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ def fast_model(isa):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
 def test_decode_loop_is_bit_identical_to_the_python_layers(fast_model, monkeypatch, kv_cache_dtype):
-    # Twelve sequences: steps above Q4_EXACT_MAX_ROWS rows round activations to int8 in the
+    # Twelve sequences: steps above Q4_EXACT_MAX_ROWS[level] rows round activations to int8 in the
     # middle layers, then fewer than that run exact. With an int8 cache the loop passes the
     # scales too.
     seqs = [[1, 504, 3300, 28, 253, 1135, 30, 216], [9690, 17, 2],
@@ -53,7 +53,7 @@ def test_decode_loop_applies_to_decode_only_steps(fast_model):
     assert len(loop.weights) == 6 * layers
     edge = [ALL_ROWS] * EXACT_EDGE_LAYERS
     assert loop.max_rows == ALL_ROWS
-    assert loop.exact_max_rows == edge + [Q4_EXACT_MAX_ROWS] * (layers - 2 * EXACT_EDGE_LAYERS) + edge
+    assert loop.exact_max_rows == edge + [Q4_EXACT_MAX_ROWS[loop.ops.isa()]] * (layers - 2 * EXACT_EDGE_LAYERS) + edge
     decode = AttentionMetadata.build([5, 40], [0, 1, 2], [6, 9], [[0], [2]], 16)
     mixed = AttentionMetadata.build([5, 40, 41], [0, 1, 3], [6, 10], [[0], [2]], 16)
     assert loop.applies(decode, 2)
@@ -100,7 +100,7 @@ def test_decode_layers_rejects_mismatched_arguments(fast_model):
 
 def test_exact_activations_option_keeps_every_layer_exact(fast_model, isa):
     """--exact-activations: no layer rounds activations to int8, the C++ loop included;
-    without it, the middle layers do above Q4_EXACT_MAX_ROWS rows."""
+    without it, the middle layers do above Q4_EXACT_MAX_ROWS[level] rows."""
     from pagedllm import LLM
     from pagedllm.cli import build_parser, engine_kwargs
     from pagedllm.models.quant_linear import QuantLinear
@@ -118,7 +118,7 @@ def test_exact_activations_option_keeps_every_layer_exact(fast_model, isa):
     assert linears and all(m.exact_max_rows == ALL_ROWS and m.dense is None for m in linears)
     assert exact.decode_loop.exact_max_rows == [ALL_ROWS] * exact.config.num_layers
     default = {m.exact_max_rows for m in fast_model.modules() if isinstance(m, QuantLinear)}
-    assert default == {ALL_ROWS, Q4_EXACT_MAX_ROWS}
+    assert default == {ALL_ROWS, Q4_EXACT_MAX_ROWS[isa]}
     # The same prompt prefilled both ways: close, not equal (the int8 rounding is in use).
     ids = make_prompt_token_ids(exact_llm.tokenizer, [64], seed=3)[0]
     exact_logits, = run_paged(exact, [ids], block_size=16)

@@ -140,7 +140,7 @@ def _torch_int4_only(monkeypatch):
 
 
 # kernel -> (exact_max_rows, max_rows, keeps a dense copy)
-LAYER_KERNELS = {"q4_q8_gemm": (Q4_EXACT_MAX_ROWS, ALL_ROWS, False),
+LAYER_KERNELS = {"q4_q8_gemm": (None, ALL_ROWS, False),  # exact rows: the level's
                  "q4_gemm exact only": (ALL_ROWS, ALL_ROWS, False),
                  "torch_int4": (INT4_MAX_ROWS, INT4_MAX_ROWS, True)}
 
@@ -156,6 +156,7 @@ def test_int4_layer_matches_dequantized_weights(at_isa, kernel, rows, monkeypatc
     bias = torch.randn(96).bfloat16()
     layer = QuantLinear(weight.bfloat16(), bias, q4, int8_activations=kernel != "q4_gemm exact only")
     exact_max_rows, max_rows, dense = LAYER_KERNELS[kernel]
+    exact_max_rows = exact_max_rows or Q4_EXACT_MAX_ROWS[at_isa]
     assert (layer.exact_max_rows, layer.max_rows, layer.dense is not None) == (exact_max_rows, max_rows, dense)
     if layer.q4_ops is not None:
         assert layer.q4_ops.isa() == at_isa

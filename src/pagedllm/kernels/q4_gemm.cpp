@@ -70,10 +70,11 @@ torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m) {
 torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed) {
   const GemmShape shape = check_gemm(x, packed, kBlockBytes, "q4_pack");
   const int64_t rows = shape.rows, k = shape.k, tiles = shape.tiles, groups = shape.groups;
-  auto xc = x.contiguous();
+  // The activations in the type this level's exact tile reads (bfloat16, or float32).
+  auto xc = x.to(c10::CppTypeToScalarType<ExactInput>::value).contiguous();
   auto out = torch::empty({rows, tiles * kTile}, x.options());
   if (rows == 0) return out;
-  const auto* xp = xc.data_ptr<at::BFloat16>();
+  const auto* xp = xc.data_ptr<ExactInput>();
   // sum(x) per row and group, over the bfloat16 values the dot products see.
   auto xsum = torch::empty({rows, groups}, x.options().dtype(at::kFloat));
   float* xs = xsum.data_ptr<float>();

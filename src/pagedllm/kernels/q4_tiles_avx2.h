@@ -19,12 +19,9 @@ inline __m256 load_halves8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-inline __m256 bf16_to_float(const at::BFloat16* x) {
-  uint32_t bits = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(x)) << 16;
-  float v;
-  std::memcpy(&v, &bits, 4);
-  return _mm256_set1_ps(v);
-}
+// The exact tile reads activations widened to float32 once per call (q4_gemm does it), so
+// each one reaches the FMAs as a broadcast straight from memory, with no ALU work.
+using ExactInput = float;
 
 // 8 float32 totals rounded to bfloat16 (nearest even) and stored.
 inline void store_bf16x8(const __m256 v, at::BFloat16* out) {
@@ -42,19 +39,20 @@ inline __m256 code_floats(__m256i v) {
 }
 
 template <int R, int C>
-inline void fma_code(__m256 (&acc)[2][R], const __m256i (&v)[2], const at::BFloat16* x,
+inline void fma_code(__m256 (&acc)[2][R], const __m256i (&v)[2], const float* x,
                      int64_t ldx, int64_t k) {
   const __m256 w0 = code_floats<C>(v[0]), w1 = code_floats<C>(v[1]);
   for (int r = 0; r < R; ++r) {
-    const __m256 xv = bf16_to_float(x + r * ldx + k + C);
+    const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k + C);
     acc[0][r] = _mm256_fmadd_ps(w0, xv, acc[0][r]);
     acc[1][r] = _mm256_fmadd_ps(w1, xv, acc[1][r]);
   }
 }
 
-// R bfloat16 rows times one tile, exactly: d * (x . q) + m * sum(x) per group.
+// R rows (bfloat16 values widened to float32) times one tile, exactly:
+// d * (x . q) + m * sum(x) per group.
 template <int R>
-void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
+void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
                const float* xsum, at::BFloat16* out, int64_t ldo) {
   // The float32 totals live in memory, touched once per group, so the registers go to the
   // accumulators.
@@ -142,7 +140,7 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
     for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const at::BFloat16*, int64_t, const float*,
+using TileFn = void (*)(const uint8_t*, int64_t, const float*, int64_t, const float*,
                         at::BFloat16*, int64_t);
 constexpr TileFn kTileFns[kRowBlock + 1] = {
     nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,

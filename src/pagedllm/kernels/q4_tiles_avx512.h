@@ -7,6 +7,8 @@ namespace pagedllm::q4 {
 
 // quantize_rows stores each 8 activation codes in the order the int8 tile reads nibbles.
 constexpr bool kInterleavedCodes = true;
+// The exact tile takes the bfloat16 activations as they are (pair dot products).
+using ExactInput = at::BFloat16;
 
 #if defined(__AVX512BF16__)
 

@@ -10,6 +10,9 @@ namespace pagedllm::q4 {
 // Activation codes in natural order: the portable tile unpacks weights to that order.
 constexpr bool kInterleavedCodes = false;
 
+// The exact tile reads activations widened to float32 once per call (q4_gemm does it).
+using ExactInput = float;
+
 // One group of a tile: codes[k][i] = the code of input k for output row i, d and m per row.
 struct UnpackedGroup {
   alignas(64) uint8_t codes[kGroup][kTile];
@@ -33,16 +36,16 @@ inline void store_row(const float* total, at::BFloat16* out) {
 // R bfloat16 rows times one tile, exactly: x . q in float32 (products of a bfloat16 and a
 // 4-bit integer are exact), then d * (x . q) + m * sum(x) per group.
 template <int R>
-void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
+void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
                const float* xsum, at::BFloat16* out, int64_t ldo) {
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const UnpackedGroup w(tile + g * kBlockBytes);
     for (int r = 0; r < R; ++r) {
       alignas(64) float acc[kTile] = {};
-      const at::BFloat16* xr = x + r * ldx + g * kGroup;
+      const float* xr = x + r * ldx + g * kGroup;
       for (int k = 0; k < kGroup; ++k) {
-        const float xv = static_cast<float>(xr[k]);
+        const float xv = xr[k];
         for (int i = 0; i < kTile; ++i) acc[i] += xv * static_cast<float>(w.codes[k][i]);
       }
       const float s = xsum[r * groups + g];
@@ -75,7 +78,7 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
   for (int r = 0; r < R; ++r) store_row(total[r], out + r * ldo);
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const at::BFloat16*, int64_t, const float*,
+using TileFn = void (*)(const uint8_t*, int64_t, const float*, int64_t, const float*,
                         at::BFloat16*, int64_t);
 constexpr TileFn kTileFns[kRowBlock + 1] = {
     nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,

@@ -23,11 +23,13 @@ from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 #   q4_q8_gemm (int8 acts)  1.5   2.3   3.5  12.1  23.1  44.7
 #   dense bf16, prepacked   7.3   7.7   9.0  21.4  34.8  61.6
 #   torch int4              2.5   6.2  11.4  41.6  82.5   163
-# The exact kernel up to Q4_EXACT_MAX_ROWS, where the int8 one stops costing the same: a
-# decode step of up to 8 sequences keeps exact activations. A layer built without int8
+# The exact kernel up to Q4_EXACT_MAX_ROWS[level], where the int8 one stops costing the same:
+# on avx512 a decode step of up to 8 sequences keeps exact activations. Below avx512 the exact
+# kernel multiplies in float32 FMAs at half the int8 kernel's rate from 2 rows on
+# (benchmarks/cpu_levels.py), so only a single sequence's decode step stays exact there. A layer built without int8
 # activations takes q4_gemm at every row count (0.91x dense at 256 rows, and no dense copy).
 # Without the C++ kernels, torch's int4 kernel up to INT4_MAX_ROWS, dense above.
-Q4_EXACT_MAX_ROWS = 8
+Q4_EXACT_MAX_ROWS = {"avx512": 8, "avx2": 1, "portable": 1}
 INT4_MAX_ROWS = 8
 ALL_ROWS = 1 << 62
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
@@ -102,7 +104,7 @@ class QuantLinear(nn.Module):
         if self.q4_ops is not None:
             self.packed = self.q4_ops.q4_pack(q4.codes, q4.d, q4.m)
             self.max_rows = ALL_ROWS
-            self.exact_max_rows = Q4_EXACT_MAX_ROWS if int8_activations else ALL_ROWS
+            self.exact_max_rows = Q4_EXACT_MAX_ROWS[self.q4_ops.isa()] if int8_activations else ALL_ROWS
         elif int4_available() and tileable:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
             # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
