@@ -169,6 +169,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort in any state; blocks are free at once. Returns the final output, if known."""
         request = self.scheduler.finish_request(request_id, FinishReason.ABORT)
+        self.runner.forget(request_id)
         state = self._text_states.pop(request_id, None)
         return state.make_output() if request is not None and state is not None else None
 
@@ -194,6 +195,7 @@ class LLMEngine:
             outputs.append(state.make_output())
             if request.is_finished:
                 del self._text_states[request.request_id]
+                self.runner.forget(request.request_id)
         return outputs
 
     def stats(self) -> EngineStats:

@@ -28,6 +28,22 @@ class ModelRunner:
                                                config.num_kv_heads, config.head_dim, dtype,
                                                kv_cache_dtype)
         self.sampler = Sampler()
+        # Seeded requests' random streams, by request id: created at a request's first sampled
+        # token, kept across preemption (so a seed gives the same tokens), dropped by forget().
+        self.generators: dict[str, torch.Generator] = {}
+
+    def generator_for(self, request) -> torch.Generator | None:
+        seed = request.params.seed
+        if seed is None:
+            return None
+        generator = self.generators.get(request.request_id)
+        if generator is None:
+            generator = self.generators[request.request_id] = torch.Generator().manual_seed(seed)
+        return generator
+
+    def forget(self, request_id: str) -> None:
+        """The request finished or was aborted: its random stream goes."""
+        self.generators.pop(request_id, None)
 
     def execute(self, out: SchedulerOutput) -> dict[str, tuple[int, TokenLogprob | None]]:
         """Run one step. Returns, for each request that samples this step, (token, logprob)."""
@@ -51,7 +67,7 @@ class ModelRunner:
             if item.samples:
                 sample_indices.append(query_start_loc[-1] - 1)
                 rows.append(SamplingRow(request.params, request.prompt_token_ids,
-                                        request.output_token_ids, request.generator))
+                                        request.output_token_ids, self.generator_for(request)))
                 sampled_ids.append(request.request_id)
 
         meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs)

@@ -5,7 +5,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
 
 
 class SamplingParamsError(ValueError):
@@ -107,9 +106,6 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.logprobs: list = []  # one entry per output token when params.logprobs is set
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
 
     @property
     def num_prompt_tokens(self) -> int:
