@@ -1,7 +1,7 @@
 """The engine loop thread and per-request asyncio streams.
 
-HTTP handlers never touch the engine: they post commands (add, abort) to a thread-safe
-queue and read their own asyncio.Queue of RequestOutputs. One thread owns the engine and
+HTTP handlers never touch the engine's state: they post commands (AddRequest, AbortRequest,
+AbortAll, SetUserPolicies) to a thread-safe queue and read their own asyncio.Queue of RequestOutputs. One thread owns the engine and
 runs step() while there is work, applying commands between steps, so an abort frees the
 request's blocks within one step.
 """
@@ -31,6 +31,31 @@ class QueuePosition:
 
     position: int
     queue_length: int
+
+
+# Commands from the HTTP side to the loop thread, applied between steps in the order sent.
+@dataclass(frozen=True)
+class AddRequest:
+    request: Request
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class AbortAll:
+    pass
+
+
+@dataclass(frozen=True)
+class SetUserPolicies:
+    weights: dict[str, float]
+    max_running: dict[str, int]
+
+
+Command = AddRequest | AbortRequest | AbortAll | SetUserPolicies
 
 
 @dataclass
@@ -88,15 +113,19 @@ class AsyncEngine:
         checks queue room and submits without awaiting in between cannot be overtaken."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), report_position)
         self._streams[request.request_id] = stream
-        self._post(("add", request))
+        self._post(AddRequest(request))
         return RequestStream(self, request.request_id, stream)
 
     def abort(self, request_id: str) -> None:
-        self._post(("abort", request_id))
+        self._post(AbortRequest(request_id))
 
     def abort_all(self) -> None:
         """Abort every request; each stream gets a final output with finish_reason 'abort'."""
-        self._post(("abort_all", None))
+        self._post(AbortAll())
+
+    def set_user_policies(self, weights: dict[str, float], max_running: dict[str, int]) -> None:
+        """Fair-share weights and per-user running caps, applied by the loop thread."""
+        self._post(SetUserPolicies(dict(weights), dict(max_running)))
 
     @property
     def num_in_flight(self) -> int:
@@ -108,7 +137,7 @@ class AsyncEngine:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def _post(self, command) -> None:
+    def _post(self, command: Command) -> None:
         self._commands.put(command)
         self._wakeup.set()
 
@@ -128,31 +157,34 @@ class AsyncEngine:
     def _apply_commands(self) -> None:
         while True:
             try:
-                kind, arg = self._commands.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
-                if arg.request_id in self._streams:
-                    self.engine.add(arg)
-            elif kind == "abort":
-                final = self.engine.abort_request(arg)
-                if final is not None:
-                    self._deliver(arg, final)
-            elif kind == "abort_all":
-                for request_id in list(self.engine.scheduler.requests):
-                    final = self.engine.abort_request(request_id)
-                    if final is not None:
-                        self._deliver(request_id, final)
+            if isinstance(command, AddRequest):
+                if command.request.request_id in self._streams:  # not aborted meanwhile
+                    self.engine.add(command.request)
+            elif isinstance(command, AbortRequest):
+                self._abort(command.request_id)
+            elif isinstance(command, AbortAll):
+                for request_id in self.engine.request_ids():
+                    self._abort(request_id)
+            elif isinstance(command, SetUserPolicies):
+                self.engine.set_user_policies(command.weights, command.max_running)
+
+    def _abort(self, request_id: str) -> None:
+        final = self.engine.abort_request(request_id)
+        if final is not None:
+            self._deliver(request_id, final)
 
     def _report_positions(self) -> None:
         if not any(s.report_position for s in self._streams.values()):
             return
-        order = self.engine.scheduler.waiting.ordered()
-        for position, request in enumerate(order, 1):
-            stream = self._streams.get(request.request_id)
+        order = self.engine.queue_positions()
+        for position, request_id in enumerate(order, 1):
+            stream = self._streams.get(request_id)
             if stream is not None and stream.report_position and stream.last_position != position:
                 stream.last_position = position
-                self._deliver(request.request_id, QueuePosition(position, len(order)))
+                self._deliver(request_id, QueuePosition(position, len(order)))
 
     def run_loop(self) -> None:
         """Apply commands and step while there is work, until shutdown()."""
@@ -174,6 +206,6 @@ class AsyncEngine:
             time.sleep(0)  # let the HTTP thread run between steps
 
     def _fail_all(self, exc: Exception) -> None:
-        for request_id in list(self.engine.scheduler.requests):
+        for request_id in self.engine.request_ids():
             self.engine.abort_request(request_id)
             self._deliver(request_id, EngineDeadError(f"engine error: {exc}"))

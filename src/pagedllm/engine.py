@@ -112,6 +112,8 @@ class LLMEngine:
         self.runner = ModelRunner(net, config, num_blocks, block_size, torch_dtype, kv_cache_dtype)
         self._text_states: dict[str, RequestTextState] = {}
         self._ids = itertools.count()
+        # Read by other threads (metrics): replaced whole by the engine thread, never mutated.
+        self._waiting_by_user: dict[str, int] = {}
         kernels = kernel_ops()
         logger.info("CPU kernels: %s (this CPU runs up to %s%s)",
                     self.cpu.level if kernels is not None else "none, torch fallback", self.cpu.best,
@@ -165,13 +167,35 @@ class LLMEngine:
     def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
         self._text_states[request.request_id] = RequestTextState(request, self.tokenizer)
+        self._publish()
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort in any state; blocks are free at once. Returns the final output, if known."""
         request = self.scheduler.finish_request(request_id, FinishReason.ABORT)
         self.runner.forget(request_id)
         state = self._text_states.pop(request_id, None)
+        self._publish()
         return state.make_output() if request is not None and state is not None else None
+
+    def request_ids(self) -> list[str]:
+        """Every unfinished request (engine thread)."""
+        return list(self.scheduler.requests)
+
+    def queue_positions(self) -> list[str]:
+        """Waiting request ids in the order they would be admitted (engine thread)."""
+        return [request.request_id for request in self.scheduler.waiting.ordered()]
+
+    def set_user_policies(self, weights: dict[str, float], max_running: dict[str, int]) -> None:
+        """Fair-share weights and per-user caps on running requests (engine thread)."""
+        self.scheduler.waiting.weights = dict(weights)
+        self.scheduler.max_running_per_user = dict(max_running)
+
+    def waiting_by_user(self) -> dict[str, int]:
+        """Waiting requests per user as of the last step: safe to read from any thread."""
+        return self._waiting_by_user
+
+    def _publish(self) -> None:
+        self._waiting_by_user = self.scheduler.waiting.waiting_by_user()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -182,11 +206,13 @@ class LLMEngine:
         if out.is_empty:
             return []
         results = self.runner.execute(out)
-        for request_id, (_, logprob) in results.items():
-            if logprob is not None:
-                self.scheduler.requests[request_id].logprobs.append(logprob)
+        for item in out.scheduled:
+            sampled = results.get(item.request.request_id)
+            if sampled is not None and sampled[1] is not None:
+                item.request.logprobs.append(sampled[1])
         updated = self.scheduler.update_from_output(
             out, {rid: token for rid, (token, _) in results.items()})
+        self._publish()
         outputs = []
         for request in updated:
             state = self._text_states[request.request_id]

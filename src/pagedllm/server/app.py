@@ -79,16 +79,14 @@ class ServerState:
         """Raise 429 when the queue is full or the key is over its tokens per minute."""
         if key is not None:
             self.rate_limiter.check(key.name, key.tokens_per_minute)
-        waiting = max(0, self.async_engine.num_in_flight - self.engine.scheduler.num_running)
+        waiting = max(0, self.async_engine.num_in_flight - self.engine.stats().num_running)
         check_queue(waiting, num_new, self.options.max_queue)
 
     def apply_key_policies(self) -> None:
-        """Weights and per-key concurrency caps into the scheduler (read by the engine
-        thread; each dict is replaced whole, never mutated)."""
-        scheduler = self.engine.scheduler
-        scheduler.waiting.weights = {k.name: k.weight for k in self.keys.keys}
-        scheduler.max_running_per_user = {k.name: k.max_concurrent for k in self.keys.keys
-                                          if k.max_concurrent}
+        """Weights and per-key concurrency caps, sent to the engine's loop thread."""
+        self.async_engine.set_user_policies(
+            {k.name: k.weight for k in self.keys.keys},
+            {k.name: k.max_concurrent for k in self.keys.keys if k.max_concurrent})
 
     def reload_keys(self) -> None:
         if self.keys.reload():

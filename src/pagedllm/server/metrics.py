@@ -45,7 +45,7 @@ class EngineStatsCollector:
         yield self._counter("generation_tokens", "Generated tokens.", s.num_generation_tokens)
         by_user = GaugeMetricFamily(P + "num_requests_waiting_by_user", "Waiting requests per user.",
                                     labels=["model_name", "user"])
-        for user, count in self.engine.scheduler.waiting.waiting_by_user().items():
+        for user, count in self.engine.waiting_by_user().items():
             by_user.add_metric([self.labels["model_name"], user], count)
         yield by_user
         # As vLLM's cache_config_info: the pool's settings as labels, for dashboards that
