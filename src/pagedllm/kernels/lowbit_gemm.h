@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <limits>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -94,54 +96,63 @@ struct Int8Rows {
 };
 
 #if defined(__AVX512BW__)
-// kInterleaved stores each 8 codes in the order 0 4 1 5 2 6 3 7: the order in which q4_q8_gemm
-// finds 4-bit weight codes in the bytes of a lane (see q4_gemm.cpp's code_shift).
+// One group of 32 bfloat16 values (v) to codes, returning (scale, sum). kInterleaved stores
+// each 8 codes in the order 0 4 1 5 2 6 3 7: the order in which q4_q8_gemm finds 4-bit weight
+// codes in the bytes of a lane (see q4_layout.h's code_shift).
 template <bool kInterleaved>
-Int8Rows quantize_rows(const torch::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % kGroup == 0,
-              "x must be [M, K] bfloat16, K a multiple of ", kGroup);
-  auto xc = x.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1), groups = k / kGroup;
-  Int8Rows q{torch::empty({rows, k}, x.options().dtype(at::kChar)),
-             torch::empty({rows, groups}, x.options().dtype(at::kFloat)),
-             torch::empty({rows, groups}, x.options().dtype(at::kInt))};
-  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  int8_t* cp = q.codes.data_ptr<int8_t>();
-  float* sp = q.scale.data_ptr<float>();
-  int32_t* up = q.sum.data_ptr<int32_t>();
+inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes) {
   const __m128i order = kInterleaved ? _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15)
                                      : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint16_t* v = xp + i * kGroup;  // group i of the flat [M, K] (groups never straddle rows)
-      const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)v)), 16);
-      const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v + 16))), 16);
-      // |x| by its bits: for non-negative floats the integer order is the float order, and
-      // an infinity or NaN compares above every finite value.
-      const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
-      const uint32_t top = _mm512_reduce_max_epu32(
-          _mm512_max_epu32(_mm512_and_si512(lo, magnitude), _mm512_and_si512(hi, magnitude)));
-      const bool finite = top < 0x7F800000u;
-      float amax;
-      std::memcpy(&amax, &top, 4);
-      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
-      __m512i qlo = _mm512_setzero_si512(), qhi = _mm512_setzero_si512();
-      if (finite) {
-        qlo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(lo), _mm512_set1_ps(inv)));
-        qhi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(hi), _mm512_set1_ps(inv)));
-      }
-      _mm_storeu_si128((__m128i*)(cp + i * kGroup), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qlo), order));
-      _mm_storeu_si128((__m128i*)(cp + i * kGroup + 16), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qhi), order));
-      sp[i] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      up[i] = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
-    }
-  });
-  return q;
+  const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)v)), 16);
+  const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v + 16))), 16);
+  // |x| by its bits: for non-negative floats the integer order is the float order, and
+  // an infinity or NaN compares above every finite value.
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  const uint32_t top = _mm512_reduce_max_epu32(
+      _mm512_max_epu32(_mm512_and_si512(lo, magnitude), _mm512_and_si512(hi, magnitude)));
+  const bool finite = top < 0x7F800000u;
+  float amax;
+  std::memcpy(&amax, &top, 4);
+  const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+  __m512i qlo = _mm512_setzero_si512(), qhi = _mm512_setzero_si512();
+  if (finite) {
+    qlo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(lo), _mm512_set1_ps(inv)));
+    qhi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(hi), _mm512_set1_ps(inv)));
+  }
+  _mm_storeu_si128((__m128i*)codes, _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qlo), order));
+  _mm_storeu_si128((__m128i*)(codes + 16), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(qhi), order));
+  return {finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN(),
+          _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi))};
 }
 #else
 // The same rounding in plain C++ (every build without AVX512-BW): nearbyint rounds half to
 // even, as the vector conversion does.
 template <bool kInterleaved>
+inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes) {
+  // Where input e of each 8 is stored when interleaved (the inverse of the order above).
+  static constexpr int kPosition[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  float values[kGroup];
+  uint32_t top = 0;  // max |x| by its bits, as above: NaN and infinity compare highest
+  for (int64_t e = 0; e < kGroup; ++e) {
+    const uint32_t bits = static_cast<uint32_t>(v[e]) << 16;
+    std::memcpy(&values[e], &bits, 4);
+    top = std::max(top, bits & 0x7FFFFFFFu);
+  }
+  const bool finite = top < 0x7F800000u;
+  float amax;
+  std::memcpy(&amax, &top, 4);
+  const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+  int32_t sum = 0;
+  for (int64_t e = 0; e < kGroup; ++e) {
+    const int32_t code = finite ? static_cast<int32_t>(std::nearbyint(values[e] * inv)) : 0;
+    codes[kInterleaved ? (e & ~int64_t{7}) + kPosition[e & 7] : e] = static_cast<int8_t>(code);
+    sum += code;
+  }
+  return {finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN(), sum};
+}
+#endif
+
+template <bool kInterleaved>
 Int8Rows quantize_rows(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % kGroup == 0,
               "x must be [M, K] bfloat16, K a multiple of ", kGroup);
@@ -154,36 +165,13 @@ Int8Rows quantize_rows(const torch::Tensor& x) {
   int8_t* cp = q.codes.data_ptr<int8_t>();
   float* sp = q.scale.data_ptr<float>();
   int32_t* up = q.sum.data_ptr<int32_t>();
-  // Where input e of each 8 is stored when interleaved (the inverse of the order above).
-  static constexpr int kPosition[8] = {0, 2, 4, 6, 1, 3, 5, 7};
   at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint16_t* v = xp + i * kGroup;
-      float values[kGroup];
-      uint32_t top = 0;  // max |x| by its bits, as above: NaN and infinity compare highest
-      for (int64_t e = 0; e < kGroup; ++e) {
-        const uint32_t bits = static_cast<uint32_t>(v[e]) << 16;
-        std::memcpy(&values[e], &bits, 4);
-        top = std::max(top, bits & 0x7FFFFFFFu);
-      }
-      const bool finite = top < 0x7F800000u;
-      float amax;
-      std::memcpy(&amax, &top, 4);
-      const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t sum = 0;
-      for (int64_t e = 0; e < kGroup; ++e) {
-        const int32_t code = finite ? static_cast<int32_t>(std::nearbyint(values[e] * inv)) : 0;
-        const int64_t at = kInterleaved ? (e & ~int64_t{7}) + kPosition[e & 7] : e;
-        cp[i * kGroup + at] = static_cast<int8_t>(code);
-        sum += code;
-      }
-      sp[i] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      up[i] = sum;
-    }
+    // Group i of the flat [M, K] (groups never straddle rows).
+    for (int64_t i = begin; i < end; ++i)
+      std::tie(sp[i], up[i]) = quantize_group<kInterleaved>(xp + i * kGroup, cp + i * kGroup);
   });
   return q;
 }
-#endif
 
 // Calls tile(t, r0, rows) for every tile of output rows and block of up to kRowBlock
 // activation rows; tiles are split between threads.

@@ -29,6 +29,21 @@
 
 using namespace pagedllm::q4;
 
+namespace {
+
+// Each level's header defines tile_rows<R> and tile_rows_int8<R> for R = 1..kRowBlock rows.
+using TileFn = decltype(&tile_rows<1>);
+constexpr TileFn kTileFns[kRowBlock + 1] = {
+    nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
+    tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+
+using Int8TileFn = decltype(&tile_rows_int8<1>);
+constexpr Int8TileFn kInt8TileFns[kRowBlock + 1] = {
+    nullptr, tile_rows_int8<1>, tile_rows_int8<2>, tile_rows_int8<3>, tile_rows_int8<4>,
+    tile_rows_int8<5>, tile_rows_int8<6>, tile_rows_int8<7>, tile_rows_int8<8>};
+
+}  // namespace
+
 
 // codes [N, K] uint8 (0..15), d and m [N, K / 32] float32 (exact float16 values) ->
 // the packed tiles, [N / 16, K / 32, kBlockBytes] uint8.

@@ -140,16 +140,4 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
     for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const float*, int64_t, const float*,
-                        at::BFloat16*, int64_t);
-constexpr TileFn kTileFns[kRowBlock + 1] = {
-    nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
-    tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
-
-using Int8TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
-                            const float*, at::BFloat16*, int64_t);
-constexpr Int8TileFn kInt8TileFns[kRowBlock + 1] = {
-    nullptr, tile_rows_int8<1>, tile_rows_int8<2>, tile_rows_int8<3>, tile_rows_int8<4>,
-    tile_rows_int8<5>, tile_rows_int8<6>, tile_rows_int8<7>, tile_rows_int8<8>};
-
 }  // namespace pagedllm::q4

@@ -30,7 +30,7 @@ inline void dot_pair(__m512 (&acc)[S][R], __m512i v, const at::BFloat16* x, int6
 // in flight to keep both of its pipes busy. The float32 totals live in memory, touched once
 // per group, so that the registers go to the chains.
 template <int R, int S>
-void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
+void tile_rows_chains(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
                const float* xsum, at::BFloat16* out, int64_t ldo) {
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
@@ -62,11 +62,12 @@ void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64
                         (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(total[r])));
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const at::BFloat16*, int64_t, const float*,
-                        at::BFloat16*, int64_t);
-constexpr TileFn kTileFns[kRowBlock + 1] = {
-    nullptr, tile_rows<1, 2>, tile_rows<2, 2>, tile_rows<3, 2>, tile_rows<4, 2>,
-    tile_rows<5, 2>, tile_rows<6, 2>, tile_rows<7, 2>, tile_rows<8, 2>};
+// The entry the tile table takes (q4_gemm.cpp): two sets of accumulators taking turns.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
+               const float* xsum, at::BFloat16* out, int64_t ldo) {
+  tile_rows_chains<R, 2>(tile, groups, x, ldx, xsum, out, ldo);
+}
 
 #endif  // __AVX512BF16__
 
@@ -110,12 +111,6 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
   for (int r = 0; r < R; ++r)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(total[r]));
 }
-
-using Int8TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
-                            const float*, at::BFloat16*, int64_t);
-constexpr Int8TileFn kInt8TileFns[kRowBlock + 1] = {
-    nullptr, tile_rows_int8<1>, tile_rows_int8<2>, tile_rows_int8<3>, tile_rows_int8<4>,
-    tile_rows_int8<5>, tile_rows_int8<6>, tile_rows_int8<7>, tile_rows_int8<8>};
 
 #endif  // __AVX512VNNI__
 

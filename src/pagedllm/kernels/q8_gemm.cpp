@@ -48,12 +48,6 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, total[r]);
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
-                        const int32_t*, float*, int64_t);
-constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
-                                            tile_rows<4>, tile_rows<5>, tile_rows<6>,
-                                            tile_rows<7>, tile_rows<8>};
-
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 // AVX2, as llama.cpp multiplies Q8_0 by Q8_0: vpmaddubsw takes unsigned times signed bytes,
@@ -94,12 +88,6 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
   for (int r = 0; r < R; ++r) std::memcpy(out + r * ldo, total[r], sizeof(total[r]));
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
-                        const int32_t*, float*, int64_t);
-constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
-                                            tile_rows<4>, tile_rows<5>, tile_rows<6>,
-                                            tile_rows<7>, tile_rows<8>};
-
 #else
 
 // Plain C++ (every build without AVX512-VNNI or AVX2): each group's weight codes unpacked to an
@@ -130,13 +118,13 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
     for (int64_t i = 0; i < kTile; ++i) out[r * ldo + i] = total[r][i];
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*,
-                        const int32_t*, float*, int64_t);
+#endif  // __AVX512VNNI__
+
+// Each branch above defines tile_rows<R> for R = 1..kRowBlock activation rows.
+using TileFn = decltype(&tile_rows<1>);
 constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
                                             tile_rows<4>, tile_rows<5>, tile_rows<6>,
                                             tile_rows<7>, tile_rows<8>};
-
-#endif  // __AVX512VNNI__
 
 }  // namespace
 
