@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 CORE_MODULES = ["pagedllm", "pagedllm.config", "pagedllm.request", "pagedllm.kv_cache",
-                "pagedllm.scheduler", "pagedllm.fair_queue", "pagedllm.kernels.cpu"]
+                "pagedllm.scheduler", "pagedllm.fair_queue", "pagedllm.output_processor",
+                "pagedllm.kernels.cpu"]
 
 
 def test_core_imports_no_torch():

@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from pagedllm.config import SchedulerConfig
 from pagedllm.kv_cache import KVCacheManager
+from pagedllm.output_processor import token_stop_reason
 from pagedllm.request import FinishReason, Request, RequestStatus, SamplingParams
 from pagedllm.scheduler import Scheduler
 
@@ -23,11 +24,15 @@ def req(rid, n_prompt, max_tokens=4, start=1):
 
 
 def fake_step(sched, token=5):
-    """Schedule, 'run' the model (every sampling request gets `token`, or token(request)), update."""
+    """Schedule, 'run' the model (every sampling request gets `token`, or token(request)),
+    update, and finish what stops at token level, as the engine does."""
     out = sched.schedule()
     sampled = {s.request.request_id: token(s.request) if callable(token) else token
                for s in out.scheduled if s.samples}
-    sched.update_from_output(out, sampled)
+    for request in sched.update_from_output(out, sampled):
+        reason = token_stop_reason(request)
+        if reason is not None:
+            sched.finish_request(request.request_id, reason)
     return out
 
 
@@ -101,15 +106,15 @@ def test_ignore_eos_and_stop_token_ids():
     r = Request("x", [1, 2], SamplingParams(max_tokens=5, ignore_eos=True, stop_token_ids=[9]),
                 eos_token_ids=(EOS,), max_model_len=100)
     r.append_token(EOS)
-    assert r.check_stop() is None
+    assert token_stop_reason(r) is None
     r.append_token(9)
-    assert r.check_stop() == FinishReason.STOP
+    assert token_stop_reason(r) == FinishReason.STOP
 
 
 def test_context_length_stops():
     r = Request("x", [1, 2, 3], SamplingParams(max_tokens=None), max_model_len=4)
     r.append_token(5)
-    assert r.check_stop() == FinishReason.LENGTH
+    assert token_stop_reason(r) == FinishReason.LENGTH
 
 
 def test_preemption_newest_first_then_resume_from_cached_prefix():

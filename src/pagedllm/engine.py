@@ -14,7 +14,7 @@ from pagedllm.kernels import capabilities, kernel_ops
 from pagedllm.kv_cache import KVCacheManager
 from pagedllm.model_runner import ModelRunner
 from pagedllm.models import LlamaForCausalLM
-from pagedllm.output_processor import RequestTextState
+from pagedllm.output_processor import RequestTextState, stop_reason
 from pagedllm.request import FinishReason, Request, RequestOutput, SamplingParams
 from pagedllm.scheduler import Scheduler
 from pagedllm.tokenizer import Tokenizer
@@ -216,8 +216,9 @@ class LLMEngine:
         outputs = []
         for request in updated:
             state = self._text_states[request.request_id]
-            if state.add_token(request.all_token_ids[-1]) and not request.is_finished:
-                self.scheduler.finish_request(request.request_id, FinishReason.STOP)
+            reason = stop_reason(request, state)
+            if reason is not None:
+                self.scheduler.finish_request(request.request_id, reason)
             outputs.append(state.make_output())
             if request.is_finished:
                 del self._text_states[request.request_id]

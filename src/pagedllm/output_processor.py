@@ -1,13 +1,41 @@
-"""Token ids -> text for each request: incremental detokenization and stop strings.
+"""Every stop decision, and token ids -> text for each request (incremental detokenization).
 
-Stop strings are found on text, so they are found even when split across tokens; the stop
-string itself is never returned. While a request runs, the last (longest stop - 1)
+`stop_reason` is the one place that decides whether a request stops after a new token:
+token-level stops first (EOS, stop_token_ids, max_tokens, the context length), then stop
+strings. Stop strings are found on text, so they are found even when split across tokens;
+the stop string itself is never returned. While a request runs, the last (longest stop - 1)
 characters are held back, since they might be the start of a stop string.
 """
 from __future__ import annotations
 
-from pagedllm.request import Request, RequestOutput
-from pagedllm.tokenizer import Tokenizer
+from typing import TYPE_CHECKING
+
+from pagedllm.request import FinishReason, Request, RequestOutput
+
+if TYPE_CHECKING:
+    from pagedllm.tokenizer import Tokenizer
+
+
+def token_stop_reason(request: Request) -> FinishReason | None:
+    """Token-level stop conditions after a new token (pure: no text needed)."""
+    last = request.all_token_ids[-1]
+    if last in request.eos_token_ids or last in request.params.stop_token_ids:
+        return FinishReason.STOP
+    if request.params.max_tokens is not None and request.num_output_tokens >= request.params.max_tokens:
+        return FinishReason.LENGTH
+    if request.num_tokens >= request.max_model_len:
+        return FinishReason.LENGTH
+    return None
+
+
+def stop_reason(request: Request, text: RequestTextState | None) -> FinishReason | None:
+    """Whether the request stops after its newest token: token-level stops, else a stop
+    string completed by that token (`text` detokenizes it either way)."""
+    completes_stop_string = text is not None and text.add_token(request.all_token_ids[-1])
+    reason = token_stop_reason(request)
+    if reason is None and completes_stop_string:
+        reason = FinishReason.STOP
+    return reason
 
 
 class RequestTextState:

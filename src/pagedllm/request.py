@@ -130,17 +130,6 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
 
-    def check_stop(self) -> FinishReason | None:
-        """Token-level stop conditions after a new token (stop strings are checked on text)."""
-        last = self.all_token_ids[-1]
-        if last in self.eos_token_ids or last in self.params.stop_token_ids:
-            return FinishReason.STOP
-        if self.params.max_tokens is not None and self.num_output_tokens >= self.params.max_tokens:
-            return FinishReason.LENGTH
-        if self.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH
-        return None
-
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.value}, "
                 f"computed={self.num_computed_tokens}/{self.num_tokens})")

@@ -185,8 +185,9 @@ class Scheduler:
     # -- results --------------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput,
                            sampled: dict[str, int]) -> list[Request]:
-        """Advance counters, append sampled tokens, finish requests that hit a token-level
-        stop. Returns the requests that got a new token this step."""
+        """Advance counters and append sampled tokens. Returns the requests that got a new
+        token this step; whether one of them stops is the output processor's call
+        (output_processor.stop_reason), which then finishes it here (finish_request)."""
         updated = []
         for item in out.scheduled:
             request = item.request
@@ -199,7 +200,4 @@ class Scheduler:
             request.append_token(token)
             self.stats.num_generation_tokens += 1
             updated.append(request)
-            reason = request.check_stop()
-            if reason is not None:
-                self.finish_request(request.request_id, reason)
         return updated
