@@ -12,9 +12,9 @@ import argparse
 import threading
 import time
 
-from pagedllm.engine import LLMEngine
-from pagedllm.request import SamplingParams
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.core.engine import LLMEngine
+from pagedllm.core.request import SamplingParams
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 
 def decode_ms_per_step(engine: LLMEngine, prompt: list[int], result: list) -> None:

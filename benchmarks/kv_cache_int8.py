@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 from timing import parse_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

@@ -15,8 +15,8 @@ import random
 import torch
 
 from pagedllm import LLM, SamplingParams
-from pagedllm import sizing
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.core import sizing
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 
 def main() -> None:

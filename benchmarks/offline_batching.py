@@ -12,7 +12,7 @@ import time
 import torch
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 LENGTHS = [30, 600, 75, 250, 140, 410, 45, 330]
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 QUESTIONS = ["What happened to the river?", "Summarise the committee meeting.",
              "How does a compiler work?", "Why does bread rise?", "Describe the mountain path."]

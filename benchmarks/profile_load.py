@@ -14,7 +14,7 @@ import random
 import time
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 from timing import parse_args
 
 

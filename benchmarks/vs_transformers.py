@@ -17,7 +17,7 @@ import time
 import torch
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 from pagedllm.weights import default_model_path
 
 

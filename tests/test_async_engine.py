@@ -3,9 +3,9 @@ import asyncio
 
 import pytest
 
-from pagedllm.async_engine import AsyncEngine, QueuePosition
-from pagedllm.engine import LLMEngine
-from pagedllm.request import SamplingParams
+from pagedllm.core.async_engine import AsyncEngine, QueuePosition
+from pagedllm.core.engine import LLMEngine
+from pagedllm.core.request import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 """Block pool and KV cache manager: pure Python, no model."""
 import pytest
 
-from pagedllm.kv_cache import BlockPool, FreeBlockQueue, KVBlock, KVCacheManager, hash_block_tokens
-from pagedllm.request import Request, SamplingParams
+from pagedllm.core.kv_cache import BlockPool, FreeBlockQueue, KVBlock, KVCacheManager, hash_block_tokens
+from pagedllm.core.request import Request, SamplingParams
 
 
 def make_request(rid, tokens, salt=None):

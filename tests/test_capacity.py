@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from pagedllm import sizing
-from pagedllm.bench import MemoryPeaks, RequestRecord
-from pagedllm.bench_report import Percentiles, recommend, summarize_level
-from pagedllm.plan import make_plan
+from pagedllm.core import sizing
+from pagedllm.tools.bench import MemoryPeaks, RequestRecord
+from pagedllm.tools.bench_report import Percentiles, recommend, summarize_level
+from pagedllm.tools.plan import make_plan
 
 
 def test_plan_default_model_by_hand():

@@ -3,14 +3,14 @@ plain data: importing it loads no torch, so it is tested and used without the mo
 import subprocess
 import sys
 
-CORE_MODULES = ["pagedllm", "pagedllm.config", "pagedllm.request", "pagedllm.kv_cache",
-                "pagedllm.scheduler", "pagedllm.fair_queue", "pagedllm.output_processor",
+CORE_MODULES = ["pagedllm", "pagedllm.config", "pagedllm.core.request", "pagedllm.core.kv_cache",
+                "pagedllm.core.scheduler", "pagedllm.core.fair_queue", "pagedllm.core.output_processor", "pagedllm.core.sizing",
                 "pagedllm.kernels.cpu"]
 
 
 def test_core_imports_no_torch():
     code = ("import sys\n" + "".join(f"import {m}\n" for m in CORE_MODULES)
-            + "heavy = sorted(m for m in ('torch', 'numpy', 'pagedllm.engine', 'pagedllm.models') "
+            + "heavy = sorted(m for m in ('torch', 'numpy', 'pagedllm.core.engine', 'pagedllm.models') "
             "if m in sys.modules)\nprint(heavy)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -19,7 +19,7 @@ def test_core_imports_no_torch():
 
 def test_package_names_still_resolve_lazily():
     import pagedllm
-    from pagedllm.engine import LLM
+    from pagedllm.core.engine import LLM
 
     assert pagedllm.LLM is LLM and pagedllm.SamplingParams.__name__ == "SamplingParams"
     try:

@@ -102,13 +102,12 @@ def test_exact_activations_option_keeps_every_layer_exact(fast_model, isa):
     """--exact-activations: no layer rounds activations to int8, the C++ loop included;
     without it, the middle layers do above Q4_EXACT_MAX_ROWS[level] rows."""
     from pagedllm import LLM
-    from pagedllm.cli import build_parser, engine_kwargs
+    from pagedllm.cli import build_parser, engine_config
     from pagedllm.models.quant_linear import QuantLinear
-    from pagedllm.text_prompts import make_prompt_token_ids
+    from pagedllm.tools.text_prompts import make_prompt_token_ids
 
-    kwargs = engine_kwargs(build_parser().parse_args(["serve", "--exact-activations"]))
-    assert kwargs["exact_activations"] is True
-    assert engine_kwargs(build_parser().parse_args(["serve"]))["exact_activations"] is False
+    assert engine_config(build_parser().parse_args(["serve", "--exact-activations"])).exact_activations
+    assert not engine_config(build_parser().parse_args(["serve"])).exact_activations
     from conftest import isa_level
 
     with isa_level(isa):

@@ -2,8 +2,8 @@
 import pytest
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.engine import PromptTooLongError
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.core.engine import PromptTooLongError
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 LENGTHS = [30, 600, 75, 250, 140, 410, 45, 330]

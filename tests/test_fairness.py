@@ -1,6 +1,6 @@
 """Weighted fair admission between users, per-user caps, fair preemption (no model)."""
-from pagedllm.fair_queue import FairQueue
-from pagedllm.request import FinishReason, Request, SamplingParams
+from pagedllm.core.fair_queue import FairQueue
+from pagedllm.core.request import FinishReason, Request, SamplingParams
 from test_scheduler import fake_step, make
 
 

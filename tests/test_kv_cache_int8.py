@@ -168,7 +168,7 @@ def test_attention_kernels_reject_mismatched_caches(ops):
 
 def test_engine_int8_cache_holds_more_tokens_and_generates():
     from pagedllm import LLM, SamplingParams
-    from pagedllm import sizing
+    from pagedllm.core import sizing
 
     auto = LLM(dtype="bfloat16", kv_cache_memory=16 << 20)
     int8 = LLM(dtype="bfloat16", kv_cache_memory=16 << 20, kv_cache_dtype="int8")
@@ -193,11 +193,11 @@ def test_engine_rejects_unknown_kv_cache_dtype():
 
 
 def test_cli_passes_kv_cache_dtype(capsys):
-    from pagedllm.cli import build_parser, engine_kwargs
+    from pagedllm.cli import build_parser, engine_config
 
     args = build_parser().parse_args(["serve", "--kv-cache-dtype", "int8"])
-    assert engine_kwargs(args)["kv_cache_dtype"] == "int8"
-    assert engine_kwargs(build_parser().parse_args(["serve"]))["kv_cache_dtype"] == "auto"
+    assert engine_config(args).kv_cache_dtype == "int8"
+    assert engine_config(build_parser().parse_args(["serve"])).kv_cache_dtype == "auto"
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["serve", "--kv-cache-dtype", "fp8"])
     assert exit_info.value.code == 2

@@ -7,7 +7,6 @@ import torch
 
 from pagedllm.models import quant_linear
 from pagedllm.models.output_head import Q8Head, RefinedHead, output_head
-from pagedllm.kernels import capabilities
 from pagedllm.models.quant_linear import (ALL_ROWS, INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_EXACT_MAX_ROWS,
                                           DenseLinear, Int8Linear, QuantLinear, int4_available,
                                           int8_available)

@@ -2,7 +2,7 @@
 import torch
 
 from pagedllm import SamplingParams
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 PROMPTS = [
     "The capital of France is",

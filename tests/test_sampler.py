@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from pagedllm.request import SamplingParams, SamplingParamsError
+from pagedllm.core.request import SamplingParams, SamplingParamsError
 from pagedllm.sampler import Sampler, SamplingRow, apply_penalties, truncation_mask
 
 V = 8

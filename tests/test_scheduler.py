@@ -4,10 +4,10 @@ from collections import Counter
 from hypothesis import given, settings, strategies as st
 
 from pagedllm.config import SchedulerConfig
-from pagedllm.kv_cache import KVCacheManager
-from pagedllm.output_processor import token_stop_reason
-from pagedllm.request import FinishReason, Request, RequestStatus, SamplingParams
-from pagedllm.scheduler import Scheduler
+from pagedllm.core.kv_cache import KVCacheManager
+from pagedllm.core.output_processor import token_stop_reason
+from pagedllm.core.request import FinishReason, Request, RequestStatus, SamplingParams
+from pagedllm.core.scheduler import Scheduler
 
 EOS = 0
 

@@ -63,7 +63,7 @@ def test_chat_command_against_a_server(server):
 
 
 def test_chat_loop_keeps_history_and_reports_errors():
-    from pagedllm.chat import chat_loop
+    from pagedllm.tools.chat import chat_loop
 
     seen = []
 

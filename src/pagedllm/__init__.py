@@ -1,6 +1,6 @@
 """pagedllm: an LLM inference server with continuous batching and a paged KV cache.
 
-`LLM`, `LLMEngine` and the request types load on first use: `import pagedllm.scheduler` (or
+`LLM`, `LLMEngine` and the request types load on first use: `import pagedllm.core.scheduler` (or
 config, request, kv_cache, fair_queue) must not pull in torch and the model code, so the
 core stays plain data that tests and tools use on their own."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 __all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"
 
-_LAZY = {"LLM": "pagedllm.engine", "LLMEngine": "pagedllm.engine",
-         "RequestOutput": "pagedllm.request", "SamplingParams": "pagedllm.request"}
+_LAZY = {"LLM": "pagedllm.core.engine", "LLMEngine": "pagedllm.core.engine",
+         "RequestOutput": "pagedllm.core.request", "SamplingParams": "pagedllm.core.request"}
 
 
 def __getattr__(name: str):

@@ -6,12 +6,12 @@ import logging
 import os
 import sys
 
-from pagedllm.config import KV_CACHE_DTYPES
+from pagedllm.config import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES, MODEL_DTYPES, EngineConfig
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+    parser.add_argument("--dtype", default="bfloat16", choices=MODEL_DTYPES,
                         help="bfloat16 (default): fast, 4-bit weights kept 4-bit; float32: exact")
     parser.add_argument("--exact-activations", action="store_true",
                         help="bfloat16: never round activations to int8 for the 4-bit GEMMs "
@@ -19,7 +19,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto (default): K/V in the model's dtype; int8: codes with a scale "
                              "per row, ~half the memory and decode-attention reads (BENCHMARKS.md)")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     parser.add_argument("--max-num-seqs", default="auto", help="parallel slots, or 'auto'")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-cache-memory", type=float, default=None,
@@ -30,7 +30,9 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="torch compute threads (default: all cores; see BENCHMARKS.md)")
 
 
-def engine_kwargs(args) -> dict:
+def engine_config(args) -> EngineConfig:
+    """The command line's engine settings as the one EngineConfig (its defaults where a flag
+    is not given); raises ValueError for a bad value."""
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -38,10 +40,13 @@ def engine_kwargs(args) -> dict:
     if memory is not None and memory > 1:
         memory = int(memory)
     max_num_seqs = args.max_num_seqs if args.max_num_seqs == "auto" else int(args.max_num_seqs)
-    return dict(dtype=args.dtype, exact_activations=args.exact_activations,
-                kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size, kv_cache_memory=memory,
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                max_model_len=args.max_model_len, enable_prefix_caching=not args.no_prefix_caching)
+    optional = {} if args.max_num_batched_tokens is None else {
+        "max_num_batched_tokens": args.max_num_batched_tokens}
+    return EngineConfig(model=args.model, dtype=args.dtype, exact_activations=args.exact_activations,
+                        kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
+                        kv_cache_memory=memory, max_num_seqs=max_num_seqs,
+                        max_model_len=args.max_model_len,
+                        enable_prefix_caching=not args.no_prefix_caching, **optional)
 
 
 def cmd_serve(args) -> int:
@@ -71,7 +76,7 @@ def cmd_serve(args) -> int:
         max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout)
     if args.max_body_bytes:
         options.max_body_bytes = args.max_body_bytes
-    engine = load_engine_with_progress(args.model, **engine_kwargs(args))
+    engine = load_engine_with_progress(engine_config(args))
     return serve(engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
                  grace_seconds=args.shutdown_grace, options=options,
                  ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
@@ -80,7 +85,7 @@ def cmd_serve(args) -> int:
 def cmd_generate(args) -> int:
     from pagedllm import LLM, SamplingParams
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    llm = LLM(engine_config(args))
     prompt = args.prompt
     if args.chat:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
@@ -91,7 +96,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    from pagedllm.chat import chat_loop, stream_from_server, stream_in_process
+    from pagedllm.tools.chat import chat_loop, stream_from_server, stream_in_process
 
     if args.url:
         api_key = args.api_key or os.environ.get("PAGEDLLM_API_KEY")
@@ -99,8 +104,8 @@ def cmd_chat(args) -> int:
         def stream(messages):
             return stream_from_server(args.url, messages, args.max_tokens, args.temperature, api_key)
     else:
-        from pagedllm.engine import LLMEngine
-        engine = LLMEngine(args.model, **engine_kwargs(args))
+        from pagedllm.core.engine import LLMEngine
+        engine = LLMEngine(engine_config(args))
 
         def stream(messages):
             return stream_in_process(engine, messages, args.max_tokens, args.temperature)
@@ -108,8 +113,8 @@ def cmd_chat(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from pagedllm import sizing
-    from pagedllm.plan import make_plan, print_plan
+    from pagedllm.core import sizing
+    from pagedllm.tools.plan import make_plan, print_plan
     from pagedllm.weights import ModelLoadError
 
     try:
@@ -134,7 +139,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from pagedllm.bench_cli import run_bench
+    from pagedllm.tools.bench_cli import run_bench
 
     return run_bench(args)
 
@@ -183,9 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--context", type=int, default=4096)
     plan.add_argument("--parallel", default="1,2,4,8,16,32")
     plan.add_argument("--memory", default=None, help="e.g. 8GiB (default: this machine's free memory)")
-    plan.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    plan.add_argument("--dtype", default="float32", choices=MODEL_DTYPES)
     plan.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
-    plan.add_argument("--block-size", type=int, default=16)
+    plan.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
 

@@ -1,12 +1,18 @@
-"""Frozen configuration records shared by every part of pagedllm.
+"""Frozen configuration records shared by every part of pagedllm, and every default once.
 
 `ModelConfig` describes a checkpoint (read from GGUF metadata or config.json);
-`CacheConfig` and `SchedulerConfig` are the engine's knobs. They hold data only:
-the code that derives one from another lives next to its user.
+`EngineConfig` is what a user asks of the engine (LLM(**kwargs) and the CLI both build it,
+and it checks itself); `CacheConfig` and `SchedulerConfig` are what the engine derives from
+it once the model and the memory are known. Plain data: no torch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+MODEL_DTYPES = ("float32", "bfloat16")
+DEFAULT_BLOCK_SIZE = 16
+# Tokens one step may compute (chunked prefill); measured: BENCHMARKS.md, "step budget".
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,38 @@ KV_CACHE_DTYPES = ("auto", "int8")
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """The engine's settings as asked for; checked here, before anything loads."""
+    model: str | None = None  # GGUF file or Hugging Face folder; None: the default model
+    dtype: str = "float32"  # one of MODEL_DTYPES
+    exact_activations: bool = False  # bfloat16: never round activations to int8
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    block_size: int = DEFAULT_BLOCK_SIZE
+    kv_cache_memory: int | float | None = None  # bytes, a fraction of free memory, or default
+    max_num_seqs: int | str = "auto"
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # None: the model's context, capped by the KV capacity
+
+    def __post_init__(self):
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
+        if self.max_num_seqs != "auto" and (isinstance(self.max_num_seqs, bool)
+                                            or not isinstance(self.max_num_seqs, int)
+                                            or self.max_num_seqs < 1):
+            raise ValueError(f"max_num_seqs must be 'auto' or positive, got {self.max_num_seqs}")
+
+
+@dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_blocks: int = 0  # 0 until sized from kv_cache_memory
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
@@ -49,5 +85,5 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 2048

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.request import SamplingParams, TokenLogprob
+from pagedllm.core.request import SamplingParams, TokenLogprob
 
 
 @dataclass

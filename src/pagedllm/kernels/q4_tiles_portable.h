@@ -33,49 +33,42 @@ inline void store_row(const float* total, at::BFloat16* out) {
   for (int i = 0; i < kTile; ++i) out[i] = c10::BFloat16(total[i]);  // round to nearest even
 }
 
-// R bfloat16 rows times one tile, exactly: x . q in float32 (products of a bfloat16 and a
-// 4-bit integer are exact), then d * (x . q) + m * sum(x) per group.
-template <int R>
-void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
-               const float* xsum, at::BFloat16* out, int64_t ldo) {
+// R activation rows (X: float32 values, or int8 codes) times one tile. Per group, x . q is
+// summed exactly in Acc (float32: a bfloat16 value times a 4-bit integer is exact; int32 for
+// codes), then total += (x . q) * d * scale + m * shift, where scale and shift are per row
+// and group: 1 and sum(x) for exact rows, dx and dx * sum(xq) for int8 rows.
+template <int R, typename X, typename Acc>
+void tile_rows_of(const uint8_t* tile, int64_t groups, const X* x, int64_t ldx,
+                  const float* scale, const float* shift, at::BFloat16* out, int64_t ldo) {
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const UnpackedGroup w(tile + g * kBlockBytes);
     for (int r = 0; r < R; ++r) {
-      alignas(64) float acc[kTile] = {};
-      const float* xr = x + r * ldx + g * kGroup;
+      alignas(64) Acc acc[kTile] = {};
+      const X* xr = x + r * ldx + g * kGroup;
       for (int k = 0; k < kGroup; ++k) {
-        const float xv = xr[k];
-        for (int i = 0; i < kTile; ++i) acc[i] += xv * static_cast<float>(w.codes[k][i]);
+        const Acc xv = xr[k];
+        for (int i = 0; i < kTile; ++i) acc[i] += xv * static_cast<Acc>(w.codes[k][i]);
       }
-      const float s = xsum[r * groups + g];
-      for (int i = 0; i < kTile; ++i) total[r][i] += w.d[i] * acc[i] + w.m[i] * s;
+      const float s = scale ? scale[r * groups + g] : 1.0f, m = shift[r * groups + g];
+      for (int i = 0; i < kTile; ++i) total[r][i] += static_cast<float>(acc[i]) * (w.d[i] * s) + w.m[i] * m;
     }
   }
   for (int r = 0; r < R; ++r) store_row(total[r], out + r * ldo);
 }
 
-// R rows of int8 activations (quantize_rows<false>) times one tile: exact int32 sums per
-// group, sum x*w = dx * (d * (xq . q) + m * sum(xq)).
+// Exact rows: x widened to float32 (q4_gemm), xsum = sum(x) per row and group.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
+               const float* xsum, at::BFloat16* out, int64_t ldo) {
+  tile_rows_of<R, float, float>(tile, groups, x, ldx, nullptr, xsum, out, ldo);
+}
+
+// Int8 rows (quantize_rows<false>): dx per row and group, dx_sum = dx * sum(xq).
 template <int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
                     const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
-  alignas(64) float total[R][kTile] = {};
-  for (int64_t g = 0; g < groups; ++g) {
-    const UnpackedGroup w(tile + g * kBlockBytes);
-    for (int r = 0; r < R; ++r) {
-      alignas(64) int32_t acc[kTile] = {};
-      const int8_t* xr = xq + r * ldx + g * kGroup;
-      for (int k = 0; k < kGroup; ++k) {
-        const int32_t xv = xr[k];
-        for (int i = 0; i < kTile; ++i) acc[i] += xv * static_cast<int32_t>(w.codes[k][i]);
-      }
-      const float scale = dx[r * groups + g], shift = dx_sum[r * groups + g];
-      for (int i = 0; i < kTile; ++i)
-        total[r][i] += static_cast<float>(acc[i]) * (w.d[i] * scale) + w.m[i] * shift;
-    }
-  }
-  for (int r = 0; r < R; ++r) store_row(total[r], out + r * ldo);
+  tile_rows_of<R, int8_t, int32_t>(tile, groups, xq, ldx, dx, dx_sum, out, ldo);
 }
 
 }  // namespace pagedllm::q4

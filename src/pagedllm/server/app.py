@@ -13,8 +13,8 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pagedllm.async_engine import AsyncEngine
-from pagedllm.engine import LLMEngine
+from pagedllm.core.async_engine import AsyncEngine
+from pagedllm.core.engine import LLMEngine
 from pagedllm.server import errors
 from pagedllm.server.auth import ApiKey, KeyStore
 from pagedllm.server.errors import APIError
@@ -95,7 +95,7 @@ class ServerState:
 
 def create_app(engine: LLMEngine, served_model_name: str | None = None,
                options: ServerOptions | None = None, engine_thread: bool = True) -> FastAPI:
-    """engine_thread=False: the caller runs app.state.pagedllm.async_engine.run_loop()."""
+    """engine_thread=False: the caller runs app.state.pagedllm.core.async_engine.run_loop()."""
     options = options or ServerOptions()
     name = served_model_name or engine.model_config.name
     async_engine = AsyncEngine(engine, start_thread=engine_thread)

@@ -7,19 +7,18 @@ through the prefix cache). A client that goes away aborts its requests.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
 from fastapi import Request as HTTPRequest
-from fastapi.responses import StreamingResponse
 
-from pagedllm.async_engine import QueuePosition
-from pagedllm.engine import PromptTooLongError
-from pagedllm.request import RequestOutput, SamplingParams, SamplingParamsError
+from pagedllm.core.async_engine import QueuePosition, RequestStream
+from pagedllm.core.engine import PromptTooLongError
+from pagedllm.core.request import Request, RequestOutput, SamplingParams, SamplingParamsError
+from pagedllm.server.auth import ApiKey
 from pagedllm.server.errors import APIError
-from pagedllm.server.protocol import now, random_id, usage
+from pagedllm.server.protocol import random_id, usage
 
 
 @dataclass
@@ -28,12 +27,12 @@ class Choice:
 
     index: int
     prompt_index: int
-    request: object
+    request: Request
     arrival: float
-    stream: object = None  # the RequestStream once submitted
+    stream: RequestStream | None = None  # once submitted
     first_token_time: float | None = None
     user: str = ""
-    key: object = None
+    key: ApiKey | None = None
     final: RequestOutput | None = None
 
 
@@ -153,8 +152,9 @@ async def collect(state, http_request: HTTPRequest, choices: list[Choice]) -> bo
             t.cancel()  # cancelling the generator aborts its engine request
 
 
-async def _merged(state, choices: list[Choice]
-                  ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
+async def merged(state, choices: list[Choice]
+                 ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
+    """Every choice's outputs (and queue positions) as they come, for one stream."""
     sink: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.create_task(_drive(state, c, sink)) for c in choices]
     remaining = len(choices)
@@ -167,35 +167,3 @@ async def _merged(state, choices: list[Choice]
     finally:
         for t in tasks:
             t.cancel()
-
-
-def sse_event(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-def sse_response(state, choices, make_chunk, first_chunks=None, include_usage=False,
-            object_name="", response_id="", model="") -> StreamingResponse:
-    async def events():
-        try:
-            for chunk in first_chunks or []:
-                yield sse_event(chunk)
-            async for choice, out in _merged(state, choices):
-                if isinstance(out, QueuePosition):
-                    # Extension: a chunk with no choices, which OpenAI clients skip.
-                    yield sse_event({"id": response_id, "object": "queue.position", "created": now(),
-                                "model": model, "choices": [], "index": choice.index,
-                                "queue_position": out.position, "queue_length": out.queue_length})
-                    continue
-                chunk = make_chunk(choice, out)
-                if chunk is not None:
-                    yield sse_event(chunk)
-            if include_usage:
-                yield sse_event({"id": response_id, "object": object_name, "created": now(),
-                            "model": model, "choices": [], "usage": usage_of(choices)})
-        except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
-            yield sse_event({"error": {"message": str(exc), "type": "internal_error",
-                                  "param": None, "code": None}})
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pagedllm.request import SamplingParams
+from pagedllm.core.request import SamplingParams
 
 
 def random_id(prefix: str) -> str:

@@ -13,8 +13,9 @@ import uvicorn
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from pagedllm import sizing
-from pagedllm.engine import LLMEngine
+from pagedllm.config import EngineConfig
+from pagedllm.core import sizing
+from pagedllm.core.engine import LLMEngine
 from pagedllm.server.app import ServerOptions, create_app
 from pagedllm.server.auth import is_loopback
 
@@ -22,7 +23,7 @@ logger = logging.getLogger("pagedllm.server")
 console = Console(stderr=True)
 
 
-def load_engine_with_progress(model: str | None, **engine_kwargs) -> LLMEngine:
+def load_engine_with_progress(config: EngineConfig) -> LLMEngine:
     with Progress(TextColumn("loading model"), BarColumn(), MofNCompleteColumn(),
                   console=console, transient=True) as progress:
         task = progress.add_task("load", total=None)
@@ -30,7 +31,7 @@ def load_engine_with_progress(model: str | None, **engine_kwargs) -> LLMEngine:
         def update(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        return LLMEngine(model, load_progress=update, **engine_kwargs)
+        return LLMEngine(config, load_progress=update)
 
 
 class DrainingServer(uvicorn.Server):

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 
 from pagedllm.config import SchedulerConfig
-from pagedllm.fair_queue import FairQueue
-from pagedllm.kv_cache import KVCacheManager
-from pagedllm.request import FinishReason, Request, RequestStatus
+from pagedllm.core.fair_queue import FairQueue
+from pagedllm.core.kv_cache import KVCacheManager
+from pagedllm.core.request import FinishReason, Request, RequestStatus
 
 
 @dataclass

@@ -7,14 +7,15 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from pagedllm import sizing
+from pagedllm.config import DEFAULT_BLOCK_SIZE
+from pagedllm.core import sizing
 from pagedllm.weights.inspect import summarize_checkpoint
 
 ELEMENT_SIZES = {"float32": 4, "bfloat16": 2}
 
 
 def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[int],
-              memory: int | None, block_size: int = 16,
+              memory: int | None, block_size: int = DEFAULT_BLOCK_SIZE,
               kv_cache_dtype: str = "auto") -> sizing.CapacityPlan:
     summary = summarize_checkpoint(model)
     memory_bytes = memory if memory is not None else sizing.available_memory_bytes()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedllm.config import ModelConfig
+from pagedllm.config import DEFAULT_BLOCK_SIZE, ModelConfig
 
 # `max_num_seqs="auto"` assumes requests use up to this many tokens on average when the
 # context is longer; preemption covers the rare request that needs more.
@@ -91,7 +91,7 @@ class CapacityPlan:
 
 
 def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
-                  memory_bytes: int, block_size: int = 16, kv_cache_dtype: str = "auto") -> CapacityPlan:
+                  memory_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_cache_dtype: str = "auto") -> CapacityPlan:
     """Memory = weights + parallel x context x KV bytes per token (whole blocks)."""
     config = summary.config
     per_token = kv_bytes_per_token(config, element_size, kv_cache_dtype)

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from pagedllm.text_prompts import make_prompt_token_ids
+from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 
 @dataclass

@@ -15,8 +15,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from pagedllm.engine import LLMEngine
-from pagedllm.request import Request, RequestOutput
+from pagedllm.core.engine import LLMEngine
+from pagedllm.core.request import Request, RequestOutput
 
 logger = logging.getLogger("pagedllm.async")
 

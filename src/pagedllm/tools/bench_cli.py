@@ -14,8 +14,8 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pagedllm.bench import make_prompts, run_level, served_model
-from pagedllm.bench_report import recommend, render_table, summarize_level, write_json, write_plot
+from pagedllm.tools.bench import make_prompts, run_level, served_model
+from pagedllm.tools.bench_report import recommend, render_table, summarize_level, write_json, write_plot
 from pagedllm.tokenizer import Tokenizer
 
 

@@ -1,6 +1,7 @@
 """LLMEngine (add_request / abort_request / step) and the offline LLM.generate() API."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -8,22 +9,21 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm import sizing
-from pagedllm.config import KV_CACHE_DTYPES, CacheConfig, SchedulerConfig
+from pagedllm.core import sizing
+from pagedllm.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagedllm.kernels import capabilities, kernel_ops
-from pagedllm.kv_cache import KVCacheManager
-from pagedllm.model_runner import ModelRunner
+from pagedllm.core.kv_cache import KVCacheManager
+from pagedllm.core.model_runner import ModelRunner
 from pagedllm.models import LlamaForCausalLM
-from pagedllm.output_processor import RequestTextState, stop_reason
-from pagedllm.request import FinishReason, Request, RequestOutput, SamplingParams
-from pagedllm.scheduler import Scheduler
+from pagedllm.core.output_processor import RequestTextState, stop_reason
+from pagedllm.core.request import FinishReason, Request, RequestOutput, SamplingParams
+from pagedllm.core.scheduler import Scheduler
 from pagedllm.tokenizer import Tokenizer
 from pagedllm.weights import load_checkpoint
 
 logger = logging.getLogger("pagedllm")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # measured: BENCHMARKS.md, "step budget"
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class PromptTooLongError(ValueError):
@@ -55,61 +55,57 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model: str | None = None, *, dtype: str = "float32",
-                 exact_activations: bool = False, kv_cache_dtype: str = "auto",
-                 block_size: int = 16,
-                 kv_cache_memory: int | float | None = None, max_num_seqs: int | str = "auto",
-                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
-                 max_model_len: int | None = None, load_progress=None):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                             f"got {kv_cache_dtype!r}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+    def __init__(self, config: EngineConfig | str | None = None, *, load_progress=None,
+                 **settings):
+        """LLMEngine(EngineConfig(...)), or LLMEngine(model, **settings) for the same fields."""
+        if not isinstance(config, EngineConfig):
+            config = EngineConfig(model=config, **settings)
+        elif settings:
+            config = dataclasses.replace(config, **settings)
+        self.config = config
         # The CPU level first: a bad PAGEDLLM_CPU_ISA is a clear error before any loading.
         self.cpu = capabilities()
         started = time.monotonic()
-        checkpoint = load_checkpoint(model, load_progress)
-        self.model_config = config = checkpoint.config
+        checkpoint = load_checkpoint(config.model, load_progress)
+        self.model_config = model_config = checkpoint.config
         self.model_path = checkpoint.path
         self.tokenizer = Tokenizer.from_checkpoint(checkpoint)
-        torch_dtype = DTYPES[dtype]
-        self.dtype = dtype
-        net = LlamaForCausalLM(config, torch_dtype, int8_activations=not exact_activations)
+        torch_dtype = TORCH_DTYPES[config.dtype]
+        self.dtype = config.dtype
+        block_size, kv_cache_dtype = config.block_size, config.kv_cache_dtype
+        net = LlamaForCausalLM(model_config, torch_dtype, int8_activations=not config.exact_activations)
         net.load_weights(checkpoint.weights, checkpoint.quantized)
         del checkpoint
         _return_freed_memory()
 
         element_size = torch.tensor([], dtype=torch_dtype).element_size()
-        self.kv_memory_bytes = sizing.resolve_kv_memory(kv_cache_memory)
-        num_blocks = sizing.num_blocks_for_memory(self.kv_memory_bytes, config, element_size,
+        self.kv_memory_bytes = sizing.resolve_kv_memory(config.kv_cache_memory)
+        num_blocks = sizing.num_blocks_for_memory(self.kv_memory_bytes, model_config, element_size,
                                                   block_size, kv_cache_dtype)
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory of {self.kv_memory_bytes} bytes holds no block of "
                              f"{block_size} tokens")
         capacity = num_blocks * block_size
+        max_model_len = config.max_model_len
         if max_model_len is None:
-            max_model_len = min(config.max_position_embeddings, capacity)
-        if not 1 <= max_model_len <= config.max_position_embeddings:
-            raise ValueError(f"max_model_len must be 1-{config.max_position_embeddings}, "
+            max_model_len = min(model_config.max_position_embeddings, capacity)
+        if not 1 <= max_model_len <= model_config.max_position_embeddings:
+            raise ValueError(f"max_model_len must be 1-{model_config.max_position_embeddings}, "
                              f"got {max_model_len}")
         if max_model_len > capacity:
             raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache capacity of "
                              f"{capacity} tokens; raise kv_cache_memory or lower max_model_len")
+        max_num_seqs = config.max_num_seqs
         if max_num_seqs == "auto":
             max_num_seqs = sizing.auto_max_num_seqs(num_blocks, block_size, max_model_len)
-        if int(max_num_seqs) < 1:
-            raise ValueError(f"max_num_seqs must be 'auto' or positive, got {max_num_seqs}")
-        self.cache_config = CacheConfig(block_size, num_blocks, enable_prefix_caching, kv_cache_dtype)
+        self.cache_config = CacheConfig(block_size, num_blocks, config.enable_prefix_caching,
+                                        kv_cache_dtype)
         self.scheduler_config = SchedulerConfig(
-            max_num_seqs=int(max_num_seqs),
-            max_num_batched_tokens=int(max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=max_model_len)
-        self.kv_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.kv_manager = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_manager)
-        self.runner = ModelRunner(net, config, num_blocks, block_size, torch_dtype, kv_cache_dtype)
+        self.runner = ModelRunner(net, model_config, num_blocks, block_size, torch_dtype, kv_cache_dtype)
         self._text_states: dict[str, RequestTextState] = {}
         self._ids = itertools.count()
         # Read by other threads (metrics): replaced whole by the engine thread, never mutated.
@@ -121,7 +117,8 @@ class LLMEngine:
         logger.info(
             "loaded %s (%s) in %.1fs; KV cache (%s): %d blocks x %d tokens = %d tokens (%.2f GiB); "
             "maximum concurrency for %d-token requests: %.2fx; max_num_seqs=%d",
-            config.name, dtype, time.monotonic() - started, kv_cache_dtype, num_blocks, block_size, capacity,
+            model_config.name, config.dtype, time.monotonic() - started, kv_cache_dtype, num_blocks,
+            block_size, capacity,
             self.kv_memory_bytes / 2**30, max_model_len, capacity / max_model_len,
             self.scheduler_config.max_num_seqs)
 
@@ -250,8 +247,9 @@ def _return_freed_memory() -> None:
 class LLM:
     """Offline batch generation: LLM(model=None).generate(prompts, SamplingParams(...))."""
 
-    def __init__(self, model: str | None = None, **engine_kwargs):
-        self.engine = LLMEngine(model, **engine_kwargs)
+    def __init__(self, model: EngineConfig | str | None = None, **settings):
+        """LLM(model, dtype=..., ...): the fields of EngineConfig, or one EngineConfig."""
+        self.engine = LLMEngine(model, **settings)
 
     @property
     def tokenizer(self) -> Tokenizer:

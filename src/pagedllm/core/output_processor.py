@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pagedllm.request import FinishReason, Request, RequestOutput
+from pagedllm.core.request import FinishReason, Request, RequestOutput
 
 if TYPE_CHECKING:
     from pagedllm.tokenizer import Tokenizer

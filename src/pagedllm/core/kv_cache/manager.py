@@ -6,9 +6,9 @@ the parent's hash and the request's cache salt) and registered for reuse.
 """
 from __future__ import annotations
 
-from pagedllm.kv_cache.block_pool import BlockHash, BlockPool, KVBlock, hash_block_tokens
-from pagedllm.request import Request
-from pagedllm.sizing import blocks_for_tokens
+from pagedllm.core.kv_cache.block_pool import BlockHash, BlockPool, KVBlock, hash_block_tokens
+from pagedllm.core.request import Request
+from pagedllm.core.sizing import blocks_for_tokens
 
 
 class KVCacheManager:

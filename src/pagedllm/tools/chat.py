@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import httpx
 
-from pagedllm.request import SamplingParams
+from pagedllm.core.request import SamplingParams
 
 
 def stream_from_server(url: str, messages: list[dict], max_tokens: int, temperature: float,

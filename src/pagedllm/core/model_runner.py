@@ -10,9 +10,9 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.config import ModelConfig
-from pagedllm.request import TokenLogprob
+from pagedllm.core.request import TokenLogprob
 from pagedllm.sampler import Sampler, SamplingRow
-from pagedllm.scheduler import SchedulerOutput
+from pagedllm.core.scheduler import SchedulerOutput
 
 
 class ModelRunner:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from pagedllm.request import Request
+from pagedllm.core.request import Request
 
 DEFAULT_USER = ""
 

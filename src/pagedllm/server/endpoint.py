@@ -1,0 +1,52 @@
+"""The one driver behind the generation endpoints: choices built and checked, submitted,
+then streamed (SSE) or collected into one JSON body. An endpoint (completions, chat) only
+says how its answer looks: its `Endpoint` record."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response
+
+from pagedllm.core.request import RequestOutput, SamplingParams
+from pagedllm.server.choices import CLIENT_CLOSED, Choice, build_choices, collect, submit_choices, usage_of
+from pagedllm.server.protocol import now, random_id
+from pagedllm.server.sse import StreamSpec, sse_response
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    id_prefix: str      # "cmpl" / "chatcmpl"
+    object_name: str    # the whole answer's object
+    chunk_object: str   # a streamed chunk's object
+    chunk_choice: Callable[[Choice, RequestOutput], dict]  # one choice's delta in a chunk
+    final_choice: Callable[[Choice], dict]                 # one choice of the whole answer
+    first_delta: dict | None = None  # streamed once per choice before any output (chat: role)
+
+
+async def answer(state, endpoint: Endpoint, body, prompts: list[str | list[int]],
+                 params: SamplingParams, http_request: HTTPRequest) -> Response:
+    choices = build_choices(state, prompts, params, http_request, body.user)
+    response_id, model = random_id(endpoint.id_prefix), state.served_model_name
+    if body.stream:
+        def chunk(choice: Choice, out: RequestOutput) -> dict | None:
+            if not out.new_text and not out.finished and not out.new_logprobs:
+                return None
+            return {"id": response_id, "object": endpoint.chunk_object, "created": now(),
+                    "model": model, "choices": [endpoint.chunk_choice(choice, out)]}
+
+        first = () if endpoint.first_delta is None else (
+            {"id": response_id, "object": endpoint.chunk_object, "created": now(), "model": model,
+             "choices": [{"index": c.index, "delta": endpoint.first_delta, "logprobs": None,
+                          "finish_reason": None} for c in choices]},)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        submit_choices(state, choices, body.queue_position)
+        return sse_response(state, choices, StreamSpec(response_id, model, endpoint.chunk_object,
+                                                       include_usage, first), chunk)
+    submit_choices(state, choices)
+    if not await collect(state, http_request, choices):
+        return Response(status_code=CLIENT_CLOSED)
+    return JSONResponse({"id": response_id, "object": endpoint.object_name, "created": now(),
+                         "model": model, "choices": [endpoint.final_choice(c) for c in choices],
+                         "usage": usage_of(choices)})

@@ -1,0 +1,56 @@
+"""EngineConfig: every engine default written once, bad values refused before anything loads,
+and the CLI and LLM(**kwargs) both arriving at it."""
+import pytest
+
+from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, CacheConfig,
+                             EngineConfig, SchedulerConfig)
+
+
+def test_defaults_are_written_once():
+    config = EngineConfig()
+    assert config.block_size == CacheConfig().block_size == DEFAULT_BLOCK_SIZE
+    assert config.max_num_batched_tokens == SchedulerConfig().max_num_batched_tokens \
+        == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert (config.dtype, config.kv_cache_dtype, config.max_num_seqs) == ("float32", "auto", "auto")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("dtype", "float16", "dtype must be one of float32, bfloat16"),
+    ("kv_cache_dtype", "fp8", "kv_cache_dtype must be one of auto, int8"),
+    ("block_size", 0, "block_size must be positive"),
+    ("max_num_batched_tokens", 0, "max_num_batched_tokens must be positive"),
+    ("max_num_seqs", 0, "max_num_seqs must be 'auto' or positive"),
+    ("max_num_seqs", "many", "max_num_seqs must be 'auto' or positive"),
+    ("max_num_seqs", True, "max_num_seqs must be 'auto' or positive"),
+])
+def test_bad_values_are_refused_when_made(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**{field: value})
+
+
+def test_cli_builds_the_config():
+    from pagedllm.cli import build_parser, engine_config
+
+    config = engine_config(build_parser().parse_args(
+        ["serve", "--block-size", "32", "--max-num-seqs", "4", "--no-prefix-caching",
+         "--kv-cache-memory", "1e8"]))
+    assert isinstance(config, EngineConfig)
+    assert (config.block_size, config.max_num_seqs, config.enable_prefix_caching) == (32, 4, False)
+    assert config.kv_cache_memory == 100_000_000 and config.dtype == "bfloat16"  # the CLI's default
+    assert config.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        engine_config(build_parser().parse_args(["serve", "--block-size", "0"]))
+
+
+def test_engine_takes_a_config_or_its_fields(tiny_llama_gguf):
+    from pagedllm import LLM
+    from pagedllm.core.engine import LLMEngine
+
+    config = EngineConfig(model=str(tiny_llama_gguf), kv_cache_memory=4 << 20, max_num_seqs=3)
+    engine = LLMEngine(config)
+    assert engine.config is config and engine.scheduler_config.max_num_seqs == 3
+    assert LLMEngine(config, max_num_seqs=2).scheduler_config.max_num_seqs == 2
+    llm = LLM(str(tiny_llama_gguf), kv_cache_memory=4 << 20, block_size=8)
+    assert llm.engine.cache_config.block_size == 8
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        LLM(str(tiny_llama_gguf), dtype="int4")
