@@ -13,7 +13,8 @@ import torch
 
 from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
-from pagedllm.weights.q4 import Q4Weight, decode_q4, row_order_unpermute
+from pagedllm.weights.permute import row_order_unpermute, unpermute_rows
+from pagedllm.weights.q4 import Q4Weight, decode_q4
 from pagedllm.weights.q8 import decode_q8_0
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
@@ -50,16 +51,6 @@ def canonical_name(gguf_name: str) -> str | None:
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
         return f"layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}"
     return None  # e.g. rope_freqs: precomputed tables we compute ourselves
-
-
-def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Invert llama.cpp's q/k row permutation (HF rotate-half layout <- interleaved pairs)."""
-    rows = weight.shape[0]
-    return (
-        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
 
 
 def _field_value(field):

@@ -55,9 +55,3 @@ def decode_q4(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> Q4Weig
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
     return Q4Weight(torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d),
                     torch.from_numpy(np.ascontiguousarray(m)))
-
-
-def row_order_unpermute(rows: int, num_heads: int) -> np.ndarray:
-    """Row indices that undo llama.cpp's q/k permutation (same as unpermute_rows)."""
-    from pagedllm.weights.gguf import unpermute_rows
-    return unpermute_rows(np.arange(rows).reshape(rows, 1), num_heads).reshape(rows)
