@@ -17,7 +17,7 @@ import torch
 
 from pagedllm import LLM
 from pagedllm.attention import AttentionMetadata
-from pagedllm.models.llama import EXACT_EDGE_LAYERS
+from pagedllm.models.build import EXACT_EDGE_LAYERS
 from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS, QuantLinear
 from pagedllm.tools.text_prompts import make_prompt_token_ids
 from timing import parse_args

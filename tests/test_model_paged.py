@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from pagedllm.models import LlamaForCausalLM
+from pagedllm.models.build import build_model
 from pagedllm.weights import load_checkpoint
 from paged_helpers import run_paged
 
@@ -18,8 +18,7 @@ SEQS = [
 @pytest.fixture(scope="module")
 def tiny_model(tiny_llama_folder):
     checkpoint = load_checkpoint(tiny_llama_folder)
-    model = LlamaForCausalLM(checkpoint.config)
-    model.load_weights(checkpoint.weights)
+    model = build_model(checkpoint.config, checkpoint.weights)
     return model
 
 
@@ -48,8 +47,7 @@ def test_matches_transformers_in_a_batch(tiny_model, tiny_llama):
 
 def test_bfloat16_model_keeps_float32_logits_close(tiny_llama_folder, tiny_llama):
     checkpoint = load_checkpoint(tiny_llama_folder)
-    model = LlamaForCausalLM(checkpoint.config, torch.bfloat16)
-    model.load_weights(checkpoint.weights)
+    model = build_model(checkpoint.config, checkpoint.weights, dtype=torch.bfloat16)
     logits = run_paged(model, [SEQS[0]])[0]
     assert logits.dtype == torch.float32
     with torch.no_grad():
@@ -65,8 +63,7 @@ def test_batched_backend_matches_reference_backend(tiny_llama_folder, dtype, chu
     checkpoint = load_checkpoint(tiny_llama_folder)
     results = {}
     for backend in ("batched", "torch-reference"):
-        model = LlamaForCausalLM(checkpoint.config, dtype, attention_backend=backend)
-        model.load_weights(checkpoint.weights)
+        model = build_model(checkpoint.config, checkpoint.weights, dtype=dtype, attention_backend=backend)
         # Mixed steps: long sequences still prefilling next to ones already decoding.
         results[backend] = run_paged(model, SEQS, chunk=chunk, block_size=4, seed=5)
     tolerance = 1e-5 if dtype == torch.float32 else 0.1
@@ -75,7 +72,7 @@ def test_batched_backend_matches_reference_backend(tiny_llama_folder, dtype, chu
 
 
 def test_fused_projections_keep_canonical_weights(tiny_llama_folder):
-    from pagedllm.models.llama import fuse_projections
+    from pagedllm.weights.fuse import fuse_projections
     checkpoint = load_checkpoint(tiny_llama_folder)
     fused = fuse_projections(checkpoint.weights, checkpoint.config.num_layers)
     q = checkpoint.weights["layers.0.self_attn.q_proj.weight"]

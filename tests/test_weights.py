@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pagedllm.models import LlamaForCausalLM
+from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, default_model_path, load_checkpoint
 from pagedllm.weights.permute import unpermute_rows
 from pagedllm.weights.q4 import Q4Weight
@@ -19,8 +19,7 @@ PROMPT = [5, 17, 99, 3, 250, 42, 42, 7, 1, 200, 13, 64, 128, 31]
 
 def our_logits(path, tokens=PROMPT):
     checkpoint = load_checkpoint(path)
-    model = LlamaForCausalLM(checkpoint.config)
-    model.load_weights(checkpoint.weights)
+    model = build_model(checkpoint.config, checkpoint.weights)
     return run_paged(model, [tokens])[0]
 
 

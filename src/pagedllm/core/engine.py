@@ -14,7 +14,7 @@ from pagedllm.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagedllm.kernels import capabilities, kernel_ops
 from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.model_runner import ModelRunner
-from pagedllm.models import LlamaForCausalLM
+from pagedllm.models.build import build_model
 from pagedllm.core.output_processor import RequestTextState, stop_reason
 from pagedllm.core.request import FinishReason, Request, RequestOutput, SamplingParams
 from pagedllm.core.scheduler import Scheduler
@@ -73,8 +73,8 @@ class LLMEngine:
         torch_dtype = TORCH_DTYPES[config.dtype]
         self.dtype = config.dtype
         block_size, kv_cache_dtype = config.block_size, config.kv_cache_dtype
-        net = LlamaForCausalLM(model_config, torch_dtype, int8_activations=not config.exact_activations)
-        net.load_weights(checkpoint.weights, checkpoint.quantized)
+        net = build_model(model_config, checkpoint.weights, checkpoint.quantized, torch_dtype,
+                          int8_activations=not config.exact_activations)
         del checkpoint
         _return_freed_memory()
 

@@ -1,8 +1,9 @@
 """Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) in plain PyTorch.
 
 One flat batch of tokens from many sequences, no padding. Weights use the canonical names
-of pagedllm.weights; the KV cache and attention metadata are passed in, never global.
-Shapes: T = tokens in the step, H = hidden size, D = head dim.
+of pagedllm.weights; the KV cache and attention metadata are passed in, never global. The
+model holds no load logic: models/build.py fills it and picks its linear layers, output head
+and decode loop. Shapes: T = tokens in the step, H = hidden size, D = head dim.
 """
 from __future__ import annotations
 
@@ -13,15 +14,7 @@ from pagedllm.attention import BACKENDS, AttentionMetadata, LayerKVCache
 from pagedllm.config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.layer_ops import layer_ops
-from pagedllm.models.output_head import output_head
-from pagedllm.models.quant_linear import QuantLinear, quantized_matmul_available
-from pagedllm.weights.q4 import Q4Weight
 from pagedllm.weights.q8 import Q8Rows
-
-# Decoder layers at each end whose 4-bit projections never round activations to int8.
-EXACT_EDGE_LAYERS = 2
-
-LOGIT_REFINE_CANDIDATES = 16
 
 
 class RMSNorm(nn.Module):
@@ -105,13 +98,10 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
-                 attention_backend: str = "batched", int8_activations: bool = True):
+                 attention_backend: str = "batched"):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        # bfloat16 with 4-bit weights: whether large steps may round activations to int8
-        # (q4_q8_gemm) in the layers between the exact edges.
-        self.int8_activations = int8_activations
         rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
         # The reference attention backend runs with the torch layer ops too: a pure-torch oracle.
         ops = layer_ops(use_kernels=attention_backend != "torch-reference")
@@ -123,45 +113,8 @@ class LlamaForCausalLM(nn.Module):
         self.embed_weight = torch.empty(0)
         self.lm_head_weight = torch.empty(0)
         self.embed_q8: Q8Rows | None = None
-        self.decode_loop: DecodeLoop | None = None  # set by load_weights where it applies
-
-    def load_weights(self, weights: dict[str, torch.Tensor], quantized: dict | None = None) -> None:
-        """Take canonical weights (float32 tensors); cast the body to the model dtype. In
-        bfloat16, projections whose 4-bit originals are given also get the int4 kernel."""
-        weights = dict(weights)
-        self.embed_weight = weights.pop("embed_tokens.weight").float().contiguous()
-        head = weights.pop("lm_head.weight", None)
-        self.lm_head_weight = self.embed_weight if head is None or self.config.tie_word_embeddings \
-            else head.float().contiguous()
-        weights = fuse_projections(weights, self.config.num_layers)
-        missing, unexpected = self.load_state_dict(weights, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"weights do not fit the model: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
-        self.layers.to(self.dtype)
-        self.norm.to(self.dtype)
-        if self.dtype == torch.bfloat16:
-            # The output head is the largest matrix (49152 x 576 here): it is read as 8-bit
-            # codes, and the top candidates are recomputed exactly anyway.
-            quantized = quantized or {}
-            tied = self.lm_head_weight is self.embed_weight
-            head_name = "embed_tokens.weight" if tied else "lm_head.weight"
-            self.lm_head = output_head(self.lm_head_weight, quantized.get(head_name),
-                                       LOGIT_REFINE_CANDIDATES)
-            if quantized and quantized_matmul_available():
-                self._use_int4(fuse_quantized(quantized, self.config.num_layers))
-            self._keep_q8_rows(quantized, tied=tied)
-            self.decode_loop = DecodeLoop.build(self)
-
-    def _keep_q8_rows(self, quantized: dict, tied: bool) -> None:
-        """Drop the float32 embedding / head where their Q8_0 originals give the same rows
-        (113 MB -> 31 MB each on the default model); the output head keeps what it reads."""
-        embed = quantized.get("embed_tokens.weight")
-        head = embed if tied else quantized.get("lm_head.weight")
-        if isinstance(embed, Q8Rows):
-            self.embed_q8, self.embed_weight = embed, torch.empty(0)
-        if isinstance(head, Q8Rows):
-            self.lm_head_weight = torch.empty(0)
+        self.lm_head = None  # bfloat16: the output head build.py picks (output_head.py)
+        self.decode_loop: DecodeLoop | None = None  # set by build.py where it applies
 
     def _embedding_rows(self, index: torch.Tensor) -> torch.Tensor:
         return self.embed_q8.rows(index) if self.embed_q8 is not None else self.embed_weight[index]
@@ -179,20 +132,6 @@ class LlamaForCausalLM(nn.Module):
                 hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
         return self.norm(hidden, residual)
 
-    def _use_int4(self, quantized: dict) -> None:
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            # The outermost layers keep exact activations at every batch size: int8-rounded
-            # ones there moved the logits most (benchmarks/int8_activations.py).
-            int8 = self.int8_activations and EXACT_EDGE_LAYERS <= i <= last - EXACT_EDGE_LAYERS
-            for parent, attr in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
-                                 (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
-                prefix = "self_attn" if parent is layer.self_attn else "mlp"
-                q4 = quantized.get(f"layers.{i}.{prefix}.{attr}.weight")
-                if q4 is not None:
-                    dense = getattr(parent, attr)
-                    setattr(parent, attr, QuantLinear(dense.weight, dense.bias, q4, int8_activations=int8))
-
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled.
@@ -200,32 +139,3 @@ class LlamaForCausalLM(nn.Module):
         if self.dtype != torch.bfloat16:
             return hidden.float() @ self.lm_head_weight.T
         return self.lm_head(hidden)
-
-
-def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
-    """Canonical q/k/v and gate/up weights -> the fused qkv_proj and gate_up_proj."""
-    fused = dict(weights)
-    for i in range(num_layers):
-        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        for kind in ("weight", "bias"):
-            parts = [fused.pop(f"{attn}{p}_proj.{kind}", None) for p in "qkv"]
-            if all(p is not None for p in parts):
-                fused[f"{attn}qkv_proj.{kind}"] = torch.cat(parts)
-        gate, up = fused.pop(f"{mlp}gate_proj.weight", None), fused.pop(f"{mlp}up_proj.weight", None)
-        if gate is not None and up is not None:
-            fused[f"{mlp}gate_up_proj.weight"] = torch.cat([gate, up])
-    return fused
-
-
-def fuse_quantized(quantized: dict, num_layers: int) -> dict:
-    """4-bit q/k/v and gate/up weights -> fused, like fuse_projections (all parts or none)."""
-    fused = dict(quantized)
-    for i in range(num_layers):
-        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        parts = [fused.pop(f"{attn}{p}_proj.weight", None) for p in "qkv"]
-        if all(p is not None for p in parts):
-            fused[f"{attn}qkv_proj.weight"] = Q4Weight.cat(parts)
-        parts = [fused.pop(f"{mlp}{p}_proj.weight", None) for p in ("gate", "up")]
-        if all(p is not None for p in parts):
-            fused[f"{mlp}gate_up_proj.weight"] = Q4Weight.cat(parts)
-    return fused

@@ -1,0 +1,37 @@
+"""Fused projections, made by the loader: q, k and v as one matrix, gate and up as one, so
+each is one GEMM. Dense weights and their 4-bit originals are fused alike (all parts or
+none)."""
+from __future__ import annotations
+
+import torch
+
+from pagedllm.weights.q4 import Q4Weight
+
+
+def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """Canonical q/k/v and gate/up weights -> the fused qkv_proj and gate_up_proj."""
+    fused = dict(weights)
+    for i in range(num_layers):
+        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        for kind in ("weight", "bias"):
+            parts = [fused.pop(f"{attn}{p}_proj.{kind}", None) for p in "qkv"]
+            if all(p is not None for p in parts):
+                fused[f"{attn}qkv_proj.{kind}"] = torch.cat(parts)
+        gate, up = fused.pop(f"{mlp}gate_proj.weight", None), fused.pop(f"{mlp}up_proj.weight", None)
+        if gate is not None and up is not None:
+            fused[f"{mlp}gate_up_proj.weight"] = torch.cat([gate, up])
+    return fused
+
+
+def fuse_quantized(quantized: dict, num_layers: int) -> dict:
+    """4-bit q/k/v and gate/up weights -> fused, like fuse_projections (all parts or none)."""
+    fused = dict(quantized)
+    for i in range(num_layers):
+        attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        parts = [fused.pop(f"{attn}{p}_proj.weight", None) for p in "qkv"]
+        if all(p is not None for p in parts):
+            fused[f"{attn}qkv_proj.weight"] = Q4Weight.cat(parts)
+        parts = [fused.pop(f"{mlp}{p}_proj.weight", None) for p in ("gate", "up")]
+        if all(p is not None for p in parts):
+            fused[f"{mlp}gate_up_proj.weight"] = Q4Weight.cat(parts)
+    return fused
