@@ -54,3 +54,21 @@ def test_engine_takes_a_config_or_its_fields(tiny_llama_gguf):
     assert llm.engine.cache_config.block_size == 8
     with pytest.raises(ValueError, match="dtype must be one of"):
         LLM(str(tiny_llama_gguf), dtype="int4")
+
+
+def test_cli_builds_one_frozen_server_config():
+    import dataclasses
+
+    from pagedllm.cli import build_parser, server_config
+    from pagedllm.config import ServerConfig
+
+    default = server_config(build_parser().parse_args(["serve"]))
+    assert default == ServerConfig(), "the CLI's defaults are ServerConfig's"
+    assert default.host == "127.0.0.1"  # loopback unless told otherwise
+    config = server_config(build_parser().parse_args(
+        ["serve", "--allowed-origins", "http://a.example, http://b.example", "--max-body-bytes", "1000",
+         "--max-queue", "5", "--shutdown-grace", "2"]))
+    assert config.allowed_origins == ("http://a.example", "http://b.example")
+    assert (config.max_body_bytes, config.max_queue, config.shutdown_grace) == (1000, 5, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.max_queue = 6

@@ -6,7 +6,8 @@ import logging
 import os
 import sys
 
-from pagedllm.config import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES, MODEL_DTYPES, EngineConfig
+from pagedllm.config import (DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES, MODEL_DTYPES, EngineConfig,
+                             ServerConfig)
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +51,6 @@ def engine_config(args) -> EngineConfig:
 
 
 def cmd_serve(args) -> int:
-    from pagedllm.server.app import ServerOptions
     from pagedllm.server.auth import KeyFileError, parse_key_file
     from pagedllm.server.runner import check_binding, load_engine_with_progress, serve
 
@@ -68,18 +68,23 @@ def cmd_serve(args) -> int:
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         print("error: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
         return 2
-    options = ServerOptions(
+    config = server_config(args)
+    engine = load_engine_with_progress(engine_config(args))
+    return serve(engine, config)
+
+
+def server_config(args) -> ServerConfig:
+    """The command line's server settings as one frozen ServerConfig."""
+    optional = {"max_body_bytes": args.max_body_bytes} if args.max_body_bytes else {}
+    return ServerConfig(
+        host=args.host, port=args.port, served_model_name=args.served_model_name,
         api_key_file=args.api_key_file, public_metrics=args.public_metrics,
         shared_prefix_cache=args.shared_prefix_cache,
-        allowed_origins=[o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()],
+        allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
         max_queue=args.max_queue, max_prompt_tokens=args.max_prompt_tokens,
-        max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout)
-    if args.max_body_bytes:
-        options.max_body_bytes = args.max_body_bytes
-    engine = load_engine_with_progress(engine_config(args))
-    return serve(engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
-                 grace_seconds=args.shutdown_grace, options=options,
-                 ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+        max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout,
+        shutdown_grace=args.shutdown_grace, ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile, **optional)
 
 
 def cmd_generate(args) -> int:

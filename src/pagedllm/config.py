@@ -1,7 +1,7 @@
 """Frozen configuration records shared by every part of pagedllm, and every default once.
 
 `ModelConfig` describes a checkpoint (read from GGUF metadata or config.json);
-`EngineConfig` is what a user asks of the engine (LLM(**kwargs) and the CLI both build it,
+`EngineConfig` is what a user asks of the engine, `ServerConfig` of the server (LLM(**kwargs) and the CLI both build it,
 and it checks itself); `CacheConfig` and `SchedulerConfig` are what the engine derives from
 it once the model and the memory are known. Plain data: no torch.
 """
@@ -87,3 +87,24 @@ class SchedulerConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 2048
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What `pagedllm serve` is asked for beyond the engine: binding, access, limits. Built
+    once by the CLI, read by the server; the defaults are a shared server's safe ones."""
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int = 8000
+    served_model_name: str | None = None  # None: the model's own name
+    api_key_file: str | None = None
+    public_metrics: bool = False  # /metrics without a key
+    shared_prefix_cache: bool = False  # share cached blocks across users
+    allowed_origins: tuple[str, ...] = ()  # CORS
+    max_queue: int | None = None  # waiting requests; beyond -> 429
+    max_body_bytes: int = 4 << 20
+    max_prompt_tokens: int | None = None
+    max_tokens_limit: int | None = None  # cap on a request's max_tokens
+    request_timeout: float | None = None  # seconds
+    shutdown_grace: float = 30.0  # seconds running requests get on SIGTERM
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None

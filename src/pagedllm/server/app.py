@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pagedllm.config import ServerConfig
 from pagedllm.core.async_engine import AsyncEngine
 from pagedllm.core.engine import LLMEngine
 from pagedllm.server import errors
@@ -29,18 +30,6 @@ from pagedllm.tokenizer import ChatTemplateError
 logger = logging.getLogger("pagedllm.server")
 
 
-@dataclass
-class ServerOptions:
-    api_key_file: str | None = None
-    public_metrics: bool = False
-    shared_prefix_cache: bool = False  # share cached blocks across users
-    allowed_origins: list[str] = field(default_factory=list)
-    max_queue: int | None = None  # waiting requests; beyond -> 429
-    max_body_bytes: int = 4 << 20
-    max_prompt_tokens: int | None = None
-    max_tokens_limit: int | None = None  # cap on a request's max_tokens
-    request_timeout: float | None = None  # seconds
-
 
 @dataclass
 class ServerState:
@@ -48,7 +37,7 @@ class ServerState:
     async_engine: AsyncEngine
     served_model_name: str
     metrics: ServerMetrics
-    options: ServerOptions
+    config: ServerConfig
     keys: KeyStore
     created: int
     rate_limiter: TokenRateLimiter = field(default_factory=TokenRateLimiter)
@@ -73,14 +62,14 @@ class ServerState:
 
     def cache_salt_for(self, user: str) -> str | None:
         # Salted by user so one user cannot learn another's prompts through cache timing.
-        return None if self.options.shared_prefix_cache else user
+        return None if self.config.shared_prefix_cache else user
 
     def admit(self, key: ApiKey | None, num_new: int) -> None:
         """Raise 429 when the queue is full or the key is over its tokens per minute."""
         if key is not None:
             self.rate_limiter.check(key.name, key.tokens_per_minute)
         waiting = max(0, self.async_engine.num_in_flight - self.engine.stats().num_running)
-        check_queue(waiting, num_new, self.options.max_queue)
+        check_queue(waiting, num_new, self.config.max_queue)
 
     def apply_key_policies(self) -> None:
         """Weights and per-key concurrency caps, sent to the engine's loop thread."""
@@ -94,13 +83,13 @@ class ServerState:
 
 
 def create_app(engine: LLMEngine, served_model_name: str | None = None,
-               options: ServerOptions | None = None, engine_thread: bool = True) -> FastAPI:
+               config: ServerConfig | None = None, engine_thread: bool = True) -> FastAPI:
     """engine_thread=False: the caller runs app.state.pagedllm.core.async_engine.run_loop()."""
-    options = options or ServerOptions()
+    config = config or ServerConfig()
     name = served_model_name or engine.model_config.name
     async_engine = AsyncEngine(engine, start_thread=engine_thread)
-    keys = KeyStore(options.api_key_file)
-    state = ServerState(engine, async_engine, name, ServerMetrics(engine, name), options, keys,
+    keys = KeyStore(config.api_key_file)
+    state = ServerState(engine, async_engine, name, ServerMetrics(engine, name), config, keys,
                         int(time.time()))
     state.apply_key_policies()
 
@@ -112,12 +101,12 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
     app = FastAPI(title="pagedllm", version="0.1.0", lifespan=lifespan)
     app.state.pagedllm = state
     # Added last = outermost: size limit, then CORS (answers preflights), then auth.
-    app.add_middleware(ApiKeyAuth, keys=keys, public_metrics=options.public_metrics)
-    if options.allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=options.allowed_origins,
+    app.add_middleware(ApiKeyAuth, keys=keys, public_metrics=config.public_metrics)
+    if config.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(BodySizeLimit, max_bytes=options.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(APIError, errors.api_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)

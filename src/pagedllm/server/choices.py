@@ -40,7 +40,7 @@ def build_choices(state, prompts: list[str | list[int]], params: SamplingParams,
                   http_request: HTTPRequest, user_field: str | None) -> list[Choice]:
     """Check limits and make one engine request per prompt x n (nothing is queued yet)."""
     engine = state.engine
-    options = state.options
+    options = state.config
     user, key = state.identity(http_request, user_field)
     if options.max_tokens_limit and params.max_tokens and params.max_tokens > options.max_tokens_limit:
         raise APIError(400, f"max_tokens {params.max_tokens} is over this server's limit of "
@@ -79,7 +79,7 @@ def _child_params(params: SamplingParams, j: int) -> SamplingParams:
 
 
 async def _drive(state, choice: Choice, sink: asyncio.Queue | None) -> None:
-    timeout = state.options.request_timeout
+    timeout = state.config.request_timeout
     timer = None
     if timeout:
         # An abort ends the stream with finish_reason "abort", like any other abort.

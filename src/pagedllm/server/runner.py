@@ -13,10 +13,10 @@ import uvicorn
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from pagedllm.config import EngineConfig
+from pagedllm.config import EngineConfig, ServerConfig
 from pagedllm.core import sizing
 from pagedllm.core.engine import LLMEngine
-from pagedllm.server.app import ServerOptions, create_app
+from pagedllm.server.app import create_app
 from pagedllm.server.auth import is_loopback
 
 logger = logging.getLogger("pagedllm.server")
@@ -87,16 +87,16 @@ def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -
             f"and pass --api-key-file keys.txt (or --insecure-no-auth if you really mean it).")
 
 
-def serve(engine: LLMEngine, *, host: str, port: int, served_model_name: str | None,
-          grace_seconds: float = 30.0, options: ServerOptions | None = None, ssl_certfile=None,
-          ssl_keyfile=None) -> int:
-    app = create_app(engine, served_model_name, options, engine_thread=False)
+def serve(engine: LLMEngine, config: ServerConfig) -> int:
+    host, port, grace_seconds = config.host, config.port, config.shutdown_grace
+    ssl_certfile, ssl_keyfile = config.ssl_certfile, config.ssl_keyfile
+    app = create_app(engine, config.served_model_name, config, engine_thread=False)
     state = app.state.pagedllm
-    config = uvicorn.Config(app, host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=int(grace_seconds) + 5,
-                            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+    http_config = uvicorn.Config(app, host=host, port=port, log_level="info",
+                                 timeout_graceful_shutdown=int(grace_seconds) + 5,
+                                 ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
     scheme = "https" if ssl_certfile else "http"
-    server = DrainingServer(config, state, grace_seconds,
+    server = DrainingServer(http_config, state, grace_seconds,
                             ready_message(engine, host, port, state.served_model_name, scheme))
     http = threading.Thread(target=server.run, name="pagedllm-http", daemon=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
