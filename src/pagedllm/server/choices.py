@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from fastapi import Request as HTTPRequest
 
@@ -19,6 +20,9 @@ from pagedllm.core.request import Request, RequestOutput, SamplingParams, Sampli
 from pagedllm.server.auth import ApiKey
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import random_id, usage
+
+if TYPE_CHECKING:  # app.py imports this module
+    from pagedllm.server.app import ServerState
 
 
 @dataclass
@@ -36,7 +40,7 @@ class Choice:
     final: RequestOutput | None = None
 
 
-def build_choices(state, prompts: list[str | list[int]], params: SamplingParams,
+def build_choices(state: ServerState, prompts: list[str | list[int]], params: SamplingParams,
                   http_request: HTTPRequest, user_field: str | None) -> list[Choice]:
     """Check limits and make one engine request per prompt x n (nothing is queued yet)."""
     engine = state.engine
@@ -68,7 +72,7 @@ def build_choices(state, prompts: list[str | list[int]], params: SamplingParams,
     return choices
 
 
-def submit_choices(state, choices: list[Choice], report_position: bool = False) -> None:
+def submit_choices(state: ServerState, choices: list[Choice], report_position: bool = False) -> None:
     """Queue every choice's request, with no await between the queue check and this."""
     for choice in choices:
         choice.stream = state.async_engine.submit(choice.request, report_position)
@@ -78,7 +82,7 @@ def _child_params(params: SamplingParams, j: int) -> SamplingParams:
     return replace(params, n=1, seed=None if params.seed is None else params.seed + j)
 
 
-async def _drive(state, choice: Choice, sink: asyncio.Queue | None) -> None:
+async def _drive(state: ServerState, choice: Choice, sink: asyncio.Queue | None) -> None:
     timeout = state.config.request_timeout
     timer = None
     if timeout:
@@ -97,7 +101,7 @@ async def _drive(state, choice: Choice, sink: asyncio.Queue | None) -> None:
             timer.cancel()
 
 
-async def _on_output(state, choice: Choice, out: RequestOutput, sink) -> None:
+async def _on_output(state: ServerState, choice: Choice, out: RequestOutput, sink) -> None:
     if choice.first_token_time is None and out.new_token_ids:
         choice.first_token_time = time.monotonic()
     if sink is not None:
@@ -134,7 +138,7 @@ def usage_of(choices: list[Choice]) -> dict:
 CLIENT_CLOSED = 499  # nginx's status for a client that went away; nobody reads it
 
 
-async def collect(state, http_request: HTTPRequest, choices: list[Choice]) -> bool:
+async def collect(state: ServerState, http_request: HTTPRequest, choices: list[Choice]) -> bool:
     """Run all choices to completion; abort them if the client disconnects meanwhile.
     Returns False when the client went away."""
     tasks = [asyncio.create_task(_drive(state, c, None)) for c in choices]
@@ -152,7 +156,7 @@ async def collect(state, http_request: HTTPRequest, choices: list[Choice]) -> bo
             t.cancel()  # cancelling the generator aborts its engine request
 
 
-async def merged(state, choices: list[Choice]
+async def merged(state: ServerState, choices: list[Choice]
                  ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
     """Every choice's outputs (and queue positions) as they come, for one stream."""
     sink: asyncio.Queue = asyncio.Queue()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
@@ -13,6 +14,9 @@ from pagedllm.core.request import RequestOutput, SamplingParams
 from pagedllm.server.choices import CLIENT_CLOSED, Choice, build_choices, collect, submit_choices, usage_of
 from pagedllm.server.protocol import now, random_id
 from pagedllm.server.sse import StreamSpec, sse_response
+
+if TYPE_CHECKING:  # app.py imports this module
+    from pagedllm.server.app import ServerState
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,7 @@ class Endpoint:
     first_delta: dict | None = None  # streamed once per choice before any output (chat: role)
 
 
-async def answer(state, endpoint: Endpoint, body, prompts: list[str | list[int]],
+async def answer(state: ServerState, endpoint: Endpoint, body, prompts: list[str | list[int]],
                  params: SamplingParams, http_request: HTTPRequest) -> Response:
     choices = build_choices(state, prompts, params, http_request, body.user)
     response_id, model = random_id(endpoint.id_prefix), state.served_model_name

@@ -4,6 +4,8 @@ record each) and how each request becomes prompts and sampling parameters; the d
 JSON body."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import Request as HTTPRequest
 
 from pagedllm.core.request import SamplingParams, SamplingParamsError
@@ -12,10 +14,13 @@ from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedllm.tokenizer import ChatTemplateError
 
+if TYPE_CHECKING:  # app.py imports this module
+    from pagedllm.server.app import ServerState
+
 
 # -- completions ---------------------------------------------------------------------------
 
-def _completion_logprobs(state, outs_logprobs, text_offset_start: int = 0):
+def _completion_logprobs(state: ServerState, outs_logprobs, text_offset_start: int = 0):
     if outs_logprobs is None:
         return None
     tok = state.engine.tokenizer
@@ -32,7 +37,7 @@ def _completion_logprobs(state, outs_logprobs, text_offset_start: int = 0):
             "text_offset": offsets}
 
 
-def completion_endpoint(state) -> Endpoint:
+def completion_endpoint(state: ServerState) -> Endpoint:
     return Endpoint(
         "cmpl", "text_completion", "text_completion",
         chunk_choice=lambda c, out: {"index": c.index, "text": out.new_text,
@@ -43,7 +48,7 @@ def completion_endpoint(state) -> Endpoint:
                                 "finish_reason": c.final.finish_reason})
 
 
-async def create_completion(state, body: CompletionRequest, http_request: HTTPRequest):
+async def create_completion(state: ServerState, body: CompletionRequest, http_request: HTTPRequest):
     state.check_model(body.model)
     if body.echo:
         raise APIError(400, "echo is not supported", "echo", "unsupported")
@@ -53,7 +58,7 @@ async def create_completion(state, body: CompletionRequest, http_request: HTTPRe
 
 # -- chat ----------------------------------------------------------------------------------
 
-def _chat_logprobs(state, lps):
+def _chat_logprobs(state: ServerState, lps):
     if lps is None:
         return None
     tok = state.engine.tokenizer
@@ -66,7 +71,7 @@ def _chat_logprobs(state, lps):
                          "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]}
 
 
-def chat_endpoint(state) -> Endpoint:
+def chat_endpoint(state: ServerState) -> Endpoint:
     return Endpoint(
         "chatcmpl", "chat.completion", "chat.completion.chunk",
         chunk_choice=lambda c, out: {"index": c.index,
@@ -80,7 +85,7 @@ def chat_endpoint(state) -> Endpoint:
         first_delta={"role": "assistant", "content": ""})
 
 
-async def create_chat_completion(state, body: ChatCompletionRequest, http_request: HTTPRequest):
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http_request: HTTPRequest):
     state.check_model(body.model)
     try:
         prompt = state.engine.tokenizer.apply_chat_template(

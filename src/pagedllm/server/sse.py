@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi.responses import StreamingResponse
 
@@ -13,6 +14,9 @@ from pagedllm.core.async_engine import QueuePosition
 from pagedllm.core.request import RequestOutput
 from pagedllm.server.choices import Choice, merged, usage_of
 from pagedllm.server.protocol import now
+
+if TYPE_CHECKING:  # app.py imports this module
+    from pagedllm.server.app import ServerState
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ def sse_event(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def sse_response(state, choices: list[Choice], spec: StreamSpec,
+def sse_response(state: ServerState, choices: list[Choice], spec: StreamSpec,
                  make_chunk: Callable[[Choice, RequestOutput], dict | None]) -> StreamingResponse:
     async def events():
         try:
