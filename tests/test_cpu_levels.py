@@ -159,3 +159,20 @@ def test_portable_build_compiles_for_aarch64():
         results = list(pool.map(check, build.SOURCES))
     failed = {src: r.stderr[-2000:] for src, r in zip(build.SOURCES, results) if r.returncode}
     assert not failed, failed
+
+
+def test_a_stale_build_lock_is_cleared_and_a_live_one_named(tmp_path, monkeypatch, caplog):
+    """A server stopped while it compiled leaves torch's build lock behind, and the next start
+    would wait on it forever: an old lock goes, a young one is named in a warning."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "some_kernels" / "lock"
+    lock.parent.mkdir()
+    lock.write_text("")
+    with caplog.at_level("WARNING", logger="pagedllm.kernels"):
+        build._check_lock("some_kernels")
+    assert lock.exists() and "waiting for another process" in caplog.text
+    old = lock.stat().st_mtime - build.STALE_LOCK_SECONDS - 60
+    os.utime(lock, (old, old))
+    build._check_lock("some_kernels")
+    assert not lock.exists() and "removing a stale kernel build lock" in caplog.text
+    build._check_lock("some_kernels")  # no lock: nothing to do

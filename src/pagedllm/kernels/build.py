@@ -63,21 +63,29 @@ def module_name(level: str) -> str:
     return f"pagedllm_kernels_{level}_{_digest(flags)}"
 
 
-# A build takes a few minutes; a lock older than this was left by a build that was killed.
-# torch's builder would wait on it forever (seen when a test run was stopped mid-build).
-STALE_LOCK_SECONDS = 30 * 60
+# A build takes a few minutes; a lock older than this was left by a build that was killed
+# (a server stopped while it compiled), on which torch's builder would wait forever.
+STALE_LOCK_SECONDS = 15 * 60
 
 
-def _clear_stale_lock(name: str) -> None:
+def _check_lock(name: str) -> None:
+    """Clears a stale build lock; says so when a live one will make this process wait."""
     from torch.utils.cpp_extension import _get_build_directory
 
     lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
     try:
-        if time.time() - os.path.getmtime(lock) > STALE_LOCK_SECONDS:
-            logger.warning("removing a stale kernel build lock (%s)", lock)
-            os.remove(lock)
+        age = time.time() - os.path.getmtime(lock)
     except OSError:
-        pass  # no lock: the usual case
+        return  # no lock: the usual case
+    if age > STALE_LOCK_SECONDS:
+        logger.warning("removing a stale kernel build lock (%s, %.0f s old)", lock, age)
+        try:
+            os.remove(lock)
+        except OSError:
+            pass
+    else:
+        logger.warning("waiting for another process building these kernels (lock %s, %.0f s old); "
+                       "if none is running, delete that file", lock, age)
 
 
 @lru_cache(maxsize=None)
@@ -88,7 +96,7 @@ def build(level: str):
         from torch.utils.cpp_extension import load
 
         flags = list(COMMON_FLAGS + target_flags(level))
-        _clear_stale_lock(module_name(level))
+        _check_lock(module_name(level))
         return load(name=module_name(level), sources=SOURCES, extra_cflags=flags,
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build problem means: use the torch path
