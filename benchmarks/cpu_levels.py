@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from pagedllm.attention.layer_cache import quantize_rows
+from attention_kernels import BLOCK, HEAD_DIM, HEADS, KV_HEADS, int8_cache
+from linear_kernels import NUM_LAYERS, SHAPES
 from pagedllm.kernels import capabilities, kernels_for
 from timing import allocate_as_a_loaded_engine, ms_per_call, parse_args
-
-SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
-NUM_LAYERS = 30
-HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 
 
 def make_weights():
@@ -59,8 +56,8 @@ def attention_cases(ops, seqs=8, length=600):
     for _ in range(NUM_LAYERS):
         key = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).bfloat16()
         value = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).bfloat16()
-        (kc, ks), (vc, vs) = quantize_rows(key), quantize_rows(value)
-        caches.append(((key, value), (kc, vc, ks, vs)))
+        codes = int8_cache(key, value)
+        caches.append(((key, value), (codes.key, codes.value, codes.key_scale, codes.value_scale)))
     scale = HEAD_DIM ** -0.5
     bf16 = ms_per_call(lambda: [ops.paged_decode_attention(query, k, v, tables, lens, scale)
                                 for (k, v), _ in caches], 5)

@@ -50,7 +50,7 @@ def main() -> None:
     fast = LLM(dtype="bfloat16", kv_cache_memory=16 << 20)
     model = fast.engine.runner.model
     if not any(isinstance(m, QuantLinear) and m.exact_max_rows < ALL_ROWS for m in model.modules()):
-        print("q4_q8_gemm is not built here (AVX512-VNNI and AVX512-BF16): nothing to compare")
+        print("no C++ kernels here (PAGEDLLM_NO_KERNELS, or no compiler): nothing to compare")
         return
     tokenizer = fast.tokenizer
     prompts = [tokenizer.encode("Once upon a time, in a small village by the sea, there lived an "

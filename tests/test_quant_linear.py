@@ -135,7 +135,7 @@ def test_q4_linear_switches_to_int8_activations_above_the_exact_rows(ops):
 def _torch_int4_only(monkeypatch):
     if not int4_available():
         pytest.skip("torch without the CPU int4 kernel")
-    monkeypatch.setattr(quant_linear, "q4_gemm_ops", lambda: None)
+    monkeypatch.setattr(quant_linear, "kernel_ops", lambda: None)
 
 
 # kernel -> (exact_max_rows, max_rows, keeps a dense copy)
@@ -325,7 +325,7 @@ def test_output_head_prefers_the_q8_codes(at_isa, monkeypatch):
     check(output_head(weight, None, 16), RefinedHead)
     cut = output_head(weight[:40], Q8Rows(q8.codes[:40], q8.scales[:40]), 16)
     assert isinstance(cut, RefinedHead)
-    monkeypatch.setattr("pagedllm.models.output_head.q8_gemm_ops", lambda: None)
+    monkeypatch.setattr("pagedllm.models.output_head.kernel_ops", lambda: None)
     check(output_head(weight, q8, 16), RefinedHead)
 
 

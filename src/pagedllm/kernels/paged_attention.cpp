@@ -182,7 +182,7 @@ torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cach
 
 // Prefill chunk of one sequence: query [T, H, D] holds the tokens at positions start..start+T-1,
 // whose K/V are already in the cache; each attends causally to positions <= its own. bfloat16
-// chunks take the tiled kernel (prefill_attention.cpp) where AVX512-BF16 is built; otherwise
+// chunks take the tiled kernel (prefill_attention.cpp) in the avx512 build; otherwise
 // each token is a one-query "sequence" over the same table, with its own length, and tasks
 // (token, KV head) are handed out dynamically, longest first, since later tokens see longer
 // contexts.

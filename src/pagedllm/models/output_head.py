@@ -7,7 +7,7 @@ Two shapes of the same contract, `head(hidden [N, H]) -> [N, vocab] float32`:
   32, as llama.cpp does), then q8_refine_top, both C++. Faster than dense bfloat16 at every
   row count measured (49152 x 576: 1 row 0.57 vs 1.26 ms, 8 rows 0.72 vs 1.50, 64 rows 3.3
   vs 4.8; benchmarks/linear_kernels.py), so no other copy of the head is kept.
-- `RefinedHead`: where q8_gemm is not built or the head is not Q8_0: int8 per-row codes
+- `RefinedHead`: without the C++ kernels, or where the head is not Q8_0: int8 per-row codes
   (Int8Linear) or dense bfloat16, then torch's topk and an exact product over those rows.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from pagedllm.models.quant_linear import DenseLinear, Int8Linear, int8_available, q8_gemm_ops
+from pagedllm.kernels import kernel_ops
+from pagedllm.models.quant_linear import DenseLinear, Int8Linear, int8_available
 from pagedllm.weights.q8 import Q8Rows
 
 TILE = 16  # q8_gemm packs output rows in tiles of 16
@@ -45,9 +46,9 @@ class RefinedHead:
 
 
 def output_head(weight: torch.Tensor, q8: Q8Rows | None, top: int):
-    """Q8Head where the head has Q8_0 codes and q8_gemm is built, else RefinedHead over int8
+    """Q8Head where the head has Q8_0 codes and the C++ kernels load, else RefinedHead over int8
     per-row codes (or dense bfloat16), its exact rows read from the Q8_0 codes or the weight."""
-    ops = q8_gemm_ops()
+    ops = kernel_ops()  # every CPU level's build has q8_gemm
     if isinstance(q8, Q8Rows) and ops is not None and q8.codes.shape[0] % TILE == 0:
         return Q8Head(q8, ops, top)
     approx = Int8Linear(weight) if int8_available() else DenseLinear(weight.to(torch.bfloat16), None)

@@ -39,13 +39,8 @@ def int4_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
-def q4_gemm_ops():
-    """The compiled kernels of the level in use (every level has the 4-bit GEMMs), or None."""
-    return kernel_ops()
-
-
 def quantized_matmul_available() -> bool:
-    return q4_gemm_ops() is not None or int4_available()
+    return kernel_ops() is not None or int4_available()
 
 
 # Batch rows oneDNN is told to expect when it reorders a weight (a hint: any row count works).
@@ -100,7 +95,7 @@ class QuantLinear(nn.Module):
         self.dense = None
         # Both kernels take output rows in tiles of 16; other shapes run dense.
         tileable = q4.codes.shape[0] % _TILE == 0
-        self.q4_ops = q4_gemm_ops() if dtype == torch.bfloat16 and tileable else None
+        self.q4_ops = kernel_ops() if dtype == torch.bfloat16 and tileable else None
         if self.q4_ops is not None:
             self.packed = self.q4_ops.q4_pack(q4.codes, q4.d, q4.m)
             self.max_rows = ALL_ROWS
@@ -155,8 +150,3 @@ class Int8Linear(nn.Module):
 
 def int8_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
-
-
-def q8_gemm_ops():
-    """The compiled kernels of the level in use (every level has q8_gemm), or None."""
-    return kernel_ops()
