@@ -59,11 +59,14 @@ def test_bfloat16_model_keeps_float32_logits_close(tiny_llama_folder, tiny_llama
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk", [None, 1, 3])
-def test_batched_backend_matches_reference_backend(tiny_llama_folder, dtype, chunk):
+def test_batched_backend_matches_reference_backend(at_isa, tiny_llama_folder, dtype, chunk):
     checkpoint = load_checkpoint(tiny_llama_folder)
     results = {}
     for backend in ("batched", "torch-reference"):
         model = build_model(checkpoint.config, checkpoint.weights, dtype=dtype, attention_backend=backend)
+        kernel = model.layers[0].self_attn.backend.kernel if backend == "batched" else None
+        if kernel is not None:
+            assert kernel.isa() == at_isa  # the C++ attention of the level under test
         # Mixed steps: long sequences still prefilling next to ones already decoding.
         results[backend] = run_paged(model, SEQS, chunk=chunk, block_size=4, seed=5)
     tolerance = 1e-5 if dtype == torch.float32 else 0.1
