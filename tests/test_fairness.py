@@ -51,7 +51,7 @@ def test_weights_share_tokens_in_proportion():
     for _ in range(60):
         out = fake_step(sched)
         for item in out.scheduled:
-            served[item.request.user] += item.num_new_tokens
+            served[item.user] += item.num_new_tokens
     ratio = served["heavy"] / served["light"]
     assert 2.0 < ratio < 4.5, served
 
@@ -85,7 +85,7 @@ def test_preemption_takes_from_the_user_above_fair_share():
     preempted = []
     for _ in range(40):
         out = fake_step(sched)
-        preempted += [r.user for r in out.preempted]
+        preempted += [sched.requests[rid].user for rid in out.preempted]
         if preempted:
             break
     assert preempted and preempted[0] == "alice"

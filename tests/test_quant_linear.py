@@ -5,11 +5,11 @@ fixture)."""
 import pytest
 import torch
 
+from pagedllm.kernels import torch_ops
 from pagedllm.models import quant_linear
 from pagedllm.models.output_head import Q8Head, RefinedHead, output_head
 from pagedllm.models.quant_linear import (ALL_ROWS, INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_EXACT_MAX_ROWS,
-                                          DenseLinear, Int8Linear, QuantLinear, int4_available,
-                                          int8_available)
+                                          DenseLinear, Int8Linear, QuantLinear)
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
@@ -133,7 +133,7 @@ def test_q4_linear_switches_to_int8_activations_above_the_exact_rows(ops):
 
 
 def _torch_int4_only(monkeypatch):
-    if not int4_available():
+    if not torch_ops().int4_matmul:
         pytest.skip("torch without the CPU int4 kernel")
     monkeypatch.setattr(quant_linear, "kernel_ops", lambda: None)
 
@@ -181,7 +181,7 @@ def test_q4_weight_gives_torch_kernel_form_of_the_same_weights():
     assert torch.allclose(torch_form, q4.dequantize(), atol=1e-6)
 
 
-@pytest.mark.skipif(not int8_available(), reason="torch without the CPU int8 kernel")
+@pytest.mark.skipif(not torch_ops().int8_matmul, reason="torch without the CPU int8 kernel")
 @pytest.mark.parametrize("rows", [1, INT8_MAX_ROWS, INT8_MAX_ROWS + 1])
 def test_int8_head_matches_float_weights(rows):
     torch.manual_seed(1)

@@ -8,6 +8,7 @@ from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.output_processor import token_stop_reason
 from pagedllm.core.request import FinishReason, Request, RequestStatus, SamplingParams
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.step_records import RunnerOutput, SampledToken
 
 EOS = 0
 
@@ -27,9 +28,10 @@ def fake_step(sched, token=5):
     """Schedule, 'run' the model (every sampling request gets `token`, or token(request)),
     update, and finish what stops at token level, as the engine does."""
     out = sched.schedule()
-    sampled = {s.request.request_id: token(s.request) if callable(token) else token
+    sampled = {s.request_id: SampledToken(token(sched.requests[s.request_id]) if callable(token)
+                                          else token)
                for s in out.scheduled if s.samples}
-    for request in sched.update_from_output(out, sampled):
+    for request in sched.update_from_output(out, RunnerOutput(sampled)):
         reason = token_stop_reason(request)
         if reason is not None:
             sched.finish_request(request.request_id, reason)
@@ -55,14 +57,14 @@ def test_prefill_is_chunked_within_budget_and_decode_mixes_in():
     sched = make(budget=10)
     sched.add_request(req("long", 25))
     out = fake_step(sched)
-    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("long", 10)]
+    assert [(s.request_id, s.num_new_tokens) for s in out.scheduled] == [("long", 10)]
     sched.add_request(req("short", 3))
     out = fake_step(sched)
-    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("long", 10)]
+    assert [(s.request_id, s.num_new_tokens) for s in out.scheduled] == [("long", 10)]
     out = fake_step(sched)  # long finishes its prefill (5), short prefills in the same step
-    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("long", 5), ("short", 3)]
+    assert [(s.request_id, s.num_new_tokens) for s in out.scheduled] == [("long", 5), ("short", 3)]
     out = fake_step(sched)  # both decode together
-    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("long", 1), ("short", 1)]
+    assert [(s.request_id, s.num_new_tokens) for s in out.scheduled] == [("long", 1), ("short", 1)]
     assert all(s.samples for s in out.scheduled)
 
 
@@ -85,7 +87,7 @@ def test_new_request_joins_next_step_and_finishes_first():
     fake_step(sched)
     sched.add_request(req("new", 4, max_tokens=2))
     out = fake_step(sched)
-    assert "new" in [s.request.request_id for s in out.scheduled]
+    assert "new" in [s.request_id for s in out.scheduled]
     for _ in range(3):
         fake_step(sched)
     assert "new" not in sched.requests and "old" in sched.requests
@@ -93,11 +95,12 @@ def test_new_request_joins_next_step_and_finishes_first():
 
 def test_stop_conditions():
     sched = make()
-    sched.add_request(req("eos", 3, max_tokens=10))
-    sched.add_request(req("len", 3, max_tokens=2, start=50))
+    eos, length = req("eos", 3, max_tokens=10), req("len", 3, max_tokens=2, start=50)
+    sched.add_request(eos)
+    sched.add_request(length)
     fake_step(sched, token=7)
-    out = fake_step(sched, token=lambda r: EOS if r.request_id == "eos" else 7)
-    finished = {s.request.request_id: s.request.finish_reason for s in out.scheduled}
+    fake_step(sched, token=lambda r: EOS if r.request_id == "eos" else 7)
+    finished = {r.request_id: r.finish_reason for r in (eos, length)}
     assert finished == {"eos": FinishReason.STOP, "len": FinishReason.LENGTH}
     assert sched.kv.num_free_blocks == sched.kv.num_blocks
 
@@ -119,8 +122,9 @@ def test_context_length_stops():
 
 def test_preemption_newest_first_then_resume_from_cached_prefix():
     sched = make(num_blocks=8, block_size=4, budget=64)
-    sched.add_request(req("a", 12, max_tokens=20))
-    sched.add_request(req("b", 12, max_tokens=20, start=100))
+    b = req("b", 12, max_tokens=20, start=100)
+    sched.add_request(req("a", 12, max_tokens=8))  # a never needs b's cached prompt blocks
+    sched.add_request(b)
     fake_step(sched)  # a: 3 blocks, b: 3 blocks (+1 each soon)
     preempted_at = None
     for step in range(12):
@@ -128,19 +132,19 @@ def test_preemption_newest_first_then_resume_from_cached_prefix():
         check_invariants(sched)
         if out.preempted:
             preempted_at = step
-            assert [r.request_id for r in out.preempted] == ["b"]  # the newest goes
+            assert out.preempted == ["b"]  # the newest goes
             assert sched.waiting.peek().request_id == "b"
             assert sched.requests["b"].num_computed_tokens == 0
             break
     assert preempted_at is not None
     assert sched.stats.num_preemptions == 1
+    resumed_at = []
     while sched.has_unfinished_requests():
         out = fake_step(sched)
         check_invariants(sched)
-        for s in out.scheduled:
-            if s.request.request_id == "b" and s.request.num_preemptions and s.num_new_tokens > 1:
-                # Resumed: its prefix came back from the cache.
-                assert s.request.num_computed_tokens > 0
+        resumed_at += [s.start for s in out.scheduled
+                       if s.request_id == "b" and s.num_new_tokens > 1]
+    assert len(resumed_at) == 1 and resumed_at[0] > 0  # its prefix came back from the cache
     assert sched.kv.num_free_blocks == 8
 
 
@@ -161,7 +165,7 @@ def test_fcfs_admission_order():
     for name in "abc":
         sched.add_request(req(name, 4))
     out = fake_step(sched)
-    assert [s.request.request_id for s in out.scheduled] == ["a", "b"]
+    assert [s.request_id for s in out.scheduled] == ["a", "b"]
 
 
 def test_shared_prefix_counts_cache_hits():

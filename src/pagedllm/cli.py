@@ -6,7 +6,8 @@ import logging
 import os
 import sys
 
-from pagedllm.config import (DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES, MODEL_DTYPES, EngineConfig,
+from pagedllm.config import (BENCH_MAX_TOKENS, CLI_CHAT_MAX_TOKENS, CLI_GENERATE_MAX_TOKENS,
+                             DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES, MODEL_DTYPES, EngineConfig,
                              ServerConfig)
 
 
@@ -184,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--url", default=None, help="a running server (default: in-process)")
     chat.add_argument("--api-key", default=None)
     chat.add_argument("--system", default=None)
-    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--max-tokens", type=int, default=CLI_CHAT_MAX_TOKENS)
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.set_defaults(func=cmd_chat)
 
@@ -207,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=int, default=None,
                        help="requests per level (default: 3 x N, at least 6)")
     bench.add_argument("--prompt-tokens", default="128:768", help="MIN:MAX prompt length")
-    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--max-tokens", type=int, default=BENCH_MAX_TOKENS)
     bench.add_argument("--shared-prefix-tokens", type=int, default=0)
     bench.add_argument("--slo-ttft-p95", type=float, default=2000.0, help="ms")
     bench.add_argument("--slo-tpot-p95", type=float, default=100.0, help="ms")
@@ -221,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="one-shot generation")
     gen.add_argument("prompt")
-    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--max-tokens", type=int, default=CLI_GENERATE_MAX_TOKENS)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")

@@ -14,6 +14,16 @@ DEFAULT_BLOCK_SIZE = 16
 # Tokens one step may compute (chunked prefill); measured: BENCHMARKS.md, "step budget".
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
 
+# max_tokens when the caller leaves it out, per entry point, all in one place. None means "up
+# to the context length" (and the server's --max-tokens-limit); the engine resolves and checks
+# it once (core.request.resolve_max_tokens). The two API values are OpenAI's: 16 for the legacy
+# completions endpoint (and SamplingParams, as vLLM), none for chat.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+CHAT_DEFAULT_MAX_TOKENS = None
+CLI_CHAT_MAX_TOKENS = 512  # `pagedllm chat`: a full answer
+CLI_GENERATE_MAX_TOKENS = 64  # `pagedllm generate`: a quick look
+BENCH_MAX_TOKENS = 128  # `pagedllm bench`: long enough that decode dominates
+
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -16,27 +16,16 @@ from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.model_runner import ModelRunner
 from pagedllm.models.build import build_model
 from pagedllm.core.output_processor import RequestTextState, stop_reason
-from pagedllm.core.request import FinishReason, Request, RequestOutput, SamplingParams
+from pagedllm.core.request import (FinishReason, Request, RequestOutput,
+                                   SamplingParams, resolve_max_tokens)
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.tokenizer import Tokenizer
 from pagedllm.weights import load_checkpoint
 
 logger = logging.getLogger("pagedllm")
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class PromptTooLongError(ValueError):
-    """prompt + max_tokens does not fit the context; both numbers are in the message."""
-
-    def __init__(self, num_prompt_tokens: int, max_tokens: int, max_model_len: int):
-        self.num_prompt_tokens = num_prompt_tokens
-        self.max_tokens = max_tokens
-        self.max_model_len = max_model_len
-        super().__init__(
-            f"this model's maximum context length is {max_model_len} tokens, but the request "
-            f"has {num_prompt_tokens} prompt tokens and asks for {max_tokens} more "
-            f"({num_prompt_tokens + max_tokens} in all)")
 
 
 @dataclass
@@ -146,23 +135,25 @@ class LLMEngine:
 
     def make_request(self, request_id: str | None, prompt: str | list[int],
                      params: SamplingParams | None = None, *, user: str | None = None,
-                     cache_salt: str | None = None) -> Request:
-        """Validate and build a request without touching engine state (safe from any thread)."""
+                     cache_salt: str | None = None,
+                     max_tokens_limit: int | None = None) -> Request:
+        """Validate and build a request without touching engine state (safe from any thread).
+        Raises ValueError (an empty or bad prompt), SamplingParamsError (max_tokens over
+        max_tokens_limit) or PromptTooLongError."""
         params = params or SamplingParams()
         prompt_ids = self.tokenize_prompt(prompt)
         if not prompt_ids:
             raise ValueError("prompt is empty")
         max_len = self.scheduler_config.max_model_len
-        max_tokens = params.max_tokens if params.max_tokens is not None else max(1, max_len - len(prompt_ids))
-        if len(prompt_ids) + max_tokens > max_len:
-            raise PromptTooLongError(len(prompt_ids), max_tokens, max_len)
-        request = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params,
-                          eos_token_ids=self.tokenizer.eos_token_ids, max_model_len=max_len,
-                          user=user, cache_salt=cache_salt)
-        return request
+        max_tokens = resolve_max_tokens(params.max_tokens, len(prompt_ids), max_len,
+                                        max_tokens_limit)
+        return Request(request_id or f"req-{next(self._ids)}", prompt_ids, params,
+                       eos_token_ids=self.tokenizer.eos_token_ids, max_model_len=max_len,
+                       max_tokens=max_tokens, user=user, cache_salt=cache_salt)
 
     def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
+        self.runner.add_request(request.request_id, request.params, request.prompt_token_ids)
         self._text_states[request.request_id] = RequestTextState(request, self.tokenizer)
         self._publish()
 
@@ -199,27 +190,26 @@ class LLMEngine:
 
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
-        if out.is_empty:
+        """Schedule, execute, update: one step of every running request."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
             return []
-        results = self.runner.execute(out)
-        for item in out.scheduled:
-            sampled = results.get(item.request.request_id)
-            if sampled is not None and sampled[1] is not None:
-                item.request.logprobs.append(sampled[1])
-        updated = self.scheduler.update_from_output(
-            out, {rid: token for rid, (token, _) in results.items()})
-        self._publish()
+        return self._update(plan, self.runner.execute(plan))
+
+    def _update(self, plan: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
+        """Append the sampled tokens, let the output processor decide every stop, and free
+        what stopped: the one place a request finishes (besides an abort)."""
+        updated = self.scheduler.update_from_output(plan, result)
         outputs = []
         for request in updated:
             state = self._text_states[request.request_id]
             reason = stop_reason(request, state)
             if reason is not None:
                 self.scheduler.finish_request(request.request_id, reason)
-            outputs.append(state.make_output())
-            if request.is_finished:
                 del self._text_states[request.request_id]
                 self.runner.forget(request.request_id)
+            outputs.append(state.make_output())
+        self._publish()
         return outputs
 
     def stats(self) -> EngineStats:

@@ -1,4 +1,4 @@
-"""Turns a SchedulerOutput into tensors, runs the model over the paged KV cache and samples.
+"""Turns a SchedulerOutput (plain records) into tensors, runs the model over the paged KV cache and samples.
 
 Owns the KV tensors: per layer a LayerKVCache, key and value [num_blocks, block_size,
 kv_heads, head_dim] (int8 codes and their scales with kv_cache_dtype "int8"). All per-step
@@ -10,9 +10,9 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.config import ModelConfig
-from pagedllm.core.request import TokenLogprob
+from pagedllm.core.request import SamplingParams
+from pagedllm.core.step_records import RunnerOutput, SampledToken, SchedulerOutput
 from pagedllm.sampler import Sampler, SamplingRow
-from pagedllm.core.scheduler import SchedulerOutput
 
 
 class ModelRunner:
@@ -28,53 +28,56 @@ class ModelRunner:
                                                config.num_kv_heads, config.head_dim, dtype,
                                                kv_cache_dtype)
         self.sampler = Sampler()
-        # Seeded requests' random streams, by request id: created at a request's first sampled
-        # token, kept across preemption (so a seed gives the same tokens), dropped by forget().
-        self.generators: dict[str, torch.Generator] = {}
+        # What sampling needs of each request, by request id: registered when the engine
+        # accepts it, its output grown by the tokens sampled here, dropped by forget(). A
+        # seeded request's random stream is made at its first sample and kept across
+        # preemption, so a seed gives the same tokens.
+        self.sequences: dict[str, SamplingRow] = {}
 
-    def generator_for(self, request) -> torch.Generator | None:
-        seed = request.params.seed
-        if seed is None:
-            return None
-        generator = self.generators.get(request.request_id)
-        if generator is None:
-            generator = self.generators[request.request_id] = torch.Generator().manual_seed(seed)
-        return generator
+    def add_request(self, request_id: str, params: SamplingParams,
+                    prompt_token_ids: list[int]) -> None:
+        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        self.sequences[request_id] = SamplingRow(params, list(prompt_token_ids), [], generator)
+
+    @property
+    def generators(self) -> dict[str, torch.Generator]:
+        """Seeded requests' random streams, by request id."""
+        return {rid: row.generator for rid, row in self.sequences.items()
+                if row.generator is not None}
 
     def forget(self, request_id: str) -> None:
-        """The request finished or was aborted: its random stream goes."""
-        self.generators.pop(request_id, None)
+        """The request finished or was aborted: its sampling state goes."""
+        self.sequences.pop(request_id, None)
 
-    def execute(self, out: SchedulerOutput) -> dict[str, tuple[int, TokenLogprob | None]]:
-        """Run one step. Returns, for each request that samples this step, (token, logprob)."""
-        if out.is_empty:
-            return {}
+    def execute(self, plan: SchedulerOutput) -> RunnerOutput:
+        """Run one step of the plan; sample for the requests whose plan says so."""
+        if plan.is_empty:
+            return RunnerOutput()
         input_ids, positions, slot_mapping = [], [], []
         query_start_loc, seq_lens, block_tables = [0], [], []
-        sample_indices, rows, sampled_ids = [], [], []
+        sample_indices, sampled_ids = [], []
         bs = self.block_size
-        for item in out.scheduled:
-            request = item.request
-            start = request.num_computed_tokens
-            end = start + item.num_new_tokens
-            table = item.block_table
-            input_ids.extend(request.all_token_ids[start:end])
+        for item in plan.scheduled:
+            start, end, table = item.start, item.start + item.num_new_tokens, item.block_table
+            input_ids.extend(item.token_ids)
             positions.extend(range(start, end))
             slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
             seq_lens.append(end)
-            block_tables.append(table)
+            block_tables.append(list(table))
             if item.samples:
                 sample_indices.append(query_start_loc[-1] - 1)
-                rows.append(SamplingRow(request.params, request.prompt_token_ids,
-                                        request.output_token_ids, self.generator_for(request)))
-                sampled_ids.append(request.request_id)
+                sampled_ids.append(item.request_id)
 
         meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long),
                             torch.tensor(positions, dtype=torch.long), self.kv_caches, meta)
         if not sample_indices:
-            return {}
+            return RunnerOutput()
         logits = self.model.compute_logits(hidden[sample_indices])
+        rows = [self.sequences[rid] for rid in sampled_ids]
         tokens, logprobs = self.sampler(logits, rows)
-        return {rid: (tok, lp) for rid, tok, lp in zip(sampled_ids, tokens, logprobs)}
+        for row, token in zip(rows, tokens):
+            row.output_token_ids.append(token)
+        return RunnerOutput({rid: SampledToken(tok, lp)
+                             for rid, tok, lp in zip(sampled_ids, tokens, logprobs)})

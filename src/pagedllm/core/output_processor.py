@@ -21,7 +21,7 @@ def token_stop_reason(request: Request) -> FinishReason | None:
     last = request.all_token_ids[-1]
     if last in request.eos_token_ids or last in request.params.stop_token_ids:
         return FinishReason.STOP
-    if request.params.max_tokens is not None and request.num_output_tokens >= request.params.max_tokens:
+    if request.max_tokens is not None and request.num_output_tokens >= request.max_tokens:
         return FinishReason.LENGTH
     if request.num_tokens >= request.max_model_len:
         return FinishReason.LENGTH

@@ -5,6 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from pagedllm.config import COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
 class SamplingParamsError(ValueError):
@@ -18,7 +19,7 @@ class SamplingParamsError(ValueError):
 @dataclass
 class SamplingParams:
     n: int = 1
-    max_tokens: int | None = 16  # None: up to the context length
+    max_tokens: int | None = COMPLETIONS_DEFAULT_MAX_TOKENS  # None: up to the context
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
@@ -69,6 +70,38 @@ class SamplingParams:
         return self.temperature < 1e-5
 
 
+class PromptTooLongError(ValueError):
+    """prompt + max_tokens does not fit the context; both numbers are in the message."""
+
+    def __init__(self, num_prompt_tokens: int, max_tokens: int, max_model_len: int):
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+        # Output budget: resolved by the engine (resolve_max_tokens); params' value otherwise.
+        self.max_tokens = max_tokens if max_tokens is not None else params.max_tokens
+        super().__init__(
+            f"this model's maximum context length is {max_model_len} tokens, but the request "
+            f"has {num_prompt_tokens} prompt tokens and asks for {max_tokens} more "
+            f"({num_prompt_tokens + max_tokens} in all)")
+
+
+def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,
+                       limit: int | None = None) -> int:
+    """The one place a request's output budget is decided and checked. None means "up to the
+    context length" (and up to `limit`, a server's cap, when one is set); an explicit value
+    over `limit` or past the context is an error, never silently cut."""
+    if requested is not None and limit is not None and requested > limit:
+        raise SamplingParamsError("max_tokens", f"{requested} is over this server's limit of "
+                                                f"{limit}")
+    if requested is None:
+        requested = max(1, max_model_len - num_prompt_tokens)
+        if limit is not None:
+            requested = min(requested, limit)
+    if num_prompt_tokens + requested > max_model_len:
+        raise PromptTooLongError(num_prompt_tokens, requested, max_model_len)
+    return requested
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -88,13 +121,15 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  *, eos_token_ids: tuple[int, ...] = (), max_model_len: int,
-                 user: str | None = None, cache_salt: str | None = None,
-                 arrival_time: float | None = None):
+                 max_tokens: int | None = None, user: str | None = None,
+                 cache_salt: str | None = None, arrival_time: float | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.eos_token_ids = () if params.ignore_eos else tuple(eos_token_ids)
         self.max_model_len = max_model_len
+        # Output budget: resolved by the engine (resolve_max_tokens); params' value otherwise.
+        self.max_tokens = max_tokens if max_tokens is not None else params.max_tokens
         self.user = user
         self.cache_salt = cache_salt
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time

@@ -7,39 +7,13 @@ the same case: a request gets min(uncomputed tokens, remaining budget) tokens.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.fair_queue import FairQueue
 from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.request import FinishReason, Request, RequestStatus
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int
-    block_table: list[int]
-
-    @property
-    def samples(self) -> bool:
-        """True when this step computes the request's last known token, so it gets logits."""
-        r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+from pagedllm.core.step_records import RunnerOutput, ScheduledRequest, SchedulerOutput
 
 
 @dataclass
@@ -111,12 +85,11 @@ class Scheduler:
                 self.running.remove(victim)
                 self._count_running(victim, -1)
                 self._preempt(victim)
-                out.preempted.append(victim)
+                out.preempted.append(victim.request_id)
                 if victim is request:
                     break
             else:
-                out.scheduled.append(ScheduledRequest(
-                    request, num_new, self.kv.block_table(request.request_id)))
+                out.scheduled.append(self._plan(request, num_new))
                 budget -= num_new
                 index += 1
 
@@ -133,14 +106,21 @@ class Scheduler:
                 break
             self.waiting.pop(request)
             self._admit(request, num_cached)
-            out.scheduled.append(ScheduledRequest(
-                request, num_new, self.kv.block_table(request.request_id)))
+            out.scheduled.append(self._plan(request, num_new))
             budget -= num_new
 
         for item in out.scheduled:
-            self.waiting.charge(FairQueue.user_of(item.request), item.num_new_tokens)
+            self.waiting.charge(item.user, item.num_new_tokens)
         self.stats.last_step_tokens = out.num_scheduled_tokens
         return out
+
+    def _plan(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new
+        return ScheduledRequest(
+            request.request_id, FairQueue.user_of(request), start,
+            tuple(request.all_token_ids[start:end]),
+            tuple(self.kv.block_table(request.request_id)), end == request.num_tokens)
 
     def _user_may_run(self, user: str) -> bool:
         cap = self.max_running_per_user.get(user)
@@ -183,21 +163,23 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     # -- results --------------------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput,
-                           sampled: dict[str, int]) -> list[Request]:
-        """Advance counters and append sampled tokens. Returns the requests that got a new
-        token this step; whether one of them stops is the output processor's call
-        (output_processor.stop_reason), which then finishes it here (finish_request)."""
+    def update_from_output(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
+        """Advance counters and append sampled tokens (and their logprobs). Returns the
+        requests that got a new token this step; whether one of them stops is the output
+        processor's call (output_processor.stop_reason), which then finishes it here
+        (finish_request)."""
         updated = []
         for item in out.scheduled:
-            request = item.request
-            if request.is_finished:  # aborted between schedule and update
+            request = self.requests.get(item.request_id)
+            if request is None:  # finished between schedule and update
                 continue
             request.num_computed_tokens += item.num_new_tokens
-            token = sampled.get(request.request_id)
-            if token is None:
+            sampled = result.sampled.get(item.request_id)
+            if sampled is None:
                 continue
-            request.append_token(token)
+            request.append_token(sampled.token_id)
+            if sampled.logprob is not None:
+                request.logprobs.append(sampled.logprob)
             self.stats.num_generation_tokens += 1
             updated.append(request)
         return updated

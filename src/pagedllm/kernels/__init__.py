@@ -2,16 +2,19 @@
 GEMMs for GGUF weights), built once per CPU level (build.py) and chosen at run time from what
 the CPU has (cpu.py). Every level has every kernel: the portable build in plain C++, the
 higher ones with AVX2 or AVX-512 intrinsics where they pay. Without a compiler (or with
-PAGEDLLM_NO_KERNELS set), callers fall back to the torch code and say so once."""
+PAGEDLLM_NO_KERNELS set), callers fall back to the torch ops torch_ops() finds and say so
+once. These three records (capabilities, kernel_ops, torch_ops) are the only probes: the
+models choose from them in one place, models/build.py."""
 from __future__ import annotations
 
 import os
 from functools import lru_cache
 
 from pagedllm.kernels.cpu import ENV_VAR, LEVELS, Capabilities, UnsupportedISAError, detect
+from pagedllm.kernels.torch_ops import TorchOps, torch_ops
 
-__all__ = ["LEVELS", "Capabilities", "UnsupportedISAError", "capabilities", "kernel_ops",
-           "kernels_for"]
+__all__ = ["LEVELS", "Capabilities", "TorchOps", "UnsupportedISAError", "capabilities",
+           "kernel_ops", "kernels_for", "torch_ops"]
 
 
 @lru_cache(maxsize=None)

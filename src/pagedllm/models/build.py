@@ -2,7 +2,7 @@
 chosen. The model (llama.py) is plain PyTorch; here it is filled with canonical weights,
 cast to its dtype, and in bfloat16 given its 4-bit linear layers, its output head and, where
 every layer is on the C++ path, its decode loop, all picked from what the CPU level's kernels
-(pagedllm.kernels.capabilities, via quant_linear / output_head) offer.
+(pagedllm.kernels: capabilities, kernel_ops, torch_ops) offer.
 """
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.config import ModelConfig
-from pagedllm.kernels import kernel_ops
+from pagedllm.kernels import kernel_ops, torch_ops
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.llama import LlamaForCausalLM
 from pagedllm.models.output_head import output_head
-from pagedllm.models.quant_linear import QuantLinear, quantized_matmul_available
+from pagedllm.models.quant_linear import QuantLinear
 from pagedllm.weights.fuse import fuse_projections, fuse_quantized
 from pagedllm.weights.q8 import Q8Rows
 
@@ -52,7 +52,7 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], quantized
         head_name = "embed_tokens.weight" if tied else "lm_head.weight"
         model.lm_head = output_head(model.lm_head_weight, quantized.get(head_name),
                                     LOGIT_REFINE_CANDIDATES)
-        if quantized and quantized_matmul_available():
+        if quantized and (kernel_ops() is not None or torch_ops().int4_matmul):
             _use_4bit(model, fuse_quantized(quantized, config.num_layers), int8_activations)
         _keep_q8_rows(model, quantized, tied)
         model.decode_loop = decode_loop_for(model)

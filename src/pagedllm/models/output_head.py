@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from pagedllm.kernels import kernel_ops
-from pagedllm.models.quant_linear import DenseLinear, Int8Linear, int8_available
+from pagedllm.kernels import kernel_ops, torch_ops
+from pagedllm.models.quant_linear import DenseLinear, Int8Linear
 from pagedllm.weights.q8 import Q8Rows
 
 TILE = 16  # q8_gemm packs output rows in tiles of 16
@@ -51,6 +51,6 @@ def output_head(weight: torch.Tensor, q8: Q8Rows | None, top: int):
     ops = kernel_ops()  # every CPU level's build has q8_gemm
     if isinstance(q8, Q8Rows) and ops is not None and q8.codes.shape[0] % TILE == 0:
         return Q8Head(q8, ops, top)
-    approx = Int8Linear(weight) if int8_available() else DenseLinear(weight.to(torch.bfloat16), None)
+    approx = Int8Linear(weight) if torch_ops().int8_matmul else DenseLinear(weight.to(torch.bfloat16), None)
     exact_rows = q8.rows if isinstance(q8, Q8Rows) else (lambda index: weight[index])
     return RefinedHead(approx, exact_rows, top)

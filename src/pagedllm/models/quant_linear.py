@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.kernels import capabilities, kernel_ops
+from pagedllm.kernels import capabilities, kernel_ops, torch_ops
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 
 # Per pass over the projections of 30 layers, weights streaming from memory
@@ -35,14 +35,6 @@ ALL_ROWS = 1 << 62
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
 
 
-def int4_available() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
-
-
-def quantized_matmul_available() -> bool:
-    return kernel_ops() is not None or int4_available()
-
-
 # Batch rows oneDNN is told to expect when it reorders a weight (a hint: any row count works).
 PACK_ROWS_HINT = 256
 
@@ -59,7 +51,7 @@ class DenseLinear:
         # detach: an autograd record on the packed copy would keep the original alive.
         weight = weight.detach()
         bf16 = weight.dtype == torch.bfloat16
-        self.prepacked = bf16 and capabilities().native_bf16 and _prepack_available()
+        self.prepacked = bf16 and capabilities().native_bf16 and torch_ops().onednn_prepack
         self.widened = bf16 and not self.prepacked
         if self.widened:
             weight = weight.float()
@@ -74,11 +66,6 @@ class DenseLinear:
         if self.widened:
             return nn.functional.linear(x.float(), self.weight, self.bias).to(x.dtype)
         return nn.functional.linear(x, self.weight, self.bias)
-
-
-def _prepack_available() -> bool:
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class QuantLinear(nn.Module):
@@ -100,7 +87,7 @@ class QuantLinear(nn.Module):
             self.packed = self.q4_ops.q4_pack(q4.codes, q4.d, q4.m)
             self.max_rows = ALL_ROWS
             self.exact_max_rows = Q4_EXACT_MAX_ROWS[self.q4_ops.isa()] if int8_activations else ALL_ROWS
-        elif int4_available() and tileable:
+        elif torch_ops().int4_matmul and tileable:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
             # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
             scales, zeros = q4.torch_scales_zeros()
@@ -146,7 +133,3 @@ class Int8Linear(nn.Module):
         if x.shape[0] > self.max_int8_rows:
             return self.dense(x)
         return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
-
-
-def int8_available() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int8pack_mm")

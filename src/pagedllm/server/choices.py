@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from fastapi import Request as HTTPRequest
 
 from pagedllm.core.async_engine import QueuePosition, RequestStream
-from pagedllm.core.engine import PromptTooLongError
-from pagedllm.core.request import Request, RequestOutput, SamplingParams, SamplingParamsError
+from pagedllm.core.request import (PromptTooLongError, Request, RequestOutput, SamplingParams,
+                                   SamplingParamsError)
 from pagedllm.server.auth import ApiKey
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import random_id, usage
@@ -46,9 +46,6 @@ def build_choices(state: ServerState, prompts: list[str | list[int]], params: Sa
     engine = state.engine
     options = state.config
     user, key = state.identity(http_request, user_field)
-    if options.max_tokens_limit and params.max_tokens and params.max_tokens > options.max_tokens_limit:
-        raise APIError(400, f"max_tokens {params.max_tokens} is over this server's limit of "
-                            f"{options.max_tokens_limit}", "max_tokens", "invalid_value")
     state.admit(key, len(prompts) * params.n)
     choices = []
     arrival = time.monotonic()
@@ -57,7 +54,8 @@ def build_choices(state: ServerState, prompts: list[str | list[int]], params: Sa
             child = params if params.n == 1 else _child_params(params, j)
             try:
                 req = engine.make_request(random_id("req"), prompt, child, user=user,
-                                          cache_salt=state.cache_salt_for(user))
+                                          cache_salt=state.cache_salt_for(user),
+                                          max_tokens_limit=options.max_tokens_limit)
             except PromptTooLongError as exc:
                 raise APIError(400, str(exc), "max_tokens", "context_length_exceeded") from exc
             except SamplingParamsError as exc:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from pagedllm.config import CHAT_DEFAULT_MAX_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS
 from pagedllm.core.request import SamplingParams
 
 
@@ -25,7 +26,7 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=CHAT_DEFAULT_MAX_TOKENS, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
@@ -75,7 +76,7 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=COMPLETIONS_DEFAULT_MAX_TOKENS, ge=1)
 
     @field_validator("prompt")
     @classmethod

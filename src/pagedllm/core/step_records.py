@@ -1,0 +1,56 @@
+"""The messages of one engine step, as plain records: the scheduler's plan for the model
+runner (SchedulerOutput) and the runner's result (RunnerOutput).
+
+Nothing here points at a live Request: the runner reads only what the plan says, and the
+plan cannot change under it while the engine updates requests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedllm.core.request import TokenLogprob
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step: compute `token_ids` at positions start, start+1, ...
+    into the blocks of `block_table`; `samples` when the last of them is the request's last
+    known token, so a new token is sampled from its logits."""
+
+    request_id: str
+    user: str
+    start: int
+    token_ids: tuple[int, ...]
+    block_table: tuple[int, ...]
+    samples: bool
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # request ids, newest victim last
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: TokenLogprob | None = None  # when the request asked for logprobs
+
+
+@dataclass
+class RunnerOutput:
+    """What one step of the model produced: a token for each request that sampled."""
+
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
