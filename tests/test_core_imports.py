@@ -1,11 +1,12 @@
-"""The core (config, request, KV-cache bookkeeping, scheduler, fair queue, CPU level choice) is
-plain data: importing it loads no torch, so it is tested and used without the model stack."""
+"""The core (config, request, KV-cache bookkeeping, scheduler, fair queue, step records, CPU
+level choice and the kernel probes' package) is plain data: importing it loads no torch, so it
+is tested and used without the model stack."""
 import subprocess
 import sys
 
 CORE_MODULES = ["pagedllm", "pagedllm.config", "pagedllm.core.request", "pagedllm.core.kv_cache",
-                "pagedllm.core.scheduler", "pagedllm.core.fair_queue", "pagedllm.core.output_processor", "pagedllm.core.sizing",
-                "pagedllm.kernels.cpu"]
+                "pagedllm.core.scheduler", "pagedllm.core.step_records", "pagedllm.core.fair_queue",
+                "pagedllm.core.output_processor", "pagedllm.core.sizing", "pagedllm.kernels"]
 
 
 def test_core_imports_no_torch():
