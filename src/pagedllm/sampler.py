@@ -1,6 +1,6 @@
 """Next-token sampling for a batch of rows with per-row parameters.
 
-Order (as in vLLM): penalties on raw logits -> greedy rows take the argmax -> temperature ->
+Order (as in vLLM): grammar masks (structured output) -> penalties on raw logits -> greedy rows take the argmax -> temperature ->
 top-k / top-p / min-p masks -> sample. Sampling inverts the cumulative distribution at one
 uniform draw from the row's own generator when seeded, so a seed gives the same tokens
 whatever else is in the batch. Logprobs are of the raw model distribution.
@@ -8,10 +8,15 @@ whatever else is in the batch. Logprobs are of the raw model distribution.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagedllm.core.request import SamplingParams, TokenLogprob
+from pagedllm.structured.mask import apply_grammar_masks
+
+if TYPE_CHECKING:
+    from pagedllm.structured.compiler import GrammarMatcher
 
 
 @dataclass
@@ -20,6 +25,7 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     generator: torch.Generator | None = None
+    grammar: GrammarMatcher | None = None  # structured output: its mask applies first
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -127,6 +133,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
         """logits [N, vocab] float32 -> (token ids [N] list, logprobs list of TokenLogprob|None)."""
         raw = logits
+        if any(r.grammar is not None for r in rows):
+            logits = apply_grammar_masks(logits.clone(), [r.grammar for r in rows])
         logits = apply_penalties(logits.clone(), rows) if _any_penalty(rows) else logits
         token_ids = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]

@@ -20,6 +20,7 @@ from pagedllm.core.request import (FinishReason, Request, RequestOutput,
                                    SamplingParams, resolve_max_tokens)
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
+from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.tokenizer import Tokenizer
 from pagedllm.weights import load_checkpoint
 
@@ -59,6 +60,7 @@ class LLMEngine:
         self.model_config = model_config = checkpoint.config
         self.model_path = checkpoint.path
         self.tokenizer = Tokenizer.from_checkpoint(checkpoint)
+        self.grammars = GrammarCompiler(self.tokenizer, model_config.vocab_size)
         torch_dtype = TORCH_DTYPES[config.dtype]
         self.dtype = config.dtype
         block_size, kv_cache_dtype = config.block_size, config.kv_cache_dtype
@@ -139,7 +141,7 @@ class LLMEngine:
                      max_tokens_limit: int | None = None) -> Request:
         """Validate and build a request without touching engine state (safe from any thread).
         Raises ValueError (an empty or bad prompt), SamplingParamsError (max_tokens over
-        max_tokens_limit) or PromptTooLongError."""
+        max_tokens_limit), PromptTooLongError or GrammarError (a grammar that cannot compile)."""
         params = params or SamplingParams()
         prompt_ids = self.tokenize_prompt(prompt)
         if not prompt_ids:
@@ -147,13 +149,17 @@ class LLMEngine:
         max_len = self.scheduler_config.max_model_len
         max_tokens = resolve_max_tokens(params.max_tokens, len(prompt_ids), max_len,
                                         max_tokens_limit)
-        return Request(request_id or f"req-{next(self._ids)}", prompt_ids, params,
-                       eos_token_ids=self.tokenizer.eos_token_ids, max_model_len=max_len,
-                       max_tokens=max_tokens, user=user, cache_salt=cache_salt)
+        request = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params,
+                          eos_token_ids=self.tokenizer.eos_token_ids, max_model_len=max_len,
+                          max_tokens=max_tokens, user=user, cache_salt=cache_salt)
+        if params.guided is not None:  # compiled here, on the caller's thread
+            request.grammar = self.grammars.matcher(params.guided)
+        return request
 
     def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
-        self.runner.add_request(request.request_id, request.params, request.prompt_token_ids)
+        self.runner.add_request(request.request_id, request.params, request.prompt_token_ids,
+                                request.grammar)
         self._text_states[request.request_id] = RequestTextState(request, self.tokenizer)
         self._publish()
 

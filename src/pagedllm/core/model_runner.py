@@ -34,10 +34,12 @@ class ModelRunner:
         # preemption, so a seed gives the same tokens.
         self.sequences: dict[str, SamplingRow] = {}
 
-    def add_request(self, request_id: str, params: SamplingParams,
-                    prompt_token_ids: list[int]) -> None:
+    def add_request(self, request_id: str, params: SamplingParams, prompt_token_ids: list[int],
+                    grammar=None) -> None:
+        """grammar: the request's GrammarMatcher (structured output), made off this thread."""
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-        self.sequences[request_id] = SamplingRow(params, list(prompt_token_ids), [], generator)
+        self.sequences[request_id] = SamplingRow(params, list(prompt_token_ids), [], generator,
+                                                 grammar)
 
     @property
     def generators(self) -> dict[str, torch.Generator]:
@@ -79,5 +81,7 @@ class ModelRunner:
         tokens, logprobs = self.sampler(logits, rows)
         for row, token in zip(rows, tokens):
             row.output_token_ids.append(token)
+            if row.grammar is not None:
+                row.grammar.accept(token)
         return RunnerOutput({rid: SampledToken(tok, lp)
                              for rid, tok, lp in zip(sampled_ids, tokens, logprobs)})

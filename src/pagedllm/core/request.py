@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from pagedllm.config import COMPLETIONS_DEFAULT_MAX_TOKENS
+from pagedllm.structured.spec import GrammarSpec
 
 
 class SamplingParamsError(ValueError):
@@ -33,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the chosen token's logprob plus top-k
     skip_special_tokens: bool = True
+    guided: GrammarSpec | None = None  # structured output: the grammar the tokens must follow
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -64,6 +66,8 @@ class SamplingParams:
         check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
               f"must be 0-20, got {self.logprobs}")
         check(len(self.stop) <= 16, "stop", "at most 16 stop strings")
+        check(self.guided is None or isinstance(self.guided, GrammarSpec), "guided",
+              "must be a GrammarSpec (pagedllm.structured.spec)")
 
     @property
     def greedy(self) -> bool:
@@ -141,6 +145,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.logprobs: list = []  # one entry per output token when params.logprobs is set
+        self.grammar = None  # its GrammarMatcher when params.guided is set (made by the engine)
 
     @property
     def num_prompt_tokens(self) -> int:

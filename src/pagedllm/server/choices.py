@@ -20,6 +20,7 @@ from pagedllm.core.request import (PromptTooLongError, Request, RequestOutput, S
 from pagedllm.server.auth import ApiKey
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import random_id, usage
+from pagedllm.structured.spec import GrammarError, GrammarSpec
 
 if TYPE_CHECKING:  # app.py imports this module
     from pagedllm.server.app import ServerState
@@ -60,6 +61,8 @@ def build_choices(state: ServerState, prompts: list[str | list[int]], params: Sa
                 raise APIError(400, str(exc), "max_tokens", "context_length_exceeded") from exc
             except SamplingParamsError as exc:
                 raise APIError(400, str(exc), exc.param, "invalid_value") from exc
+            except GrammarError as exc:
+                raise APIError(400, str(exc), exc.param, "invalid_grammar") from exc
             except ValueError as exc:
                 raise APIError(400, str(exc), "prompt", "invalid_value") from exc
             limit = options.max_prompt_tokens
@@ -68,6 +71,14 @@ def build_choices(state: ServerState, prompts: list[str | list[int]], params: Sa
                                     f"server's limit of {limit}", "prompt", "prompt_too_long")
             choices.append(Choice(len(choices), p_index, req, arrival, user=user, key=key))
     return choices
+
+
+def compile_grammar(state: ServerState, spec: GrammarSpec) -> None:
+    """Compile a request's grammar into the engine's cache (a worker thread calls this)."""
+    try:
+        state.engine.grammars.compile(spec)
+    except GrammarError as exc:
+        raise APIError(400, str(exc), exc.param, "invalid_grammar") from exc
 
 
 def submit_choices(state: ServerState, choices: list[Choice], report_position: bool = False) -> None:

@@ -3,6 +3,7 @@ then streamed (SSE) or collected into one JSON body. An endpoint (completions, c
 says how its answer looks: its `Endpoint` record."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -11,7 +12,8 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
 from pagedllm.core.request import RequestOutput, SamplingParams
-from pagedllm.server.choices import CLIENT_CLOSED, Choice, build_choices, collect, submit_choices, usage_of
+from pagedllm.server.choices import (CLIENT_CLOSED, Choice, build_choices, collect, compile_grammar,
+                                     submit_choices, usage_of)
 from pagedllm.server.protocol import now, random_id
 from pagedllm.server.sse import StreamSpec, sse_response
 
@@ -31,6 +33,10 @@ class Endpoint:
 
 async def answer(state: ServerState, endpoint: Endpoint, body, prompts: list[str | list[int]],
                  params: SamplingParams, http_request: HTTPRequest) -> Response:
+    if params.guided is not None:
+        # Compile (cached by spec) on a worker thread: neither this event loop nor the engine
+        # loop waits for a large schema; the per-request matchers are then cheap.
+        await asyncio.to_thread(compile_grammar, state, params.guided)
     choices = build_choices(state, prompts, params, http_request, body.user)
     response_id, model = random_id(endpoint.id_prefix), state.served_model_name
     if body.stream:

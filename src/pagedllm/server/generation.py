@@ -12,6 +12,7 @@ from pagedllm.core.request import SamplingParams, SamplingParamsError
 from pagedllm.server.endpoint import Endpoint, answer
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest
+from pagedllm.structured.spec import GrammarError
 from pagedllm.tokenizer import ChatTemplateError
 
 if TYPE_CHECKING:  # app.py imports this module
@@ -104,3 +105,5 @@ def _params(body, max_tokens, logprobs) -> SamplingParams:
         return body.sampling_params(max_tokens, logprobs)
     except SamplingParamsError as exc:
         raise APIError(400, str(exc), exc.param, "invalid_value") from exc
+    except GrammarError as exc:
+        raise APIError(400, str(exc), exc.param, "invalid_grammar") from exc

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pagedllm.config import CHAT_DEFAULT_MAX_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS
 from pagedllm.core.request import SamplingParams
+from pagedllm.structured.spec import GrammarSpec, spec_from_request
 
 
 def random_id(prefix: str) -> str:
@@ -44,6 +45,12 @@ class SamplingFields(BaseModel):
     user: str | None = None
     # Extension: while a streaming request waits, send chunks with its queue position.
     queue_position: bool = False
+    # Structured output: OpenAI's response_format, or one of vLLM's guided_* fields.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -69,7 +76,13 @@ class SamplingFields(BaseModel):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            guided=self.grammar_spec(),
         )
+
+    def grammar_spec(self) -> GrammarSpec | None:
+        """Raises GrammarError naming the field."""
+        return spec_from_request(self.response_format, self.guided_json, self.guided_regex,
+                                 self.guided_choice, self.guided_grammar)
 
 
 class CompletionRequest(SamplingFields):

@@ -1,0 +1,99 @@
+"""What a request's output must follow, as plain data, from the OpenAI fields
+(`response_format`) and vLLM's (`guided_json`, `guided_regex`, `guided_choice`,
+`guided_grammar`). No grammar library here: the spec is also the cache key of its compiled
+grammar (compiler.py)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("json_schema", "regex", "lark", "gbnf")
+
+
+class GrammarError(ValueError):
+    """A grammar or schema cannot be used; `param` names the request field it came from."""
+
+    def __init__(self, param: str, message: str):
+        self.param = param
+        super().__init__(f"{param}: {message}")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    kind: str  # one of KINDS
+    source: str  # the schema as canonical JSON, the regex, or the grammar text
+    param: str = "response_format"  # the field it came from, for error messages
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown grammar kind {self.kind!r}")
+
+
+def json_schema_spec(schema: Any, param: str) -> GrammarSpec:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise GrammarError(param, f"the schema is not valid JSON: {exc}") from exc
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError(param, "a JSON schema must be an object")
+    # Not sort_keys: properties are generated in the order the schema lists them.
+    return GrammarSpec("json_schema", json.dumps(schema), param)
+
+
+def choice_spec(choices: list[str], param: str = "guided_choice") -> GrammarSpec:
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise GrammarError(param, "must be a non-empty list of non-empty strings")
+    # A Lark rule of string literals: JSON string escapes are Lark's too.
+    alternatives = " | ".join(json.dumps(c) for c in dict.fromkeys(choices))
+    return GrammarSpec("lark", f"start: {alternatives}\n", param)
+
+
+def grammar_spec(text: str, param: str = "guided_grammar") -> GrammarSpec:
+    """GBNF (llama.cpp's; rules written `name ::= ...`) or Lark (llguidance's own)."""
+    if not text.strip():
+        raise GrammarError(param, "the grammar is empty")
+    return GrammarSpec("gbnf" if "::=" in text else "lark", text, param)
+
+
+def spec_from_request(response_format: dict | None = None, guided_json: Any = None,
+                      guided_regex: str | None = None, guided_choice: list[str] | None = None,
+                      guided_grammar: str | None = None) -> GrammarSpec | None:
+    """The one grammar a request asks for, or None. More than one is an error."""
+    asked = [name for name, value in (("guided_json", guided_json), ("guided_regex", guided_regex),
+                                      ("guided_choice", guided_choice),
+                                      ("guided_grammar", guided_grammar)) if value is not None]
+    fmt_type = (response_format or {}).get("type", "text")
+    if fmt_type != "text":
+        asked.insert(0, "response_format")
+    if len(asked) > 1:
+        raise GrammarError(asked[1], f"only one of {', '.join(asked)} may be given")
+    if not asked:
+        return None
+    which = asked[0]
+    if which == "response_format":
+        return _response_format_spec(response_format)
+    if which == "guided_json":
+        return json_schema_spec(guided_json, "guided_json")
+    if which == "guided_regex":
+        if not guided_regex:
+            raise GrammarError("guided_regex", "the regex is empty")
+        return GrammarSpec("regex", guided_regex, "guided_regex")
+    if which == "guided_choice":
+        return choice_spec(guided_choice)
+    return grammar_spec(guided_grammar)
+
+
+def _response_format_spec(response_format: dict) -> GrammarSpec:
+    fmt_type = response_format.get("type")
+    if fmt_type == "json_object":
+        return GrammarSpec("json_schema", json.dumps({"type": "object"}), "response_format")
+    if fmt_type == "json_schema":
+        wrapper = response_format.get("json_schema")
+        if not isinstance(wrapper, dict) or "schema" not in wrapper:
+            raise GrammarError("response_format",
+                               'json_schema needs {"name": ..., "schema": {...}}')
+        return json_schema_spec(wrapper["schema"], "response_format")
+    raise GrammarError("response_format", f"unknown type {fmt_type!r}; use text, json_object "
+                                          f"or json_schema")

@@ -1,0 +1,231 @@
+"""Structured output: grammar specs from the request fields, compiled with llguidance, enforced
+by a token mask in the batched sampler; through the official openai client on the real model."""
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from pagedllm.core.request import SamplingParams
+from pagedllm.structured.spec import (GrammarError, GrammarSpec, choice_spec, grammar_spec,
+                                      json_schema_spec, spec_from_request)
+
+# -- specs (plain data, no model) ------------------------------------------------------------
+
+
+def test_specs_from_each_request_field():
+    schema = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
+    spec = spec_from_request({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert spec.kind == "json_schema" and list(json.loads(spec.source)["properties"]) == ["b", "a"]
+    assert json.loads(spec_from_request({"type": "json_object"}).source) == {"type": "object"}
+    assert spec_from_request({"type": "text"}) is None and spec_from_request() is None
+    assert spec_from_request(guided_json=json.dumps(schema)).param == "guided_json"
+    assert spec_from_request(guided_regex=r"\d+") == GrammarSpec("regex", r"\d+", "guided_regex")
+    choice = spec_from_request(guided_choice=["yes", 'say "no"'])
+    assert choice.kind == "lark" and choice.source == 'start: "yes" | "say \\"no\\""\n'
+    assert grammar_spec('root ::= "a"').kind == "gbnf"
+    assert grammar_spec('start: "a"').kind == "lark"
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"response_format": {"type": "xml"}}, "response_format", "unknown type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema needs"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex", "only one"),
+    ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+    ({"guided_json": [1, 2]}, "guided_json", "must be an object"),
+    ({"guided_choice": []}, "guided_choice", "non-empty"),
+    ({"guided_choice": ["a", ""]}, "guided_choice", "non-empty"),
+    ({"guided_regex": ""}, "guided_regex", "empty"),
+    ({"guided_grammar": "  "}, "guided_grammar", "empty"),
+])
+def test_bad_specs_name_their_field(fields, param, words):
+    with pytest.raises(GrammarError) as info:
+        spec_from_request(**fields)
+    assert info.value.param == param and words in str(info.value)
+
+
+def test_sampling_params_take_only_a_spec():
+    with pytest.raises(ValueError):
+        SamplingParams(guided={"type": "object"})
+
+
+# -- the engine (real model, in process) -----------------------------------------------------
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pets"],
+          "properties": {"name": {"type": "string", "maxLength": 16},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "pets": {"type": "array", "minItems": 1, "maxItems": 3,
+                                  "items": {"enum": ["cat", "dog", "fish"]}}}}
+
+
+def _chat_ids(llm, text):
+    tok = llm.tokenizer
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]),
+                      add_special_tokens=False)
+
+
+@pytest.mark.parametrize("spec, param", [
+    (json_schema_spec({"type": "strnig"}, "guided_json"), "guided_json"),
+    (json_schema_spec({"type": "integer", "minimum": 5, "maximum": 2}, "response_format"),
+     "response_format"),
+    (GrammarSpec("regex", "((", "guided_regex"), "guided_regex"),
+    (grammar_spec("root ::= ("), "guided_grammar"),
+    (grammar_spec("start: undefined_rule"), "guided_grammar"),
+])
+def test_grammars_that_cannot_compile_are_refused_before_queueing(real_llm, spec, param):
+    engine = real_llm.engine
+    with pytest.raises(GrammarError) as info:
+        engine.make_request(None, "Hi", SamplingParams(guided=spec))
+    assert info.value.param == param
+    assert not engine.has_unfinished_requests()
+
+
+def test_guided_and_free_requests_share_a_step_and_the_free_ones_are_unchanged(real_llm):
+    ids = _chat_ids(real_llm, "Tell me about a person.")
+    free = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    alone = real_llm.generate([ids, ids], free)
+    guided = SamplingParams(max_tokens=80, temperature=1.0, seed=3,
+                            guided=json_schema_spec(PERSON, "guided_json"))
+    engine = real_llm.engine
+    for i in range(2):
+        engine.add_request(f"free{i}", ids, free)
+        engine.add_request(f"json{i}", ids, guided)
+    finished, batch_sizes = {}, []
+    while engine.has_unfinished_requests():
+        batch_sizes.append(engine.scheduler.num_running)
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    assert max(batch_sizes) == 4  # all four ran in the same steps
+    assert [finished[f"free{i}"].token_ids for i in range(2)] == [o.token_ids for o in alone]
+    for i in range(2):
+        jsonschema.validate(json.loads(finished[f"json{i}"].text), PERSON)
+    assert engine.runner.sequences == {}
+
+
+def test_choice_regex_and_gbnf_are_followed(real_llm):
+    ids = _chat_ids(real_llm, "Is the sky blue?")
+    hot = dict(max_tokens=20, temperature=1.0)
+    for seed in range(4):
+        out = real_llm.generate([ids], SamplingParams(**hot, seed=seed,
+                                                      guided=choice_spec(["yes", "no"])))[0]
+        assert out.text in ("yes", "no") and out.finish_reason == "stop"
+    out = real_llm.generate([ids], SamplingParams(**hot, guided=GrammarSpec(
+        "regex", r"[0-9]{3}-[a-z]{2}", "guided_regex")))[0]
+    assert len(out.text) == 6 and out.text[:3].isdigit() and out.text[3] == "-"
+    out = real_llm.generate([ids], SamplingParams(**hot, guided=grammar_spec(
+        'root ::= "answer: " ("yes" | "no")')))[0]
+    assert out.text in ("answer: yes", "answer: no")
+
+
+# -- the server, through the official client -------------------------------------------------
+
+
+class Pet(BaseModel):
+    kind: Literal["cat", "dog", "fish"]
+    name: str = Field(max_length=12)
+
+
+class Owner(BaseModel):
+    name: str = Field(max_length=16)
+    age: int
+    pets: list[Pet] = Field(min_length=1, max_length=2)
+
+
+TOPICS = ["a farmer", "a pilot", "a child", "a teacher", "a painter", "a sailor", "a baker",
+          "a doctor", "a poet", "a miner", "a nurse", "a judge", "a chef", "a monk", "a clown",
+          "a spy", "a knight", "a queen", "a runner", "a robot"]
+
+
+def test_parse_with_a_pydantic_model_always_parses_at_temperature_1(client):
+    def ask(topic):
+        return client.chat.completions.parse(
+            model="smollm2", messages=[{"role": "user", "content": f"Describe {topic} and pets."}],
+            response_format=Owner, temperature=1.0, max_tokens=120)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, TOPICS))
+    for answer in answers:
+        message = answer.choices[0].message
+        assert answer.choices[0].finish_reason == "stop", message.content
+        assert isinstance(message.parsed, Owner)
+
+
+SCHEMA = {"type": "object", "additionalProperties": False,
+          "required": ["title", "rating", "author", "tags"],
+          "properties": {
+              "title": {"type": "string", "maxLength": 30},
+              "rating": {"enum": [1, 2, 3, 4, 5]},
+              "author": {"type": "object", "additionalProperties": False,
+                         "required": ["first", "last"],
+                         "properties": {"first": {"type": "string", "maxLength": 12},
+                                        "last": {"type": "string", "maxLength": 12}}},
+              "tags": {"type": "array", "minItems": 2, "maxItems": 3,
+                       "items": {"type": "string", "maxLength": 10}}}}
+
+
+def test_json_schema_answers_validate_on_both_endpoints_streamed_or_not(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "book", "schema": SCHEMA, "strict": True}}
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Review a book."}],
+            response_format=fmt, temperature=1.0, seed=seed, max_tokens=150)
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    stream = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Review a book."}],
+        response_format=fmt, temperature=1.0, max_tokens=150, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    jsonschema.validate(json.loads(text), SCHEMA)
+    r = client.completions.create(model="smollm2", prompt="A book review as JSON:",
+                                  max_tokens=150, temperature=1.0,
+                                  extra_body={"guided_json": SCHEMA})
+    jsonschema.validate(json.loads(r.choices[0].text), SCHEMA)
+    # json_object bounds nothing (the small model can list numbers until max_tokens), so every
+    # answer must be an object and every finished one must parse
+    stopped = 0
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "A tiny JSON object, please."}],
+            response_format={"type": "json_object"}, max_tokens=200, temperature=1.0, seed=seed)
+        text = r.choices[0].message.content
+        assert text.startswith("{"), text
+        if r.choices[0].finish_reason == "stop":
+            stopped += 1
+            assert isinstance(json.loads(text), dict)
+    assert stopped
+
+
+def test_guided_choice_over_http(client):
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Pick a colour."}],
+            temperature=1.0, seed=seed, extra_body={"guided_choice": ["red", "green", "blue"]})
+        assert r.choices[0].message.content in ("red", "green", "blue")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                 "schema": {"type": "strnig"}}}},
+     "response_format"),
+    ({"guided_json": {"type": "integer", "minimum": 3, "maximum": 1}}, "guided_json"),
+    ({"guided_regex": "(("}, "guided_regex"),
+    ({"guided_grammar": "root ::= ("}, "guided_grammar"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": "red"}, "guided_choice"),
+    ({"response_format": "json"}, "response_format"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+])
+def test_bad_grammars_get_a_400_naming_the_field_and_the_server_keeps_serving(server, body, param):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    ok = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert ok.status_code == 200
