@@ -8,6 +8,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+import torch
 from pydantic import BaseModel, Field
 
 from pagedllm.core.request import SamplingParams
@@ -51,6 +52,46 @@ def test_bad_specs_name_their_field(fields, param, words):
 def test_sampling_params_take_only_a_spec():
     with pytest.raises(ValueError):
         SamplingParams(guided={"type": "object"})
+
+
+# -- masks (the real tokenizer, no model) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    from pagedllm.structured.compiler import GrammarCompiler
+    from pagedllm.tokenizer import Tokenizer
+    from pagedllm.weights import default_model_path
+
+    tokenizer = Tokenizer.from_model_path(default_model_path())
+    return GrammarCompiler(tokenizer, tokenizer.vocab_size)
+
+
+class FailedMatcher:
+    failed, eos_token_ids = True, (2, 31, 32)
+
+
+def test_masks_forbid_exactly_what_the_grammar_forbids_and_leave_free_rows_alone(compiler):
+    from pagedllm.structured.compiler import fill_bitmasks
+    from pagedllm.structured.mask import apply_grammar_masks
+
+    vocab = compiler.lltokenizer.vocab_size
+    matcher = compiler.matcher(GrammarSpec("regex", "(yes|no)", "guided_regex"))
+    words = torch.zeros(1, (vocab + 31) // 32, dtype=torch.int32)
+    fill_bitmasks([matcher], words.data_ptr(), words.shape[1] * 4)
+    expected = [t for t in range(vocab) if (int(words[0, t // 32]) >> (t % 32)) & 1]
+    assert 0 < len(expected) < 100  # "y", "ye", "yes", "n", "no" and the like
+
+    logits = torch.randn(3, vocab)
+    before = logits.clone()
+    apply_grammar_masks(logits, [None, matcher, FailedMatcher()])
+    assert torch.equal(logits[0], before[0])
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == expected
+    assert torch.equal(logits[1, expected], before[1, expected])
+    assert torch.isfinite(logits[2]).nonzero().flatten().tolist() == [2, 31, 32]  # bit 31 too
+    every = torch.randn(2, vocab)
+    apply_grammar_masks(every, [matcher, matcher])  # all rows guided: filled in place
+    assert torch.isfinite(every).sum(dim=1).tolist() == [len(expected)] * 2
 
 
 # -- the engine (real model, in process) -----------------------------------------------------

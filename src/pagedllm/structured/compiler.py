@@ -8,6 +8,7 @@ each request gets its own matcher, which walks the grammar as tokens are accepte
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from functools import lru_cache
 
@@ -30,10 +31,6 @@ class GrammarMatcher:
         self._matcher = matcher
         self._eos = eos_token_ids
 
-    def fill_bitmask(self, row_ptr: int, num_bytes: int) -> None:
-        """Write the allowed-token bitmask (bit t of 32-bit word t // 32) at row_ptr."""
-        self._matcher.unsafe_compute_mask_ptr(row_ptr, num_bytes)
-
     def accept(self, token_id: int) -> None:
         if not self._matcher.is_stopped():
             self._matcher.consume_token(token_id)
@@ -45,6 +42,20 @@ class GrammarMatcher:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self._eos
+
+
+def fill_bitmasks(matchers: list[GrammarMatcher], bitmask_ptr: int, row_bytes: int) -> None:
+    """Write each matcher's allowed-token bitmask (bit t of 32-bit word t // 32) into row i of
+    the zeroed int32 array at bitmask_ptr; a failed matcher's row allows its EOS tokens only.
+    One row after another: llguidance's parallel executor was slower here (its threads
+    contend with torch's spinning OpenMP threads on a 2-core machine)."""
+    words = (ctypes.c_uint32 * (row_bytes // 4 * len(matchers))).from_address(bitmask_ptr)
+    for i, m in enumerate(matchers):
+        if not m.failed:
+            m._matcher.unsafe_compute_mask_ptr(bitmask_ptr + i * row_bytes, row_bytes)
+        else:
+            for token in m.eos_token_ids:
+                words[i * (row_bytes // 4) + token // 32] |= 1 << (token % 32)
 
 
 class GrammarCompiler:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import torch
 
-_BITS = torch.arange(32, dtype=torch.int32)
+from pagedllm.structured.compiler import fill_bitmasks
+
+# Byte value -> its 8 bits, lowest first, True where the token is NOT allowed: a bitmask read
+# as bytes (little-endian, so token t is bit t % 8 of byte t // 8) unpacks by one lookup.
+_FORBIDDEN_BY_BYTE = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1) == 0
 
 
 def apply_grammar_masks(logits: torch.Tensor, matchers: list) -> torch.Tensor:
@@ -16,21 +20,12 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: list) -> torch.Tensor:
     vocab = logits.shape[1]
     words = (vocab + 31) // 32
     bitmask = torch.zeros(len(rows), words, dtype=torch.int32)
-    for j, i in enumerate(rows):
-        matcher = matchers[i]
-        if matcher.failed:  # cannot happen while the mask holds; end the answer cleanly
-            allowed = torch.zeros(words * 32, dtype=torch.bool)
-            allowed[list(matcher.eos_token_ids)] = True
-            bitmask[j] = _pack(allowed)
-        else:
-            matcher.fill_bitmask(bitmask[j].data_ptr(), words * 4)
-    allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).view(len(rows), -1)[:, :vocab].bool()
-    index = torch.tensor(rows)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    fill_bitmasks([matchers[i] for i in rows], bitmask.data_ptr(), words * 4)
+    forbidden = _FORBIDDEN_BY_BYTE[bitmask.view(torch.uint8).long()].view(len(rows), -1)
+    forbidden = forbidden[:, :vocab]
+    if len(rows) == logits.shape[0]:
+        logits.masked_fill_(forbidden, float("-inf"))
+    else:
+        index = torch.tensor(rows)
+        logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
     return logits
-
-
-def _pack(allowed: torch.Tensor) -> torch.Tensor:
-    bits = allowed.view(-1, 32).to(torch.int64) << _BITS.to(torch.int64)
-    packed = bits.sum(dim=1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
