@@ -1,12 +1,15 @@
 """The core (config, request, KV-cache bookkeeping, scheduler, fair queue, step records, CPU
-level choice and the kernel probes' package) is plain data: importing it loads no torch, so it
+level choice and the kernel probes' package, grammar specs and tool calls) is plain data: importing it loads no torch, so it
 is tested and used without the model stack."""
 import subprocess
 import sys
 
 CORE_MODULES = ["pagedllm", "pagedllm.config", "pagedllm.core.request", "pagedllm.core.kv_cache",
                 "pagedllm.core.scheduler", "pagedllm.core.step_records", "pagedllm.core.fair_queue",
-                "pagedllm.core.output_processor", "pagedllm.core.sizing", "pagedllm.kernels"]
+                "pagedllm.core.output_processor", "pagedllm.core.sizing", "pagedllm.kernels",
+                # what a request asks of its output is plain data too
+                "pagedllm.field_error", "pagedllm.structured.spec", "pagedllm.tool_calls.spec", "pagedllm.tool_calls.parser",
+                "pagedllm.tool_calls.syntax", "pagedllm.tool_calls.prompt"]
 
 
 def test_core_imports_no_torch():

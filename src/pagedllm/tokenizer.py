@@ -203,15 +203,18 @@ class Tokenizer:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
     # -- chat -----------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """`tools`: OpenAI tool dicts, for templates that render them (Hugging Face's
+        convention); templates that do not are given none (tool_calls/prompt.py)."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
         bos = self._tok.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self._tok.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=bos, eos_token=eos)
-        except TemplateError as exc:
+                                         bos_token=bos, eos_token=eos, tools=tools)
+        except (TemplateError, TypeError) as exc:  # TypeError: a template adding None to text
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
 
     def new_detokenizer(self, prompt_token_ids: Sequence[int] = (),

@@ -6,15 +6,12 @@ import time
 from dataclasses import dataclass, field
 
 from pagedllm.config import COMPLETIONS_DEFAULT_MAX_TOKENS
+from pagedllm.field_error import FieldError
 from pagedllm.structured.spec import GrammarSpec
 
 
-class SamplingParamsError(ValueError):
+class SamplingParamsError(FieldError):
     """A sampling parameter is out of range; `param` names the field."""
-
-    def __init__(self, param: str, message: str):
-        self.param = param
-        super().__init__(f"{param}: {message}")
 
 
 @dataclass

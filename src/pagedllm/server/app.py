@@ -23,12 +23,12 @@ from pagedllm.server.generation import create_chat_completion, create_completion
 from pagedllm.server.limits import TokenRateLimiter, check_queue
 from pagedllm.server.metrics import ServerMetrics
 from pagedllm.server.middleware import ApiKeyAuth, BodySizeLimit
+from pagedllm.server.ollama_api import add_ollama_routes
 from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       TokenizeRequest)
 from pagedllm.tokenizer import ChatTemplateError
 
 logger = logging.getLogger("pagedllm.server")
-
 
 
 @dataclass
@@ -162,4 +162,5 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
     async def metrics():
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_ollama_routes(app, state)
     return app

@@ -26,7 +26,7 @@ class Endpoint:
     id_prefix: str      # "cmpl" / "chatcmpl"
     object_name: str    # the whole answer's object
     chunk_object: str   # a streamed chunk's object
-    chunk_choice: Callable[[Choice, RequestOutput], dict]  # one choice's delta in a chunk
+    chunk_choice: Callable[[Choice, RequestOutput], dict | None]  # a choice's delta (None: skip)
     final_choice: Callable[[Choice], dict]                 # one choice of the whole answer
     first_delta: dict | None = None  # streamed once per choice before any output (chat: role)
 
@@ -43,8 +43,11 @@ async def answer(state: ServerState, endpoint: Endpoint, body, prompts: list[str
         def chunk(choice: Choice, out: RequestOutput) -> dict | None:
             if not out.new_text and not out.finished and not out.new_logprobs:
                 return None
+            delta = endpoint.chunk_choice(choice, out)
+            if delta is None:
+                return None
             return {"id": response_id, "object": endpoint.chunk_object, "created": now(),
-                    "model": model, "choices": [endpoint.chunk_choice(choice, out)]}
+                    "model": model, "choices": [delta]}
 
         first = () if endpoint.first_delta is None else (
             {"id": response_id, "object": endpoint.chunk_object, "created": now(), "model": model,

@@ -1,4 +1,5 @@
-"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+"""Errors in the shape of the API that was called: OpenAI's {"error": {"message", "type",
+"param", "code"}} everywhere but under /api/, where Ollama's clients read {"error": "..."}."""
 from __future__ import annotations
 
 from fastapi import Request
@@ -27,8 +28,14 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
                       "param": param, "code": code}}
 
 
+OLLAMA_PREFIX = "/api/"
+
+
 def error_response(status: int, message: str, param: str | None = None,
-                   code: str | None = None, headers: dict | None = None) -> JSONResponse:
+                   code: str | None = None, headers: dict | None = None,
+                   path: str = "") -> JSONResponse:
+    if path.startswith(OLLAMA_PREFIX):
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
@@ -39,27 +46,28 @@ def _field_name(loc: tuple) -> str | None:
     return ".".join(parts) or None
 
 
-async def validation_error_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
     param = _field_name(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
         return error_response(400, f"request body is not valid JSON: {first.get('msg')}", None,
-                              "invalid_json")
+                              "invalid_json", path=request.url.path)
     message = first.get("msg", "invalid request")
     if param:
         message = f"{param}: {message}"
-    return error_response(400, message, param, "invalid_value")
+    return error_response(400, message, param, "invalid_value", path=request.url.path)
 
 
-async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
-    return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers,
+                          request.url.path)
 
 
-async def http_error_handler(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     return error_response(exc.status_code, str(exc.detail), None, None,
-                          getattr(exc, "headers", None))
+                          getattr(exc, "headers", None), request.url.path)
 
 
-async def unexpected_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    return error_response(500, f"internal error: {type(exc).__name__}")
+async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(500, f"internal error: {type(exc).__name__}", path=request.url.path)

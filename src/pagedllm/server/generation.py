@@ -8,12 +8,15 @@ from typing import TYPE_CHECKING
 
 from fastapi import Request as HTTPRequest
 
-from pagedllm.core.request import SamplingParams, SamplingParamsError
+from pagedllm.core.request import RequestOutput, SamplingParams, SamplingParamsError
+from pagedllm.server.chat_prompt import (ToolUse, check_tool_schemas, render_chat, tool_use,
+                                         with_tool_grammar)
+from pagedllm.server.choices import Choice
 from pagedllm.server.endpoint import Endpoint, answer
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedllm.structured.spec import GrammarError
-from pagedllm.tokenizer import ChatTemplateError
+from pagedllm.tool_calls.spec import ToolError
 
 if TYPE_CHECKING:  # app.py imports this module
     from pagedllm.server.app import ServerState
@@ -72,7 +75,9 @@ def _chat_logprobs(state: ServerState, lps):
                          "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]}
 
 
-def chat_endpoint(state: ServerState) -> Endpoint:
+def chat_endpoint(state: ServerState, tools: ToolUse | None = None) -> Endpoint:
+    if tools is not None:
+        return _tool_chat_endpoint(state, tools)
     return Endpoint(
         "chatcmpl", "chat.completion", "chat.completion.chunk",
         chunk_choice=lambda c, out: {"index": c.index,
@@ -86,18 +91,60 @@ def chat_endpoint(state: ServerState) -> Endpoint:
         first_delta={"role": "assistant", "content": ""})
 
 
+def _tool_chat_endpoint(state: ServerState, tools: ToolUse) -> Endpoint:
+    """Chat whose answers are read for tool calls: streamed content holds back what may be a
+    call; each call goes out whole in one delta (index, id, name, arguments), as OpenAI's
+    clients reassemble them; finish_reason "tool_calls" when the answer made any."""
+    parsers: dict[int, object] = {}
+
+    def chunk_choice(c: Choice, out: RequestOutput) -> dict | None:
+        parser = parsers.setdefault(c.index, tools.new_parser())
+        before = len(parser.calls)
+        content, _ = parser.feed(out.new_text)
+        if out.finished:
+            rest, _ = parser.finish()
+            content += rest
+        delta = {"content": content} if content else {}
+        if len(parser.calls) > before:
+            delta["tool_calls"] = [call.as_openai(index=i) for i, call in
+                                   enumerate(parser.calls) if i >= before]
+        if not delta and not out.finished and not out.new_logprobs:
+            return None
+        return {"index": c.index, "delta": delta,
+                "logprobs": _chat_logprobs(state, out.new_logprobs),
+                "finish_reason": _finish_reason(out.finish_reason, parser.calls)}
+
+    def final_choice(c: Choice) -> dict:
+        content, calls = tools.parse(c.final.text)
+        message = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = [call.as_openai() for call in calls]
+        return {"index": c.index, "message": message,
+                "logprobs": _chat_logprobs(state, c.final.logprobs),
+                "finish_reason": _finish_reason(c.final.finish_reason, calls)}
+
+    return Endpoint("chatcmpl", "chat.completion", "chat.completion.chunk", chunk_choice,
+                    final_choice, first_delta={"role": "assistant", "content": ""})
+
+
+def _finish_reason(reason: str | None, calls: list) -> str | None:
+    return "tool_calls" if reason == "stop" and calls else reason
+
+
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http_request: HTTPRequest):
     state.check_model(body.model)
+    use = tool_use(state, body.tools, body.tool_choice)
     try:
-        prompt = state.engine.tokenizer.apply_chat_template(
-            body.template_messages(), add_generation_prompt=body.add_generation_prompt)
-    except ChatTemplateError as exc:
-        raise APIError(400, str(exc), "messages", "invalid_value") from exc
+        messages = body.template_messages()
+    except ToolError as exc:
+        raise APIError(400, str(exc), exc.param, "invalid_value") from exc
+    prompt = render_chat(state, messages, use, body.add_generation_prompt)
+    await check_tool_schemas(state, use)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = _params(body, body.max_completion_tokens or body.max_tokens, top)
-    # The template writes special tokens as text; encode without adding BOS twice.
-    prompt_ids = state.engine.tokenizer.encode(prompt, add_special_tokens=False)
-    return await answer(state, chat_endpoint(state), body, [prompt_ids], params, http_request)
+    params = with_tool_grammar(params, prompt, body.parallel_tool_calls)
+    return await answer(state, chat_endpoint(state, prompt.tools), body, [prompt.token_ids],
+                        params, http_request)
 
 
 def _params(body, max_tokens, logprobs) -> SamplingParams:

@@ -21,7 +21,7 @@ class BodySizeLimit:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             response = errors.error_response(
                 413, f"request body is larger than the {self.max_bytes}-byte limit", None,
-                "body_too_large")
+                "body_too_large", path=scope.get("path", ""))
             return await response(scope, receive, send)
         return await self.app(scope, receive, send)
 
@@ -46,7 +46,7 @@ class ApiKeyAuth:
             message = ("missing API key: send `Authorization: Bearer KEY`" if not header
                        else "invalid API key")
             response = errors.error_response(401, message, None, "invalid_api_key",
-                                             {"WWW-Authenticate": "Bearer"})
+                                             {"WWW-Authenticate": "Bearer"}, scope["path"])
             return await response(scope, receive, send)
         scope.setdefault("state", {})["api_key"] = key
         return await self.app(scope, receive, send)

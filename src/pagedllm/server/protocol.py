@@ -2,6 +2,7 @@
 SamplingParams. Validation errors become 400s that name the field."""
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pagedllm.config import CHAT_DEFAULT_MAX_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS
 from pagedllm.core.request import SamplingParams
 from pagedllm.structured.spec import GrammarSpec, spec_from_request
+from pagedllm.tool_calls.spec import ToolError
 
 
 def random_id(prefix: str) -> str:
@@ -111,12 +113,25 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = "{}"  # a JSON object, as OpenAI sends it
+
+
+class MessageToolCall(BaseModel):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -132,11 +147,39 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     add_generation_prompt: bool = True
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
     def template_messages(self) -> list[dict[str, Any]]:
-        # "developer" is OpenAI's newer name for "system".
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        """The conversation in tool_calls/prompt.py's shape. Raises ToolError for a call
+        whose arguments are not a JSON object."""
+        out = []
+        for i, m in enumerate(self.messages):
+            # "developer" is OpenAI's newer name for "system".
+            message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.tool_calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "name": c.function.name,
+                     "arguments": _arguments(c.function.arguments,
+                                             f"messages[{i}].tool_calls[{j}].function.arguments")}
+                    for j, c in enumerate(m.tool_calls)]
+            if m.tool_call_id:
+                message["tool_call_id"] = m.tool_call_id
+            if m.name:
+                message["name"] = m.name
+            out.append(message)
+        return out
+
+
+def _arguments(text: str, param: str) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except json.JSONDecodeError as exc:
+        raise ToolError(param, f"is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ToolError(param, "must be a JSON object")
+    return value
 
 
 class TokenizeRequest(BaseModel):

@@ -8,15 +8,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pagedllm.field_error import FieldError
+
 KINDS = ("json_schema", "regex", "lark", "gbnf")
 
 
-class GrammarError(ValueError):
+class GrammarError(FieldError):
     """A grammar or schema cannot be used; `param` names the request field it came from."""
-
-    def __init__(self, param: str, message: str):
-        self.param = param
-        super().__init__(f"{param}: {message}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,95 @@
+"""A chat request's conversation and tools -> prompt token ids, for both APIs (OpenAI's chat
+completions and Ollama's /api/chat): tools checked, rendered the way the model's template
+expects, a forced tool_choice turned into a grammar; and the tool-call parsing of the answer."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from pagedllm.core.request import SamplingParams
+from pagedllm.server.choices import compile_grammar
+from pagedllm.server.errors import APIError
+from pagedllm.structured.spec import GrammarError, json_schema_spec
+from pagedllm.tokenizer import ChatTemplateError
+from pagedllm.tool_calls.prompt import template_inputs
+from pagedllm.tool_calls.spec import Function, ToolChoice, ToolError, parse_tool_choice, parse_tools
+from pagedllm.tool_calls.syntax import TemplateTools, template_tools
+
+if TYPE_CHECKING:  # app.py imports this module
+    from pagedllm.server.app import ServerState
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """The tools a request offered and how its answer is read back into calls."""
+
+    functions: tuple[Function, ...]
+    choice: ToolChoice
+    template: TemplateTools
+    tools_param: str = "tools"
+
+    def new_parser(self):
+        return self.template.syntax.new_parser(self.functions)
+
+    def parse(self, text: str):
+        """(content, calls) of a whole answer."""
+        parser = self.new_parser()
+        content, calls = parser.feed(text)
+        rest, more = parser.finish()
+        return content + rest, calls + more
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    token_ids: list[int]
+    tools: ToolUse | None  # None: no tools offered, or tool_choice "none"
+
+
+def tool_use(state: ServerState, tools: Any, tool_choice: Any = None, tools_param: str = "tools",
+             choice_param: str = "tool_choice") -> ToolUse:
+    """Raises APIError (400) naming the field for a bad tool or tool_choice."""
+    try:
+        functions = parse_tools(tools, tools_param)
+        choice = parse_tool_choice(tool_choice, functions, choice_param)
+    except ToolError as exc:
+        raise APIError(400, str(exc), exc.param, "invalid_value") from exc
+    return ToolUse(functions, choice, template_tools(state.engine.tokenizer.chat_template),
+                   tools_param)
+
+
+def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
+                add_generation_prompt: bool = True) -> ChatPrompt:
+    tok = state.engine.tokenizer
+    template_messages, tools = template_inputs(messages, use.functions, use.choice, use.template)
+    try:
+        text = tok.apply_chat_template(template_messages, add_generation_prompt, tools=tools)
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), "messages", "invalid_value") from exc
+    # The template writes special tokens as text; encode without adding BOS twice.
+    ids = tok.encode(text, add_special_tokens=False)
+    offered = use.functions and use.choice.mode != "none"
+    return ChatPrompt(ids, use if offered else None)
+
+
+async def check_tool_schemas(state: ServerState, use: ToolUse) -> None:
+    """Every function's parameters must compile as a JSON schema (cached; on a worker thread)."""
+    for i, function in enumerate(use.functions):
+        param = f"{use.tools_param}[{i}].function.parameters"
+        try:
+            spec = json_schema_spec(function.parameters, param)
+        except GrammarError as exc:
+            raise APIError(400, str(exc), exc.param, "invalid_value") from exc
+        await asyncio.to_thread(compile_grammar, state, spec)
+
+
+def with_tool_grammar(params: SamplingParams, prompt: ChatPrompt, parallel: bool) -> SamplingParams:
+    """A forced tool_choice ("required", a named function) is enforced by a grammar in the
+    model's own call syntax, so the calls always parse and their arguments validate."""
+    use = prompt.tools
+    if use is None or not use.choice.forced:
+        return params
+    if params.guided is not None:
+        raise APIError(400, "a forced tool_choice cannot be combined with response_format or "
+                            "guided_* (both constrain the answer)", "tool_choice", "invalid_value")
+    return replace(params, guided=use.template.syntax.grammar(use.functions, use.choice, parallel))

@@ -1,0 +1,207 @@
+"""Ollama's API on the same port, for the tools built for Ollama: /api/chat (with tools) and
+/api/generate (NDJSON streamed by default, or one JSON object with `stream: false`),
+/api/tags, /api/show, /api/ps, /api/version; the routes of a model manager (pull, delete,
+embed, ...) answer with an error saying what this server does not do. Requests go through
+the same choices as the OpenAI routes (keys, fair share, queue and token limits); errors
+are Ollama's {"error": "..."} (errors.py picks the shape by path)."""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedllm.core.async_engine import QueuePosition
+from pagedllm.core.request import RequestOutput, SamplingParams, SamplingParamsError
+from pagedllm.server.chat_prompt import (ChatPrompt, check_tool_schemas, render_chat, tool_use,
+                                         with_tool_grammar)
+from pagedllm.server.choices import (CLIENT_CLOSED, Choice, build_choices, collect,
+                                     compile_grammar, merged, submit_choices)
+from pagedllm.server.errors import APIError
+from pagedllm.server.ollama_models import ModelInfo
+from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields,
+                                             OllamaGenerateRequest, OllamaModelRequest)
+from pagedllm.server.ollama_shapes import ChatShape, GenerateShape
+from pagedllm.structured.spec import GrammarError
+
+if TYPE_CHECKING:  # app.py imports this module
+    from pagedllm.server.app import ServerState
+
+NOT_A_MODEL_MANAGER = {
+    "/api/pull": "pulling models", "/api/push": "pushing models", "/api/create": "creating models",
+    "/api/copy": "copying models", "/api/delete": "deleting models",
+    "/api/embed": "embeddings", "/api/embeddings": "embeddings",
+}
+_NO_IMAGES = "images are not supported: this server's model reads text only"
+
+
+def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
+    info = ModelInfo(state)
+
+    @app.post("/api/chat")
+    async def chat(body: OllamaChatRequest, request: HTTPRequest):
+        info.check(body.model)
+        prompt = _chat_prompt(state, body)
+        if prompt.tools is not None:
+            await check_tool_schemas(state, prompt.tools)
+        params = with_tool_grammar(_params(state, body, len(prompt.token_ids)), prompt, True)
+        return await _answer(state, body, prompt.token_ids, params, request,
+                             lambda: ChatShape(prompt.tools))
+
+    @app.post("/api/generate")
+    async def generate(body: OllamaGenerateRequest, request: HTTPRequest):
+        info.check(body.model)
+        for field in ("template", "suffix"):
+            if getattr(body, field):
+                raise APIError(400, f"{field} is not supported: pagedllm renders prompts with "
+                                    f"the model's own chat template (or raw: true)", field)
+        if body.images:
+            raise APIError(400, _NO_IMAGES, "images")
+        if not body.prompt and not body.context:  # Ollama's "load the model" request
+            return JSONResponse({"model": body.model, "created_at": _now(), "response": "",
+                                 "done": True, "done_reason": "load"})
+        prompt_ids = list(body.context or []) + _generate_prompt(state, body)
+        params = _params(state, body, len(prompt_ids))
+        return await _answer(state, body, prompt_ids, params, request, GenerateShape)
+
+    # The model's details are read from its file once, on a worker thread (a GGUF's header
+    # takes seconds to parse), never on the event loop.
+    @app.get("/api/tags")
+    async def tags():
+        return {"models": [await asyncio.to_thread(info.listing)]}
+
+    @app.get("/api/ps")
+    async def ps():
+        far = datetime.datetime(2318, 1, 1, tzinfo=datetime.timezone.utc)  # never unloaded
+        listing = await asyncio.to_thread(info.listing)
+        return {"models": [{**listing, "size": info.memory_bytes(), "size_vram": 0,
+                            "expires_at": far.isoformat(),
+                            "context_length": state.engine.scheduler_config.max_model_len}]}
+
+    @app.post("/api/show")
+    async def show(body: OllamaModelRequest):
+        info.check(body.model or body.name)
+        return await asyncio.to_thread(info.show)
+
+    @app.get("/api/version")
+    async def api_version():
+        try:
+            return {"version": version("pagedllm")}
+        except PackageNotFoundError:
+            return {"version": "0.0.0"}
+
+    for path, what in NOT_A_MODEL_MANAGER.items():
+        def refuse(what=what, path=path):
+            raise APIError(501, f"{path}: pagedllm does not do {what}; it serves the one model "
+                                f"it was started with ({state.served_model_name}), chosen with "
+                                f"`pagedllm serve --model PATH`")
+        app.add_api_route(path, refuse, methods=["POST", "DELETE"])
+
+
+def _chat_prompt(state: ServerState, body: OllamaChatRequest) -> ChatPrompt:
+    if not body.messages:
+        raise APIError(400, "messages must not be empty", "messages")
+    if any(m.images for m in body.messages):
+        raise APIError(400, _NO_IMAGES, "messages")
+    messages = []
+    for m in body.messages:
+        message = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            message["tool_calls"] = [{"id": None, "name": c.function.name,
+                                      "arguments": c.function.arguments} for c in m.tool_calls]
+        if m.tool_name:
+            message["name"] = m.tool_name
+        messages.append(message)
+    # Ollama has no tool_choice: a model offered tools may call them or answer ("auto").
+    return render_chat(state, messages, tool_use(state, body.tools))
+
+
+def _generate_prompt(state: ServerState, body: OllamaGenerateRequest) -> list[int]:
+    tok = state.engine.tokenizer
+    if body.raw:
+        return tok.encode(body.prompt, add_special_tokens=False)
+    messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
+        {"role": "user", "content": body.prompt}]
+    return render_chat(state, messages, tool_use(state, None)).token_ids
+
+
+def _params(state: ServerState, body: OllamaFields, num_prompt_tokens: int) -> SamplingParams:
+    try:
+        params = body.sampling_params()
+    except (SamplingParamsError, GrammarError) as exc:
+        raise APIError(400, str(exc), getattr(exc, "param", None)) from exc
+    num_ctx = body.options.num_ctx
+    if num_ctx is None:
+        return params
+    limit = state.engine.scheduler_config.max_model_len
+    if num_ctx > limit:
+        raise APIError(400, f"options.num_ctx {num_ctx} is over this server's context of "
+                            f"{limit} tokens", "options.num_ctx")
+    room = num_ctx - num_prompt_tokens
+    if room < 1:
+        raise APIError(400, f"the prompt has {num_prompt_tokens} tokens; options.num_ctx "
+                            f"{num_ctx} leaves no room for an answer", "options.num_ctx")
+    params.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+    return params
+
+
+async def _answer(state: ServerState, body: OllamaFields, prompt_ids: list[int],
+                  params: SamplingParams, http_request: HTTPRequest, shape) -> Response:
+    """shape(): a fresh ChatShape or GenerateShape, saying how text goes into a line."""
+    if params.guided is not None:
+        await asyncio.to_thread(compile_grammar, state, params.guided)
+    choices = build_choices(state, [prompt_ids], params, http_request, None)
+    choice = choices[0]
+    head = {"model": body.model}
+    submit_choices(state, choices)
+    if body.stream:
+        async def lines():
+            pieces = shape()
+            try:
+                async for _, out in merged(state, choices):
+                    if isinstance(out, QueuePosition):
+                        continue
+                    fields = pieces.feed(out.new_text)
+                    if fields is not None:
+                        yield _line({**head, "created_at": _now(), **fields, "done": False})
+                    if out.finished:
+                        yield _line({**head, "created_at": _now(), **pieces.finish(),
+                                     **_done(choice, out), **pieces.final_extra(out)})
+            except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
+                yield _line({"error": str(exc)})
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+    if not await collect(state, http_request, choices):
+        return Response(status_code=CLIENT_CLOSED)
+    out, pieces = choice.final, shape()
+    return JSONResponse({**head, "created_at": _now(), **pieces.whole(out.text),
+                         **_done(choice, out), **pieces.final_extra(out)})
+
+
+def _line(payload: dict) -> str:
+    return json.dumps(payload, ensure_ascii=False) + "\n"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def _done(choice: Choice, out: RequestOutput) -> dict:
+    """Ollama's closing fields: why it ended, token counts, durations in nanoseconds."""
+    end = time.monotonic()
+    first = choice.first_token_time or end
+    started = choice.arrival + (out.queue_time or 0.0)
+    return {"done": True, "done_reason": out.finish_reason,
+            "total_duration": _ns(end - choice.arrival), "load_duration": 0,
+            "prompt_eval_count": len(out.prompt_token_ids),
+            "prompt_eval_duration": _ns(first - started),
+            "eval_count": len(out.token_ids), "eval_duration": _ns(end - first)}
