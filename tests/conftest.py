@@ -1,17 +1,23 @@
+"""Shared fixtures. Nothing here imports torch at module level: the scheduler and KV-cache
+tests run without it (test_core_imports.py checks), the rest import it themselves."""
 import contextlib
 import os
 import sys
 
 import pytest
-import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from tiny_models import tiny_hf_model, write_gguf, write_hf_folder  # noqa: E402
+from pagedllm.kernels import ENV_VAR, capabilities, kernels_for  # noqa: E402  (no torch)
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+NUM_THREADS = max(1, min(2, os.cpu_count() or 1))
 
-from pagedllm.kernels import ENV_VAR, capabilities, kernels_for  # noqa: E402
+
+def pytest_runtest_setup(item):
+    # At most 2 compute threads, as on the project's machine, once a test module brought torch.
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != NUM_THREADS:
+        torch.set_num_threads(NUM_THREADS)
 
 # Every CPU level this host can run (portable, avx2, avx512): the kernel tests and one
 # real-model server test run at each, so an AVX-512 host proves the lower paths too.
@@ -56,16 +62,22 @@ def at_isa(isa):
 
 @pytest.fixture(scope="session")
 def tiny_llama():
+    from tiny_models import tiny_hf_model
+
     return tiny_hf_model("llama", tie=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_folder(tiny_llama, tmp_path_factory):
+    from tiny_models import write_hf_folder
+
     return write_hf_folder(tiny_llama, tmp_path_factory.mktemp("tiny_llama"))
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_gguf(tiny_llama, tmp_path_factory):
+    from tiny_models import write_gguf
+
     return write_gguf(tiny_llama, tmp_path_factory.mktemp("tiny_gguf") / "tiny.gguf")
 
 
@@ -80,6 +92,7 @@ def real_llm():
 @pytest.fixture(scope="session")
 def hf_reference():
     """Hugging Face transformers on the same GGUF file: the reference implementation."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     from pagedllm.weights import default_model_path

@@ -1,6 +1,7 @@
 """The core (config, request, KV-cache bookkeeping, scheduler, fair queue, step records, CPU
 level choice and the kernel probes' package, grammar specs and tool calls) is plain data: importing it loads no torch, so it
 is tested and used without the model stack."""
+import os
 import subprocess
 import sys
 
@@ -19,6 +20,20 @@ def test_core_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_scheduler_and_kv_cache_tests_run_without_torch():
+    tests = os.path.dirname(__file__)
+    code = ("import sys, pytest\n"
+            f"rc = pytest.main(['-q', '-p', 'no:cacheprovider', '{tests}/test_scheduler.py', "
+            f"'{tests}/test_block_pool.py', '{tests}/test_fairness.py'])\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')\n"
+            "sys.exit(int(rc))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(tests))
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert done.stdout.strip().endswith("no torch"), done.stdout[-2000:]
+    assert " passed" in done.stdout
 
 
 def test_package_names_still_resolve_lazily():
