@@ -190,7 +190,12 @@ class Tokenizer:
         return self._tok
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        """Raises ValueError for text that is not valid Unicode (a lone UTF-16 surrogate)."""
+        try:
+            ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError as exc:  # tokenizers' message for text it cannot take as UTF-8
+            raise ValueError("the text is not valid Unicode (it holds a lone UTF-16 "
+                             "surrogate)") from exc
         if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]
         return ids

@@ -19,6 +19,7 @@ from pagedllm.core.engine import LLMEngine
 from pagedllm.core.request import Request, RequestOutput
 
 logger = logging.getLogger("pagedllm.async")
+MAX_CONSECUTIVE_FAULTS = 3  # engine steps failing in a row before the engine counts as dead
 
 
 class EngineDeadError(RuntimeError):
@@ -102,6 +103,9 @@ class AsyncEngine:
         self._wakeup = threading.Event()
         self._streams: dict[str, _Stream] = {}
         self._stopped = False
+        self.consecutive_faults = 0
+        self.dead: str | None = None  # why the engine is unusable, once it is
+        self.on_dead = None  # called (on the loop thread) with that reason
         self._thread = None
         if start_thread:
             self._thread = threading.Thread(target=self.run_loop, name="pagedllm-engine", daemon=True)
@@ -197,15 +201,30 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as exc:  # noqa: BLE001 - keep serving; fail only these requests
-                logger.exception("engine step failed; aborting the requests in it")
-                self._fail_all(exc)
+            except Exception as exc:  # noqa: BLE001 - outside any one request (a scheduler fault)
+                self._on_engine_fault(exc)
                 continue
+            self.consecutive_faults = 0
             for output in outputs:
                 self._deliver(output.request_id, output)
             time.sleep(0)  # let the HTTP thread run between steps
 
-    def _fail_all(self, exc: Exception) -> None:
-        for request_id in self.engine.request_ids():
-            self.engine.abort_request(request_id)
-            self._deliver(request_id, EngineDeadError(f"engine error: {exc}"))
+    def _on_engine_fault(self, exc: Exception) -> None:
+        """A step failed outside any one request's work (those fail alone, in the engine):
+        every request ends with an error, never silently; repeated faults mean the engine is
+        unusable, and `dead` is set for /health and the server's supervisor."""
+        self.consecutive_faults += 1
+        logger.exception("engine step failed (%d in a row); failing every request",
+                         self.consecutive_faults)
+        for request_id in list(self._streams):
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:  # noqa: BLE001 - the stream still gets its error below
+                logger.exception("could not free request %s", request_id)
+            self._deliver(request_id, EngineDeadError(f"engine error: {type(exc).__name__}: {exc}"))
+        if self.consecutive_faults >= MAX_CONSECUTIVE_FAULTS:
+            self.dead = f"{self.consecutive_faults} engine steps failed in a row: {exc}"
+            logger.critical("engine unusable: %s", self.dead)
+            self._stopped = True
+            if self.on_dead is not None:
+                self.on_dead(self.dead)

@@ -16,8 +16,8 @@ from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.model_runner import ModelRunner
 from pagedllm.models.build import build_model
 from pagedllm.core.output_processor import RequestTextState, stop_reason
-from pagedllm.core.request import (FinishReason, Request, RequestOutput,
-                                   SamplingParams, resolve_max_tokens)
+from pagedllm.core.request import (FinishReason, Request, RequestOutput, SamplingParams,
+                                   SamplingParamsError, resolve_max_tokens)
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.structured.compiler import GrammarCompiler
@@ -123,7 +123,8 @@ class LLMEngine:
             return self.tokenizer.encode(prompt)
         token_ids = list(prompt)
         vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        bad = [t for t in token_ids
+               if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:3]}")
         return token_ids
@@ -143,6 +144,9 @@ class LLMEngine:
         Raises ValueError (an empty or bad prompt), SamplingParamsError (max_tokens over
         max_tokens_limit), PromptTooLongError or GrammarError (a grammar that cannot compile)."""
         params = params or SamplingParams()
+        vocab = self.model_config.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise SamplingParamsError("stop_token_ids", f"token ids must be in [0, {vocab})")
         prompt_ids = self.tokenize_prompt(prompt)
         if not prompt_ids:
             raise ValueError("prompt is empty")
@@ -165,11 +169,27 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort in any state; blocks are free at once. Returns the final output, if known."""
-        request = self.scheduler.finish_request(request_id, FinishReason.ABORT)
+        return self._end(request_id, FinishReason.ABORT)
+
+    def fail_request(self, request_id: str, error: str) -> RequestOutput | None:
+        """End one request with finish_reason "error" (its blocks freed), keeping the rest."""
+        logger.error("request %s failed: %s", request_id, error)
+        return self._end(request_id, FinishReason.ERROR, error)
+
+    def _end(self, request_id: str, reason: FinishReason,
+             error: str | None = None) -> RequestOutput | None:
+        self.scheduler.finish_request(request_id, reason)
         self.runner.forget(request_id)
         state = self._text_states.pop(request_id, None)
         self._publish()
-        return state.make_output() if request is not None and state is not None else None
+        if state is None:  # unknown, or already ended
+            return None
+        try:
+            output = state.make_output()
+        except Exception:  # noqa: BLE001 - making the output may be what failed
+            output = RequestOutput(request_id, state.request.prompt_token_ids, [], "", [], "",
+                                   True)
+        return dataclasses.replace(output, finished=True, finish_reason=reason.value, error=error)
 
     def request_ids(self) -> list[str]:
         """Every unfinished request (engine thread)."""
@@ -200,21 +220,33 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        return self._update(plan, self.runner.execute(plan))
+        try:
+            result = self.runner.execute(plan)
+        except Exception as exc:  # noqa: BLE001 - a batched forward: its requests fail, not the engine
+            logger.exception("model step over %d requests failed", len(plan.scheduled))
+            result = RunnerOutput(failed={item.request_id: f"the model step failed: "
+                                          f"{type(exc).__name__}: {exc}" for item in plan.scheduled})
+        return self._update(plan, result)
 
     def _update(self, plan: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
-        """Append the sampled tokens, let the output processor decide every stop, and free
-        what stopped: the one place a request finishes (besides an abort)."""
-        updated = self.scheduler.update_from_output(plan, result)
-        outputs = []
-        for request in updated:
-            state = self._text_states[request.request_id]
-            reason = stop_reason(request, state)
+        """Fail what failed, append the sampled tokens, let the output processor decide every
+        stop, and free what stopped: the one place a request finishes (besides an abort)."""
+        outputs = [out for rid, error in result.failed.items()
+                   if (out := self.fail_request(rid, error)) is not None]
+        for request in self.scheduler.update_from_output(plan, result):
+            rid = request.request_id
+            try:
+                state = self._text_states[rid]
+                reason = stop_reason(request, state)
+                if reason is not None:
+                    self.scheduler.finish_request(rid, reason)
+                outputs.append(state.make_output())
+            except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: this request only
+                outputs.append(self.fail_request(rid, f"{type(exc).__name__}: {exc}"))
+                continue
             if reason is not None:
-                self.scheduler.finish_request(request.request_id, reason)
-                del self._text_states[request.request_id]
-                self.runner.forget(request.request_id)
-            outputs.append(state.make_output())
+                del self._text_states[rid]
+                self.runner.forget(rid)
         self._publish()
         return outputs
 

@@ -33,6 +33,8 @@ class ModelRunner:
         # seeded request's random stream is made at its first sample and kept across
         # preemption, so a seed gives the same tokens.
         self.sequences: dict[str, SamplingRow] = {}
+        # Tests only: called with (request id, SamplingRow) before sampling; raising fails it.
+        self.fault_injector = None
 
     def add_request(self, request_id: str, params: SamplingParams, prompt_token_ids: list[int],
                     grammar=None) -> None:
@@ -77,11 +79,36 @@ class ModelRunner:
         if not sample_indices:
             return RunnerOutput()
         logits = self.model.compute_logits(hidden[sample_indices])
-        rows = [self.sequences[rid] for rid in sampled_ids]
-        tokens, logprobs = self.sampler(logits, rows)
-        for row, token in zip(rows, tokens):
-            row.output_token_ids.append(token)
-            if row.grammar is not None:
-                row.grammar.accept(token)
-        return RunnerOutput({rid: SampledToken(tok, lp)
-                             for rid, tok, lp in zip(sampled_ids, tokens, logprobs)})
+        return self._sample(logits, sampled_ids)
+
+    def _sample(self, logits: torch.Tensor, request_ids: list[str]) -> RunnerOutput:
+        """Sample the batch at once; if that fails, row by row, so that only the rows that
+        fail alone fail (the others get the tokens the batch would have given them)."""
+        rows = [self.sequences[rid] for rid in request_ids]
+        result = RunnerOutput()
+        try:
+            batches = [(request_ids, rows, *self._sample_rows(logits, request_ids, rows))]
+        except Exception:  # noqa: BLE001 - isolate the row below
+            batches = []
+            for i, (rid, row) in enumerate(zip(request_ids, rows)):
+                try:
+                    batches.append(([rid], [row], *self._sample_rows(logits[i:i + 1], [rid], [row])))
+                except Exception as exc:  # noqa: BLE001 - fails this request only
+                    result.failed[rid] = f"sampling failed: {type(exc).__name__}: {exc}"
+        for ids, batch_rows, tokens, logprobs in batches:
+            for rid, row, token, logprob in zip(ids, batch_rows, tokens, logprobs):
+                try:
+                    if row.grammar is not None:
+                        row.grammar.accept(token)
+                except Exception as exc:  # noqa: BLE001 - fails this request only
+                    result.failed[rid] = f"grammar failed: {type(exc).__name__}: {exc}"
+                    continue
+                row.output_token_ids.append(token)
+                result.sampled[rid] = SampledToken(token, logprob)
+        return result
+
+    def _sample_rows(self, logits: torch.Tensor, request_ids: list[str], rows: list[SamplingRow]):
+        if self.fault_injector is not None:
+            for rid, row in zip(request_ids, rows):
+                self.fault_injector(rid, row)
+        return self.sampler(logits, rows)

@@ -14,6 +14,15 @@ class SamplingParamsError(FieldError):
     """A sampling parameter is out of range; `param` names the field."""
 
 
+# Bounds that keep every value something the sampler can compute with (a top_k or seed past
+# int64 overflows torch; a vanishing repetition penalty turns logits into infinities) and
+# that bound the work one request can ask for (stop strings are searched every step).
+MAX_INT32 = 2**31 - 1
+SEED_RANGE = (-(2**63), 2**64 - 1 - 16)  # torch's generator range, room for n samples' +j
+MIN_REPETITION_PENALTY = 0.01
+MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 16, 1000, 64
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -52,17 +61,26 @@ class SamplingParams:
               f"must be at least 1, got {self.max_tokens}")
         check(0.0 <= self.temperature <= 100.0, "temperature", f"must be 0-100, got {self.temperature}")
         check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
-        check(self.top_k >= 0, "top_k", f"must be -1, 0 (off) or positive, got {self.top_k}")
+        check(0 <= self.top_k <= MAX_INT32, "top_k",
+              f"must be -1, 0 (off) or 1-{MAX_INT32}, got {self.top_k}")
         check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
         check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
               f"must be in [-2, 2], got {self.presence_penalty}")
         check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
               f"must be in [-2, 2], got {self.frequency_penalty}")
-        check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty",
-              f"must be in (0, 2], got {self.repetition_penalty}")
+        check(MIN_REPETITION_PENALTY <= self.repetition_penalty <= 2.0, "repetition_penalty",
+              f"must be in [{MIN_REPETITION_PENALTY}, 2], got {self.repetition_penalty}")
+        check(self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], "seed",
+              f"must be an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
         check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
               f"must be 0-20, got {self.logprobs}")
-        check(len(self.stop) <= 16, "stop", "at most 16 stop strings")
+        check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} stop strings")
+        check(all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in self.stop), "stop",
+              f"each stop string must be text of at most {MAX_STOP_CHARS} characters")
+        check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_INT32
+            for t in self.stop_token_ids), "stop_token_ids",
+            f"at most {MAX_STOP_TOKEN_IDS} token ids, each in [0, {MAX_INT32}]")
         check(self.guided is None or isinstance(self.guided, GrammarSpec), "guided",
               "must be a GrammarSpec (pagedllm.structured.spec)")
 
@@ -114,6 +132,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    ERROR = "error"  # this request failed in the engine; the others in its step went on
 
 
 class Request:
@@ -195,6 +214,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     new_logprobs: list[TokenLogprob] | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduling
+    error: str | None = None  # why it failed, with finish_reason "error"
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -51,6 +51,8 @@ class SampledToken:
 
 @dataclass
 class RunnerOutput:
-    """What one step of the model produced: a token for each request that sampled."""
+    """What one step of the model produced: a token for each request that sampled, and why
+    for each request whose sampling failed (only those fail; the step went on)."""
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)

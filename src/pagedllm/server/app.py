@@ -22,8 +22,9 @@ from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
 from pagedllm.server.limits import TokenRateLimiter, check_queue
 from pagedllm.server.metrics import ServerMetrics
-from pagedllm.server.middleware import ApiKeyAuth, BodySizeLimit
+from pagedllm.server.middleware import ApiKeyAuth, BodyGuard
 from pagedllm.server.ollama_api import add_ollama_routes
+from pagedllm.server.openapi import install_openapi
 from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       TokenizeRequest)
 from pagedllm.tokenizer import ChatTemplateError
@@ -68,7 +69,9 @@ class ServerState:
         """Raise 429 when the queue is full or the key is over its tokens per minute."""
         if key is not None:
             self.rate_limiter.check(key.name, key.tokens_per_minute)
-        waiting = max(0, self.async_engine.num_in_flight - self.engine.stats().num_running)
+        # Requests in flight fill the parallel slots first; only those beyond them wait.
+        slots = self.engine.scheduler_config.max_num_seqs
+        waiting = max(0, self.async_engine.num_in_flight - slots)
         check_queue(waiting, num_new, self.config.max_queue)
 
     def apply_key_policies(self) -> None:
@@ -100,13 +103,14 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
 
     app = FastAPI(title="pagedllm", version="0.1.0", lifespan=lifespan)
     app.state.pagedllm = state
-    # Added last = outermost: size limit, then CORS (answers preflights), then auth.
+    # Added last = outermost: CORS (answers preflights), then auth, then the body's guard,
+    # so a client without a key never gets its body read.
+    app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes)
     app.add_middleware(ApiKeyAuth, keys=keys, public_metrics=config.public_metrics)
     if config.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(APIError, errors.api_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
@@ -114,6 +118,9 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
 
     @app.get("/health")
     async def health():
+        if async_engine.dead:
+            raise APIError(503, f"the engine is unusable: {async_engine.dead}", None,
+                           "engine_dead")
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -163,4 +170,5 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     add_ollama_routes(app, state)
+    install_openapi(app)
     return app

@@ -105,6 +105,10 @@ async def _drive(state: ServerState, choice: Choice, sink: asyncio.Queue | None)
                     await sink.put((choice, out))
                 continue
             await _on_output(state, choice, out, sink)
+    except Exception as exc:  # noqa: BLE001 - a stream must end with its error, never hang
+        if sink is None:
+            raise
+        await sink.put((choice, exc))
     finally:
         if timer is not None:
             timer.cancel()
@@ -113,6 +117,12 @@ async def _drive(state: ServerState, choice: Choice, sink: asyncio.Queue | None)
 async def _on_output(state: ServerState, choice: Choice, out: RequestOutput, sink) -> None:
     if choice.first_token_time is None and out.new_token_ids:
         choice.first_token_time = time.monotonic()
+    if out.error is not None:
+        state.metrics.observe_request(ttft=None, e2e=time.monotonic() - choice.arrival,
+                                      num_output_tokens=len(out.token_ids),
+                                      queue_time=out.queue_time, finish_reason="error")
+        raise APIError(500, f"this request failed in the engine ({out.error}); the server "
+                            f"goes on serving", None, "request_failed")
     if sink is not None:
         await sink.put((choice, out))
     if not out.finished:
@@ -174,6 +184,8 @@ async def merged(state: ServerState, choices: list[Choice]
     try:
         while remaining:
             choice, out = await sink.get()
+            if isinstance(out, BaseException):
+                raise out
             if isinstance(out, RequestOutput) and out.finished:
                 remaining -= 1
             yield choice, out

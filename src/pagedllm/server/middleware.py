@@ -1,29 +1,117 @@
-"""Pure ASGI middleware (safe for streaming responses): body size limit and API-key auth."""
+"""Pure ASGI middleware (safe for streaming responses): the request body's guard and API-key
+auth."""
 from __future__ import annotations
+
+import asyncio
+import json
+import re
 
 from pagedllm.server import errors
 from pagedllm.server.auth import KeyStore
 
 OPEN_PATHS = ("/health",)
+# A JSON escape of a UTF-16 surrogate: only then can a decoded string hold a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-class BodySizeLimit:
-    """A body over the limit gets 413 before any handler reads it."""
+class BodyGuard:
+    """Reads a request's body before any handler does, whatever its framing (Content-Length
+    or chunked): past `max_bytes` it stops reading and answers 413; a body that does not
+    arrive within `timeout` seconds (a client trickling it) gets 408; a JSON string holding a
+    lone UTF-16 surrogate, which no text can be made of, gets 400 naming its field. The
+    handler then reads the same bytes; later receives (disconnects) pass through."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, timeout: float = 30.0):
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
+        path = scope.get("path", "")
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._too_large(scope, receive, send, path)
+        try:
+            body = await asyncio.wait_for(self._read(receive), self.timeout)
+        except asyncio.TimeoutError:
             response = errors.error_response(
-                413, f"request body is larger than the {self.max_bytes}-byte limit", None,
-                "body_too_large", path=scope.get("path", ""))
+                408, f"the request body did not arrive within {self.timeout:g} s", None,
+                "request_timeout", path=path)
             return await response(scope, receive, send)
-        return await self.app(scope, receive, send)
+        if body is None:
+            return await self._too_large(scope, receive, send, path)
+        if _SURROGATE_ESCAPE.search(body):
+            field = _lone_surrogate_field(body)
+            if field is not None:
+                response = errors.error_response(
+                    400, f"{field or 'body'}: the text holds a lone UTF-16 surrogate, which is "
+                         f"not valid Unicode", field or None, "invalid_value", path=path)
+                return await response(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _read(self, receive) -> bytes | None:
+        """The whole body, or None once it passes the limit (the rest is never read)."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _too_large(self, scope, receive, send, path):
+        response = errors.error_response(
+            413, f"request body is larger than the {self.max_bytes}-byte limit", None,
+            "body_too_large", path=path)
+        return await response(scope, receive, send)
+
+
+def _lone_surrogate_field(body: bytes) -> str | None:
+    """The dotted path of the first string (or key) holding a lone surrogate ("" for the
+    whole body), or None when there is none or the body is not JSON (the handler says so)."""
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+    def bad(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+
+    def walk(item, where: str) -> str | None:
+        if isinstance(item, str):
+            return where if bad(item) else None
+        children = item.items() if isinstance(item, dict) else (
+            enumerate(item) if isinstance(item, list) else ())
+        for key, child in children:
+            name = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and bad(key):
+                return name
+            found = walk(child, name)
+            if found is not None:
+                return found
+        return None
+
+    return walk(value, "")
 
 
 class ApiKeyAuth:

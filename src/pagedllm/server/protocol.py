@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from pagedllm.config import CHAT_DEFAULT_MAX_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS
 from pagedllm.core.request import SamplingParams
@@ -39,7 +39,7 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     n: int = Field(default=1, ge=1, le=16)
     ignore_eos: bool = False
     stream: bool = False
@@ -53,14 +53,6 @@ class SamplingFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_limits(cls, value):
-        items = [value] if isinstance(value, str) else (value or [])
-        if len(items) > 16:
-            raise ValueError("at most 16 stop strings")
-        return value
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         return SamplingParams(
@@ -88,7 +80,8 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # StrictInt: JSON's true/false are not token ids
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     max_tokens: int | None = Field(default=COMPLETIONS_DEFAULT_MAX_TOKENS, ge=1)
@@ -192,7 +185,7 @@ class TokenizeRequest(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[StrictInt]
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

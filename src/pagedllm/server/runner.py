@@ -6,6 +6,7 @@ abort what is left (each stream gets a final chunk with finish_reason "abort"), 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -20,6 +21,7 @@ from pagedllm.server.app import create_app
 from pagedllm.server.auth import is_loopback
 
 logger = logging.getLogger("pagedllm.server")
+EXIT_ENGINE_DEAD = 70  # EX_SOFTWARE: the engine failed step after step
 console = Console(stderr=True)
 
 
@@ -87,7 +89,25 @@ def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -
             f"and pass --api-key-file keys.txt (or --insecure-no-auth if you really mean it).")
 
 
+FAULT_SEED_ENV = "PAGEDLLM_TEST_FAIL_SAMPLING_SEED"
+
+
+def _inject_sampling_fault(engine: LLMEngine) -> None:
+    """For the fault-injection test only: sampling raises for requests with this seed."""
+    seed = int(os.environ[FAULT_SEED_ENV])
+    logger.warning("%s=%d: sampling fails for requests with that seed (a test hook)",
+                   FAULT_SEED_ENV, seed)
+
+    def fail(request_id, row):
+        if row.params.seed == seed:
+            raise RuntimeError(f"injected sampling fault for seed {seed}")
+
+    engine.runner.fault_injector = fail
+
+
 def serve(engine: LLMEngine, config: ServerConfig) -> int:
+    if os.environ.get(FAULT_SEED_ENV):
+        _inject_sampling_fault(engine)
     host, port, grace_seconds = config.host, config.port, config.shutdown_grace
     ssl_certfile, ssl_keyfile = config.ssl_certfile, config.ssl_keyfile
     app = create_app(engine, config.served_model_name, config, engine_thread=False)
@@ -108,5 +128,12 @@ def serve(engine: LLMEngine, config: ServerConfig) -> int:
                                 daemon=True)
     watchdog.start()
     state.async_engine.run_loop()
+    if state.async_engine.dead:
+        # Unusable: every stream already has its error; exit non-zero so a supervisor
+        # (systemd's Restart=, a container's restart policy) starts a fresh process.
+        logger.critical("exiting: the engine is unusable (%s)", state.async_engine.dead)
+        server.should_exit = True
+        http.join(timeout=10)
+        return EXIT_ENGINE_DEAD
     http.join(timeout=10)
     return 0 if server.started else 1

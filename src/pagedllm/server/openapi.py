@@ -1,0 +1,54 @@
+"""The published OpenAPI schema, made to say what the server really answers, so clients and
+fuzzers (schemathesis) can trust it: validation errors are 400 in the API's error shape (not
+FastAPI's 422), every route documents the errors any request can meet, streamed answers
+document their content types, /metrics is Prometheus text."""
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+OLLAMA_ERROR = {"type": "object", "required": ["error"],
+                "properties": {"error": {"type": "string"}}}
+# What any request may meet, whatever its route: bad input, no key, unknown model, a body
+# over the limit or too slow, a full queue or a rate limit, a failed request, draining.
+ERRORS = {400: "a field is invalid (the error names it)", 401: "missing or invalid API key",
+          404: "unknown model", 408: "the body arrived too slowly",
+          413: "the body is over --max-body-bytes", 429: "queue full or over a rate limit",
+          500: "this request failed in the engine", 501: "not something this server does",
+          503: "shutting down, or the engine is unusable"}
+STREAMED = {"/v1/completions": "text/event-stream", "/v1/chat/completions": "text/event-stream",
+            "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson"}
+TEXT_ROUTES = {"/metrics": "text/plain"}
+
+
+def install_openapi(app: FastAPI) -> None:
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = _accurate(get_openapi(title=app.title, version=app.version,
+                                                       routes=app.routes))
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _accurate(schema: dict) -> dict:
+    for path, operations in schema.get("paths", {}).items():
+        error = OLLAMA_ERROR if path.startswith("/api/") else OPENAI_ERROR
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            for status, why in ERRORS.items():
+                responses.setdefault(str(status), {
+                    "description": why, "content": {"application/json": {"schema": error}}})
+            ok = responses.setdefault("200", {"description": "OK"})
+            if path in STREAMED:
+                ok.setdefault("content", {})[STREAMED[path]] = {"schema": {"type": "string"}}
+            if path in TEXT_ROUTES:
+                ok["content"] = {TEXT_ROUTES[path]: {"schema": {"type": "string"}}}
+    schema.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
+    schema.get("components", {}).get("schemas", {}).pop("ValidationError", None)
+    return schema
