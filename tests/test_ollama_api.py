@@ -150,9 +150,9 @@ def test_model_listing_routes(oclient, server):
     ("post", "/api/generate", {"model": "smollm2", "prompt": "x", "suffix": "y"}, 400, "suffix"),
     ("post", "/api/generate", {"model": "smollm2", "prompt": "x", "options": {"num_predict": 0}},
      400, "num_predict"),
-    ("post", "/api/pull", {"model": "llama3"}, 501, "does not do pulling"),
-    ("delete", "/api/delete", {"model": "smollm2"}, 501, "deleting"),
-    ("post", "/api/embed", {"model": "smollm2", "input": "x"}, 501, "embeddings"),
+    ("post", "/api/pull", {"model": "llama3"}, 400, "does not do pulling"),
+    ("delete", "/api/delete", {"model": "smollm2"}, 400, "deleting"),
+    ("post", "/api/embed", {"model": "smollm2", "input": "x"}, 400, "embeddings"),
 ])
 def test_bad_requests_get_ollamas_error_shape(server, method, path, body, status, words):
     r = httpx.request(method.upper(), server.url + path, json=body, timeout=60)

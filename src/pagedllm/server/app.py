@@ -170,5 +170,5 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     add_ollama_routes(app, state)
-    install_openapi(app)
+    install_openapi(app, name)
     return app

@@ -96,11 +96,17 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
             return {"version": "0.0.0"}
 
     for path, what in NOT_A_MODEL_MANAGER.items():
-        def refuse(what=what, path=path):
-            raise APIError(501, f"{path}: pagedllm does not do {what}; it serves the one model "
-                                f"it was started with ({state.served_model_name}), chosen with "
-                                f"`pagedllm serve --model PATH`")
-        app.add_api_route(path, refuse, methods=["POST", "DELETE"])
+        app.add_api_route(path, _refusal(state, path, what), methods=["POST", "DELETE"],
+                          include_in_schema=False)  # polite refusals, not an API
+
+
+def _refusal(state: ServerState, path: str, what: str):
+    # A client error, not a server fault: this server will never do it, whatever is retried.
+    async def refuse():
+        raise APIError(400, f"{path}: pagedllm does not do {what}; it serves the one model it "
+                            f"was started with ({state.served_model_name}), chosen with "
+                            f"`pagedllm serve --model PATH`", None, "unsupported")
+    return refuse
 
 
 def _chat_prompt(state: ServerState, body: OllamaChatRequest) -> ChatPrompt:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from pagedllm.core.request import SamplingParams
 from pagedllm.server.errors import APIError
+from pagedllm.server.protocol import RequestModel
 from pagedllm.structured.spec import GrammarSpec, json_schema_spec
 
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P = 0.8, 40, 0.9
 
 
-class OllamaOptions(BaseModel):
+class OllamaOptions(RequestModel):
     """The `options` pagedllm acts on; Ollama's others (num_gpu, mirostat, ...) are accepted
     and ignored, as Ollama itself ignores options its runner does not know."""
 
@@ -37,7 +38,7 @@ class OllamaOptions(BaseModel):
     num_ctx: int | None = Field(default=None, ge=1)
 
 
-class OllamaFields(BaseModel):
+class OllamaFields(RequestModel):
     """Shared by /api/chat and /api/generate."""
 
     model_config = ConfigDict(extra="allow")
@@ -74,16 +75,16 @@ class OllamaFields(BaseModel):
         )
 
 
-class OllamaToolCallFunction(BaseModel):
+class OllamaToolCallFunction(RequestModel):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-class OllamaToolCall(BaseModel):
+class OllamaToolCall(RequestModel):
     function: OllamaToolCallFunction
 
 
-class OllamaMessage(BaseModel):
+class OllamaMessage(RequestModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool"]
@@ -108,7 +109,7 @@ class OllamaGenerateRequest(OllamaFields):
     images: list[str] | None = None
 
 
-class OllamaModelRequest(BaseModel):
+class OllamaModelRequest(RequestModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = ""

@@ -18,24 +18,23 @@ OLLAMA_ERROR = {"type": "object", "required": ["error"],
 ERRORS = {400: "a field is invalid (the error names it)", 401: "missing or invalid API key",
           404: "unknown model", 408: "the body arrived too slowly",
           413: "the body is over --max-body-bytes", 429: "queue full or over a rate limit",
-          500: "this request failed in the engine", 501: "not something this server does",
-          503: "shutting down, or the engine is unusable"}
+          500: "this request failed in the engine", 503: "shutting down, or the engine is unusable"}
 STREAMED = {"/v1/completions": "text/event-stream", "/v1/chat/completions": "text/event-stream",
             "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson"}
 TEXT_ROUTES = {"/metrics": "text/plain"}
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, served_model_name: str) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             app.openapi_schema = _accurate(get_openapi(title=app.title, version=app.version,
-                                                       routes=app.routes))
+                                                       routes=app.routes), served_model_name)
         return app.openapi_schema
 
     app.openapi = openapi
 
 
-def _accurate(schema: dict) -> dict:
+def _accurate(schema: dict, served_model_name: str) -> dict:
     for path, operations in schema.get("paths", {}).items():
         error = OLLAMA_ERROR if path.startswith("/api/") else OPENAI_ERROR
         for operation in operations.values():
@@ -45,10 +44,17 @@ def _accurate(schema: dict) -> dict:
                 responses.setdefault(str(status), {
                     "description": why, "content": {"application/json": {"schema": error}}})
             ok = responses.setdefault("200", {"description": "OK"})
-            if path in STREAMED:
-                ok.setdefault("content", {})[STREAMED[path]] = {"schema": {"type": "string"}}
+            if path in STREAMED:  # SSE events carry JSON in `data`; NDJSON lines are objects
+                event = ({"type": "object", "properties": {"data": {"type": "string"}}}
+                         if STREAMED[path] == "text/event-stream" else {"type": "object"})
+                ok.setdefault("content", {})[STREAMED[path]] = {"schema": event}
             if path in TEXT_ROUTES:
                 ok["content"] = {TEXT_ROUTES[path]: {"schema": {"type": "string"}}}
-    schema.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
-    schema.get("components", {}).get("schemas", {}).pop("ValidationError", None)
+    components = schema.get("components", {}).get("schemas", {})
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    for component in components.values():  # the one name a request can use, as an example
+        model = component.get("properties", {}).get("model")
+        if model is not None:
+            model["examples"] = [served_model_name]
     return schema

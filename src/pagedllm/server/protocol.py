@@ -19,11 +19,18 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-class StreamOptions(BaseModel):
+class RequestModel(BaseModel):
+    """Request bodies are read strictly, as the published schema says: 0 is not false, "1"
+    is not 1, true is not a token id."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
@@ -101,23 +108,23 @@ class CompletionRequest(SamplingFields):
         return list(self.prompt)
 
 
-class TextPart(BaseModel):
+class TextPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(RequestModel):
     name: str
     arguments: str = "{}"  # a JSON object, as OpenAI sends it
 
 
-class MessageToolCall(BaseModel):
+class MessageToolCall(RequestModel):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(RequestModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
@@ -175,15 +182,15 @@ def _arguments(text: str, param: str) -> dict:
     return value
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[StrictInt]
 
