@@ -19,7 +19,9 @@ def hardened(tmp_path_factory):
     from server_process import ServerProcess
 
     log = tmp_path_factory.mktemp("hardened") / "server.log"
-    proc = ServerProcess("--dtype", "float32", "--kv-cache-memory", str(256 << 20),
+    # A small KV pool: the soak test's rounds touch all of it in the first round (the pool
+    # is mapped lazily, so a large one keeps growing resident until every block was used).
+    proc = ServerProcess("--dtype", "float32", "--kv-cache-memory", str(32 << 20),
                          "--max-num-seqs", "8", "--max-queue", "2", "--max-tokens-limit", "16",
                          "--max-body-bytes", str(2 << 20), "--served-model-name", "smollm2",
                          log_path=str(log), env={"PAGEDLLM_TEST_FAIL_SAMPLING_SEED": str(FAULT_SEED)})
@@ -331,8 +333,82 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(hardened):
     command = [os.path.join(os.path.dirname(sys.executable), "schemathesis"), "run",
                hardened.url + "/openapi.json", "--checks", "all",
                "--exclude-checks", "positive_data_acceptance", "--max-examples", "6",
-               "--workers", "1", "--seed", "1", "--max-time", "75", "--request-timeout", "60"]
+               "--workers", "1", "--seed", "1", "--max-time", "50", "--request-timeout", "60"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-6000:]
     assert " passed" in done.stdout and "failed" not in done.stdout.split("Test cases:")[-1]
     _still_serving(hardened.url)
+
+
+# -- soak ------------------------------------------------------------------------------------
+
+def _metric(url, name):
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith((f"pagedllm:{name}{{", f"pagedllm:{name} ")):
+            return float(line.split()[-1])
+    raise AssertionError(f"no metric {name}")
+
+
+def _soak_round(url, rounds_seed, num_requests=208, wave=16):
+    """Waves of 16 streaming requests; about half are dropped by the client at a random
+    moment (some before the first byte), the rest read to the end. With 8 slots and a queue
+    of 2, each wave also meets 429s."""
+    import random
+
+    rng = random.Random(rounds_seed)
+    plans = [rng.choice(["full", "drop"]) for _ in range(num_requests)]
+    drop_after = [rng.randint(0, 6) for _ in range(num_requests)]
+
+    def one(i):
+        body = {"prompt": f"Soak {rounds_seed}-{i}: tell me", "max_tokens": 12, "stream": True,
+                "ignore_eos": True, "temperature": 1.0, "stream_options": {"include_usage": True}}
+        with httpx.Client(timeout=120) as client:
+            with client.stream("POST", url + "/v1/completions", json=body) as r:
+                if r.status_code == 429:
+                    return "429", None
+                assert r.status_code == 200, r.read()
+                lines = []
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line[6:])
+                        if plans[i] == "drop" and len(lines) > drop_after[i]:
+                            return "dropped", None  # leaving the block closes the connection
+                assert lines[-1] == "[DONE]", lines[-3:]
+                usage = json.loads(lines[-2])["usage"]
+                return "full", usage["completion_tokens"]
+
+    results = []
+    with concurrent.futures.ThreadPoolExecutor(wave) as pool:
+        for start in range(0, num_requests, wave):
+            results += list(pool.map(one, range(start, min(start + wave, num_requests))))
+    return results
+
+
+def _wait_idle(url):
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (_metric(url, "num_requests_running") == 0 and _metric(url, "num_requests_waiting") == 0
+                and _metric(url, "kv_cache_usage_perc") == 0.0):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the server did not return to idle after the soak")
+
+
+def test_soak_disconnects_and_429s_leave_nothing_behind(hardened):
+    import psutil
+
+    rss = []
+    for round_seed in (1, 2):
+        results = _soak_round(hardened.url, round_seed)
+        kinds = [kind for kind, _ in results]
+        assert kinds.count("429") > 0 and kinds.count("dropped") > 20 and kinds.count("full") > 20
+        assert all(tokens == 12 for kind, tokens in results if kind == "full")  # nothing lost
+        _wait_idle(hardened.url)
+        rss.append(psutil.Process(hardened.proc.pid).memory_info().rss)
+    _still_serving(hardened.url)
+    growth = rss[1] - rss[0]
+    print(f"soak RSS: {rss[0] / 2**20:.0f} MiB after round 1, {rss[1] / 2**20:.0f} MiB after round 2")
+    # Seen here: +3 MiB, then +1 and +0 over two more rounds (BENCHMARKS.md has the series).
+    assert growth < 16 * 2**20, f"RSS grew {growth / 2**20:.0f} MiB between soak rounds"
