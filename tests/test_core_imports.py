@@ -38,7 +38,7 @@ def test_the_scheduler_and_kv_cache_tests_run_without_torch():
 
 def test_package_names_still_resolve_lazily():
     import pagedllm
-    from pagedllm.core.engine import LLM
+    from pagedllm.core.llm import LLM
 
     assert pagedllm.LLM is LLM and pagedllm.SamplingParams.__name__ == "SamplingParams"
     try:

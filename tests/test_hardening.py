@@ -412,3 +412,23 @@ def test_soak_disconnects_and_429s_leave_nothing_behind(hardened):
     print(f"soak RSS: {rss[0] / 2**20:.0f} MiB after round 1, {rss[1] / 2**20:.0f} MiB after round 2")
     # Seen here: +3 MiB, then +1 and +0 over two more rounds (BENCHMARKS.md has the series).
     assert growth < 16 * 2**20, f"RSS grew {growth / 2**20:.0f} MiB between soak rounds"
+
+
+def test_under_memory_pressure_new_requests_wait_and_still_complete(tmp_path):
+    from server_process import ServerProcess
+
+    # A 1-byte bound: the process is always "over", so requests run one at a time.
+    proc = ServerProcess("--dtype", "float32", "--kv-cache-memory", str(32 << 20),
+                         "--max-memory", "1", log_path=str(tmp_path / "log"))
+    try:
+        def one(i):
+            return httpx.post(proc.url + "/v1/completions", timeout=120, json={
+                "prompt": f"Item {i}:", "max_tokens": 6, "ignore_eos": True})
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            responses = list(pool.map(one, range(3)))
+        assert [r.json()["usage"]["completion_tokens"] for r in responses] == [6, 6, 6]
+        assert _metric(proc.url, "memory_pressure") == 1.0
+        assert "memory pressure" in proc.output() and "new requests wait" in proc.output()
+    finally:
+        proc.stop()

@@ -207,3 +207,27 @@ def test_property_no_leaks_and_exact_reference_counts(ops, num_blocks, budget, c
         sched.finish_request(rid, FinishReason.ABORT)
     assert sched.kv.num_free_blocks == num_blocks
     assert all(b.ref_cnt == 0 for b in sched.kv.pool.blocks)
+
+
+def test_under_memory_pressure_only_an_empty_batch_admits():
+    from pagedllm.core.memory_guard import MemoryGuard
+
+    sched = make()
+    sched.add_request(req("a", 8, max_tokens=3))
+    sched.add_request(req("b", 8, max_tokens=3, start=100))
+    sched.admission_paused = True
+    assert [s.request_id for s in fake_step(sched).scheduled] == ["a"]  # progress, one at a time
+    assert [s.request_id for s in fake_step(sched).scheduled] == ["a"]  # b still waits
+    sched.admission_paused = False
+    assert {s.request_id for s in fake_step(sched).scheduled} == {"a", "b"}
+
+    readings = iter([(900, 10_000, 100_000), (900, 9_000, 100_000), (2_000, 5_000, 100_000)])
+    clock = iter([0.0, 1.0, 2.0])
+    machine = MemoryGuard(None, clock=lambda: next(clock), read=lambda: next(readings))
+    assert not machine.under_pressure()  # 10 % free: not under
+    assert machine.under_pressure() and "free" in machine.reason  # 9 %: under
+    explicit = MemoryGuard(1_000, clock=iter([0.0, 0.1, 5.0]).__next__,
+                           read=iter([(999, 0, 1), (2_000, 0, 1)]).__next__)
+    assert not explicit.under_pressure()
+    assert not explicit.under_pressure()  # read at most every CHECK_EVERY_SECONDS
+    assert explicit.under_pressure() and "--max-memory" in explicit.reason

@@ -6,7 +6,6 @@ from typing import Literal
 
 import httpx
 import jsonschema
-import openai
 import pytest
 import torch
 from pydantic import BaseModel, Field

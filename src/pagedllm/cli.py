@@ -28,6 +28,9 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="bytes, or a fraction (0-1] of available memory")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--max-memory", type=int, default=None,
+                        help="resident bytes past which new requests wait (running ones go on); "
+                             "default: wait while the machine has under 10%% of its memory free")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch compute threads (default: all cores; see BENCHMARKS.md)")
 
@@ -47,7 +50,7 @@ def engine_config(args) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, exact_activations=args.exact_activations,
                         kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
                         kv_cache_memory=memory, max_num_seqs=max_num_seqs,
-                        max_model_len=args.max_model_len,
+                        max_model_len=args.max_model_len, max_memory=args.max_memory,
                         enable_prefix_caching=not args.no_prefix_caching, **optional)
 
 

@@ -67,8 +67,14 @@ class EngineConfig:
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's context, capped by the KV capacity
+    max_memory: int | None = None  # resident bytes past which admissions wait; None: leave
+    #                                a tenth of the machine free (core/memory_guard.py)
 
     def __post_init__(self):
+        if self.max_memory is not None and (isinstance(self.max_memory, bool)
+                                            or not isinstance(self.max_memory, int)
+                                            or self.max_memory < 1):
+            raise ValueError(f"max_memory must be a positive number of bytes, got {self.max_memory}")
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -1,4 +1,4 @@
-"""LLMEngine (add_request / abort_request / step) and the offline LLM.generate() API."""
+"""LLMEngine: add_request / abort_request / step (the offline LLM.generate() is in llm.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +13,7 @@ from pagedllm.core import sizing
 from pagedllm.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagedllm.kernels import capabilities, kernel_ops
 from pagedllm.core.kv_cache import KVCacheManager
+from pagedllm.core.memory_guard import MemoryGuard
 from pagedllm.core.model_runner import ModelRunner
 from pagedllm.models.build import build_model
 from pagedllm.core.output_processor import RequestTextState, stop_reason
@@ -42,6 +43,7 @@ class EngineStats:
     num_prompt_tokens: int
     num_generation_tokens: int
     last_step_tokens: int
+    memory_pressure: bool = False  # new requests wait (core/memory_guard.py)
 
 
 class LLMEngine:
@@ -97,6 +99,8 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_manager)
         self.runner = ModelRunner(net, model_config, num_blocks, block_size, torch_dtype, kv_cache_dtype)
+        self.memory_guard = MemoryGuard(config.max_memory)
+        self._paused_logged = False
         self._text_states: dict[str, RequestTextState] = {}
         self._ids = itertools.count()
         # Read by other threads (metrics): replaced whole by the engine thread, never mutated.
@@ -217,6 +221,10 @@ class LLMEngine:
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, execute, update: one step of every running request."""
+        self.scheduler.admission_paused = paused = self.memory_guard.under_pressure()
+        if paused and not self._paused_logged:
+            logger.warning("memory pressure (%s): new requests wait", self.memory_guard.reason)
+        self._paused_logged = paused
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
@@ -259,7 +267,7 @@ class LLMEngine:
             kv_usage=kv.usage(), prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits, num_preemptions=s.num_preemptions,
             num_prompt_tokens=s.num_prompt_tokens, num_generation_tokens=s.num_generation_tokens,
-            last_step_tokens=s.last_step_tokens)
+            last_step_tokens=s.last_step_tokens, memory_pressure=self.scheduler.admission_paused)
 
 
 def _return_freed_memory() -> None:
@@ -270,32 +278,3 @@ def _return_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-class LLM:
-    """Offline batch generation: LLM(model=None).generate(prompts, SamplingParams(...))."""
-
-    def __init__(self, model: EngineConfig | str | None = None, **settings):
-        """LLM(model, dtype=..., ...): the fields of EngineConfig, or one EngineConfig."""
-        self.engine = LLMEngine(model, **settings)
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.engine.tokenizer
-
-    def generate(self, prompts: str | list[str] | list[list[int]],
-                 params: SamplingParams | None = None) -> list[RequestOutput]:
-        """One finished output per prompt (n per prompt, grouped, when params.n > 1), in order."""
-        params = params or SamplingParams()
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        order = []
-        for prompt in prompts:
-            for _ in range(params.n):
-                order.append(self.engine.add_request(None, prompt, params).request_id)
-        finished: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
-        return [finished[rid] for rid in order]

@@ -96,8 +96,6 @@ class PromptTooLongError(ValueError):
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
-        # Output budget: resolved by the engine (resolve_max_tokens); params' value otherwise.
-        self.max_tokens = max_tokens if max_tokens is not None else params.max_tokens
         super().__init__(
             f"this model's maximum context length is {max_model_len} tokens, but the request "
             f"has {num_prompt_tokens} prompt tokens and asks for {max_tokens} more "

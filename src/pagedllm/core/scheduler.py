@@ -33,6 +33,7 @@ class Scheduler:
         self.waiting = FairQueue()
         self.running: list[Request] = []  # in admission order: the newest is last
         self.max_running_per_user: dict[str, int] = {}  # per-key max_concurrent
+        self.admission_paused = False  # memory pressure: the engine sets it before each step
         self.requests: dict[str, Request] = {}
         self.stats = SchedulerStats()
 
@@ -94,9 +95,12 @@ class Scheduler:
                 index += 1
 
         # Then admit waiting requests in fair order while budget, slots and blocks last. Not
-        # in a step that had to preempt: memory is short, admitting more would thrash.
+        # in a step that had to preempt: memory is short, admitting more would thrash. Under
+        # memory pressure (the engine says so) only into an empty batch, so the server
+        # still makes progress one request at a time.
         while (self.waiting and budget > 0 and not out.preempted
-               and len(self.running) < self.config.max_num_seqs):
+               and len(self.running) < self.config.max_num_seqs
+               and not (self.admission_paused and self.running)):
             request = self.waiting.peek(self._user_may_run)
             if request is None:
                 break

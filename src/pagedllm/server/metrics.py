@@ -36,6 +36,8 @@ class EngineStatsCollector:
         yield self._gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
         yield self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", s.kv_usage)
         yield self._gauge("num_kv_blocks", "KV-cache blocks in the pool.", s.kv_blocks_total)
+        yield self._gauge("memory_pressure", "1 while new requests wait for memory (--max-memory).",
+                          float(s.memory_pressure))
         yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                             s.prefix_cache_queries)
         yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
