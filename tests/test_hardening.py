@@ -432,3 +432,39 @@ def test_under_memory_pressure_new_requests_wait_and_still_complete(tmp_path):
         assert "memory pressure" in proc.output() and "new requests wait" in proc.output()
     finally:
         proc.stop()
+
+
+def test_slow_headers_are_cut_off_and_connections_per_client_are_bounded(tmp_path):
+    import socket
+    import time
+
+    from server_process import ServerProcess
+
+    proc = ServerProcess("--dtype", "float32", "--kv-cache-memory", str(32 << 20),
+                         "--header-timeout", "1", "--max-connections-per-client", "3",
+                         log_path=str(tmp_path / "log"))
+
+    def connect():
+        return socket.create_connection(("127.0.0.1", proc.port), timeout=10)
+
+    try:
+        slow = connect()
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        started = time.monotonic()
+        answer = slow.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408") and b"headers did not arrive" in answer
+        assert time.monotonic() - started < 5 and slow.recv(4096) == b""  # then closed
+        held = [connect() for _ in range(3)]
+        extra = connect()
+        answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 429") and b"too many open connections" in answer
+        for sock in held + [extra, slow]:
+            sock.close()
+        time.sleep(0.2)
+        ok = httpx.post(proc.url + "/v1/completions", timeout=60,
+                        json={"prompt": "Hi", "max_tokens": 2})  # the slots came back
+        assert ok.status_code == 200
+        with httpx.Client(timeout=60) as client:  # keep-alive: several requests, one connection
+            assert [client.get(proc.url + "/health").status_code for _ in range(3)] == [200] * 3
+    finally:
+        proc.stop()

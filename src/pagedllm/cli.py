@@ -88,7 +88,8 @@ def server_config(args) -> ServerConfig:
         max_queue=args.max_queue, max_prompt_tokens=args.max_prompt_tokens,
         max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout,
         shutdown_grace=args.shutdown_grace, ssl_certfile=args.ssl_certfile,
-        ssl_keyfile=args.ssl_keyfile, **optional)
+        ssl_keyfile=args.ssl_keyfile, header_timeout=args.header_timeout,
+        max_connections_per_client=args.max_connections_per_client, **optional)
 
 
 def cmd_generate(args) -> int:
@@ -165,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="seconds running requests get to finish on SIGTERM")
     serve.add_argument("--max-body-bytes", type=int, default=None, help="default 4 MiB")
+    serve.add_argument("--header-timeout", type=float, default=10.0,
+                       help="seconds a request's headers may take to arrive (slow clients are "
+                            "cut off)")
+    serve.add_argument("--max-connections-per-client", type=int, default=128,
+                       help="open connections per client address (0: no cap; behind a proxy "
+                            "every client shares its address)")
     shared = serve.add_argument_group("shared-server controls")
     shared.add_argument("--api-key-file", default=None,
                         help="lines of `NAME KEY [weight=W] [max_concurrent=C] [tokens_per_minute=T]`;"

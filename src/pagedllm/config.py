@@ -124,3 +124,5 @@ class ServerConfig:
     shutdown_grace: float = 30.0  # seconds running requests get on SIGTERM
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    header_timeout: float = 10.0  # seconds a request's headers may take to arrive
+    max_connections_per_client: int = 128  # open connections per client address; 0: no cap

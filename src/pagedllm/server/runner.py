@@ -19,6 +19,7 @@ from pagedllm.core import sizing
 from pagedllm.core.engine import LLMEngine
 from pagedllm.server.app import create_app
 from pagedllm.server.auth import is_loopback
+from pagedllm.server.connections import guarded_protocol
 
 logger = logging.getLogger("pagedllm.server")
 EXIT_ENGINE_DEAD = 70  # EX_SOFTWARE: the engine failed step after step
@@ -113,6 +114,8 @@ def serve(engine: LLMEngine, config: ServerConfig) -> int:
     app = create_app(engine, config.served_model_name, config, engine_thread=False)
     state = app.state.pagedllm
     http_config = uvicorn.Config(app, host=host, port=port, log_level="info",
+                                 http=guarded_protocol(config.header_timeout,
+                                                       config.max_connections_per_client),
                                  timeout_graceful_shutdown=int(grace_seconds) + 5,
                                  ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
     scheme = "https" if ssl_certfile else "http"

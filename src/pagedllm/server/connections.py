@@ -1,0 +1,77 @@
+"""uvicorn's HTTP/1.1 protocol with the two connection limits it lacks: a request's headers
+must arrive within `header_timeout` seconds (of the connection, or of the previous response
+on a kept-alive one), so a client trickling them (slow loris) is cut off; and one client
+address holds at most `max_per_client` open connections (the one past it gets 429 and is
+closed). Bodies are bounded in time and size by middleware.BodyGuard."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+def guarded_protocol(header_timeout: float, max_per_client: int) -> type[H11Protocol]:
+    """A protocol class for uvicorn.Config(http=...); max_per_client 0: no per-client cap."""
+    open_by_client: Counter[str] = Counter()  # shared by this server's connections
+
+    class GuardedH11Protocol(H11Protocol):
+        _header_timer = None
+        _host = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._host = self.client[0] if self.client else ""
+            open_by_client[self._host] += 1
+            if max_per_client and open_by_client[self._host] > max_per_client:
+                _refuse(transport, f"too many open connections from {self._host} (this "
+                                   f"server's limit is {max_per_client} per client)")
+                return
+            self._arm()
+
+        def connection_lost(self, exc):
+            if self._host is not None:
+                open_by_client[self._host] -= 1
+                if open_by_client[self._host] <= 0:
+                    del open_by_client[self._host]
+                self._host = None
+            self._disarm()
+            super().connection_lost(exc)
+
+        def handle_events(self):
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # the headers are in: the request runs
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def _arm(self):
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+
+        def _disarm(self):
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self):
+            self._header_timer = None
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                _refuse(self.transport, f"the request headers did not arrive within "
+                                        f"{header_timeout:g} s", 408)
+
+    return GuardedH11Protocol
+
+
+def _refuse(transport, message: str, status: int = 429) -> None:
+    reason = {408: "Request Timeout", 429: "Too Many Requests"}[status]
+    body = json.dumps({"error": {"message": message, "type": "rate_limit_error" if status == 429
+                                 else "invalid_request_error", "param": None,
+                                 "code": "too_many_connections" if status == 429
+                                 else "request_timeout"}}).encode()
+    transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body))
+    transport.close()
