@@ -468,3 +468,17 @@ def test_slow_headers_are_cut_off_and_connections_per_client_are_bounded(tmp_pat
             assert [client.get(proc.url + "/health").status_code for _ in range(3)] == [200] * 3
     finally:
         proc.stop()
+
+
+def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized(hardened):
+    from pagedllm.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_model_path(None)
+    text = "word " * 400_000  # 2 MB less a little: under the body limit
+    assert tokenizer.min_tokens(text) <= len(tokenizer.encode(text))  # a true lower bound
+    for route, body in (("/v1/completions", {"prompt": text}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]})):
+        r = httpx.post(hardened.url + route, json={**body, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert "at least" in r.json()["error"]["message"]
+    _still_serving(hardened.url)

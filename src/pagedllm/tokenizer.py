@@ -3,6 +3,7 @@ chat templates rendered in jinja2's sandbox, and incremental detokenization for 
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -188,6 +189,17 @@ class Tokenizer:
     @property
     def backend(self) -> HFTokenizer:
         return self._tok
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for (its text's length in the byte-level
+        alphabet is its bytes, which bound its characters)."""
+        return max(1, max(len(t) for t in self._tok.get_vocab(with_added_tokens=True)))
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)) without encoding: a text too long for the
+        context is refused in microseconds, not after seconds of tokenizing."""
+        return len(text) // self.max_token_chars
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Raises ValueError for text that is not valid Unicode (a lone UTF-16 surrogate)."""

@@ -17,8 +17,8 @@ from pagedllm.core.memory_guard import MemoryGuard
 from pagedllm.core.model_runner import ModelRunner
 from pagedllm.models.build import build_model
 from pagedllm.core.output_processor import RequestTextState, stop_reason
-from pagedllm.core.request import (FinishReason, Request, RequestOutput, SamplingParams,
-                                   SamplingParamsError, resolve_max_tokens)
+from pagedllm.core.request import (FinishReason, PromptTooLongError, Request, RequestOutput,
+                                   SamplingParams, SamplingParamsError, resolve_max_tokens)
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.structured.compiler import GrammarCompiler
@@ -151,10 +151,12 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be in [0, {vocab})")
+        max_len = self.scheduler_config.max_model_len
+        if isinstance(prompt, str) and self.tokenizer.min_tokens(prompt) > max_len:
+            raise PromptTooLongError(self.tokenizer.min_tokens(prompt), 0, max_len, at_least=True)
         prompt_ids = self.tokenize_prompt(prompt)
         if not prompt_ids:
             raise ValueError("prompt is empty")
-        max_len = self.scheduler_config.max_model_len
         max_tokens = resolve_max_tokens(params.max_tokens, len(prompt_ids), max_len,
                                         max_tokens_limit)
         request = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params,

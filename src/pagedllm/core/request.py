@@ -92,14 +92,17 @@ class SamplingParams:
 class PromptTooLongError(ValueError):
     """prompt + max_tokens does not fit the context; both numbers are in the message."""
 
-    def __init__(self, num_prompt_tokens: int, max_tokens: int, max_model_len: int):
+    def __init__(self, num_prompt_tokens: int, max_tokens: int, max_model_len: int,
+                 at_least: bool = False):
+        """at_least: num_prompt_tokens is a lower bound (the text was not tokenized)."""
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tokens = max_tokens
         self.max_model_len = max_model_len
-        super().__init__(
-            f"this model's maximum context length is {max_model_len} tokens, but the request "
-            f"has {num_prompt_tokens} prompt tokens and asks for {max_tokens} more "
-            f"({num_prompt_tokens + max_tokens} in all)")
+        has = f"at least {num_prompt_tokens} prompt tokens" if at_least else \
+            f"{num_prompt_tokens} prompt tokens and asks for {max_tokens} more " \
+            f"({num_prompt_tokens + max_tokens} in all)"
+        super().__init__(f"this model's maximum context length is {max_model_len} tokens, but "
+                         f"the request has {has}")
 
 
 def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,

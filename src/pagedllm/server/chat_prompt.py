@@ -66,8 +66,16 @@ def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
         text = tok.apply_chat_template(template_messages, add_generation_prompt, tools=tools)
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages", "invalid_value") from exc
+    limit = state.engine.scheduler_config.max_model_len
+    if tok.min_tokens(text) > limit:  # refused before seconds of tokenizing
+        raise APIError(400, f"the conversation has at least {tok.min_tokens(text)} tokens, over "
+                            f"this model's context of {limit}", "messages",
+                       "context_length_exceeded")
     # The template writes special tokens as text; encode without adding BOS twice.
-    ids = tok.encode(text, add_special_tokens=False)
+    try:
+        ids = tok.encode(text, add_special_tokens=False)
+    except ValueError as exc:  # not valid Unicode
+        raise APIError(400, str(exc), "messages", "invalid_value") from exc
     offered = use.functions and use.choice.mode != "none"
     return ChatPrompt(ids, use if offered else None)
 
