@@ -454,6 +454,11 @@ def test_slow_headers_are_cut_off_and_connections_per_client_are_bounded(tmp_pat
         answer = slow.recv(4096)
         assert answer.startswith(b"HTTP/1.1 408") and b"headers did not arrive" in answer
         assert time.monotonic() - started < 5 and slow.recv(4096) == b""  # then closed
+        huge = connect()  # headers over 32 KiB, sent at once
+        huge.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n")
+        assert huge.recv(4096).startswith(b"HTTP/1.1 431")
+        huge.close()
+        time.sleep(0.2)
         held = [connect() for _ in range(3)]
         extra = connect()
         answer = extra.recv(4096)
@@ -482,3 +487,32 @@ def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized(hardene
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         assert "at least" in r.json()["error"]["message"]
     _still_serving(hardened.url)
+
+
+def test_a_broken_engine_ends_every_stream_reports_503_and_exits_70(tmp_path):
+    from server_process import ServerProcess
+
+    proc = ServerProcess("--dtype", "float32", "--kv-cache-memory", str(32 << 20),
+                         "--served-model-name", "smollm2", log_path=str(tmp_path / "log"),
+                         env={"PAGEDLLM_TEST_BREAK_ENGINE": "1"})
+    try:
+        for _ in range(3):  # three failed steps in a row: the engine counts as dead
+            events = _stream(proc.url)
+            assert events[-1] == "[DONE]" and "engine error" in events[-2]
+        assert proc.proc.wait(60) == 70
+        assert "engine unusable" in proc.output() and "exiting" in proc.output()
+    finally:
+        proc.stop()
+
+
+def test_health_is_503_while_the_engine_is_unusable(real_llm):
+    from fastapi.testclient import TestClient
+
+    from pagedllm.server.app import create_app
+
+    app = create_app(real_llm.engine, "smollm2", engine_thread=False)
+    with TestClient(app) as client:
+        assert client.get("/health").status_code == 200
+        app.state.pagedllm.async_engine.dead = "3 engine steps failed in a row: boom"
+        r = client.get("/health")
+        assert r.status_code == 503 and "boom" in r.json()["error"]["message"]

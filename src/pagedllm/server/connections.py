@@ -1,14 +1,17 @@
-"""uvicorn's HTTP/1.1 protocol with the two connection limits it lacks: a request's headers
-must arrive within `header_timeout` seconds (of the connection, or of the previous response
-on a kept-alive one), so a client trickling them (slow loris) is cut off; and one client
-address holds at most `max_per_client` open connections (the one past it gets 429 and is
-closed). Bodies are bounded in time and size by middleware.BodyGuard."""
+"""uvicorn's HTTP/1.1 protocol with the connection limits it lacks: a request's headers must
+arrive within `header_timeout` seconds (of the connection, or of the previous response on a
+kept-alive one), so a client trickling them (slow loris) is cut off (408); they may take at
+most MAX_HEADER_BYTES (431; h11 bounds only headers that arrive in pieces); and one client
+address holds at most `max_per_client` open connections (the one past it gets 429). Each
+refusal closes the connection. Bodies are bounded in time and size by middleware.BodyGuard."""
 from __future__ import annotations
 
 import json
 from collections import Counter
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+MAX_HEADER_BYTES = 32 << 10
 
 
 def guarded_protocol(header_timeout: float, max_per_client: int) -> type[H11Protocol]:
@@ -18,6 +21,8 @@ def guarded_protocol(header_timeout: float, max_per_client: int) -> type[H11Prot
     class GuardedH11Protocol(H11Protocol):
         _header_timer = None
         _host = None
+        _header_bytes = b""  # what came since the last request, until its headers end
+        _in_headers = True
 
         def connection_made(self, transport):
             super().connection_made(transport)
@@ -38,6 +43,18 @@ def guarded_protocol(header_timeout: float, max_per_client: int) -> type[H11Prot
             self._disarm()
             super().connection_lost(exc)
 
+        def data_received(self, data):
+            if self._in_headers:
+                self._header_bytes += data[:MAX_HEADER_BYTES + 4 - len(self._header_bytes)]
+                if b"\r\n\r\n" in self._header_bytes:
+                    self._in_headers, self._header_bytes = False, b""
+                elif len(self._header_bytes) > MAX_HEADER_BYTES:
+                    self._disarm()
+                    _refuse(self.transport, f"the request headers are over {MAX_HEADER_BYTES} "
+                                            f"bytes", 431)
+                    return
+            super().data_received(data)
+
         def handle_events(self):
             super().handle_events()
             if self.cycle is not None and not self.cycle.response_complete:
@@ -50,6 +67,7 @@ def guarded_protocol(header_timeout: float, max_per_client: int) -> type[H11Prot
 
         def _arm(self):
             self._disarm()
+            self._in_headers, self._header_bytes = True, b""
             self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
 
         def _disarm(self):
@@ -67,11 +85,12 @@ def guarded_protocol(header_timeout: float, max_per_client: int) -> type[H11Prot
 
 
 def _refuse(transport, message: str, status: int = 429) -> None:
-    reason = {408: "Request Timeout", 429: "Too Many Requests"}[status]
+    reason, code = {408: ("Request Timeout", "request_timeout"),
+                    429: ("Too Many Requests", "too_many_connections"),
+                    431: ("Request Header Fields Too Large", "headers_too_large")}[status]
     body = json.dumps({"error": {"message": message, "type": "rate_limit_error" if status == 429
                                  else "invalid_request_error", "param": None,
-                                 "code": "too_many_connections" if status == 429
-                                 else "request_timeout"}}).encode()
+                                 "code": code}}).encode()
     transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
                     b"content-length: %d\r\n\r\n%s" % (status, reason.encode(), len(body), body))
     transport.close()

@@ -90,25 +90,34 @@ def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -
             f"and pass --api-key-file keys.txt (or --insecure-no-auth if you really mean it).")
 
 
+# Test hooks, read only here: sampling fails for requests with this seed; or every engine
+# step fails (a broken engine, for the exit-status test).
 FAULT_SEED_ENV = "PAGEDLLM_TEST_FAIL_SAMPLING_SEED"
+BROKEN_ENGINE_ENV = "PAGEDLLM_TEST_BREAK_ENGINE"
 
 
-def _inject_sampling_fault(engine: LLMEngine) -> None:
-    """For the fault-injection test only: sampling raises for requests with this seed."""
-    seed = int(os.environ[FAULT_SEED_ENV])
-    logger.warning("%s=%d: sampling fails for requests with that seed (a test hook)",
-                   FAULT_SEED_ENV, seed)
+def _inject_faults(engine: LLMEngine) -> None:
+    if os.environ.get(FAULT_SEED_ENV):
+        seed = int(os.environ[FAULT_SEED_ENV])
+        logger.warning("%s=%d: sampling fails for requests with that seed (a test hook)",
+                       FAULT_SEED_ENV, seed)
 
-    def fail(request_id, row):
-        if row.params.seed == seed:
-            raise RuntimeError(f"injected sampling fault for seed {seed}")
+        def fail(request_id, row):
+            if row.params.seed == seed:
+                raise RuntimeError(f"injected sampling fault for seed {seed}")
 
-    engine.runner.fault_injector = fail
+        engine.runner.fault_injector = fail
+    if os.environ.get(BROKEN_ENGINE_ENV):
+        logger.warning("%s: every engine step fails (a test hook)", BROKEN_ENGINE_ENV)
+
+        def broken_step():
+            raise RuntimeError("injected engine fault")
+
+        engine.step = broken_step
 
 
 def serve(engine: LLMEngine, config: ServerConfig) -> int:
-    if os.environ.get(FAULT_SEED_ENV):
-        _inject_sampling_fault(engine)
+    _inject_faults(engine)
     host, port, grace_seconds = config.host, config.port, config.shutdown_grace
     ssl_certfile, ssl_keyfile = config.ssl_certfile, config.ssl_keyfile
     app = create_app(engine, config.served_model_name, config, engine_thread=False)
