@@ -152,3 +152,20 @@ def test_unknown_tokenizer_model_is_reported(tmp_path):
     with pytest.raises(ModelLoadError, match="x.gguf.*unknown tokenizer model 'bert'"):
         Tokenizer.from_gguf_metadata(str(tmp_path / "x.gguf"),
                                      {"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
+
+
+def test_encode_within_refuses_long_texts_early_and_leaves_short_ones_alone():
+    from pagedllm.tokenizer import TokenLimitError, Tokenizer
+
+    tok = Tokenizer.from_model_path(None)
+    text = " ".join(f"word{i % 97}" for i in range(20_000))  # ~40,000 tokens, 170k characters
+    assert tok.encode_within(text, 100_000) == tok.encode(text)
+    whole = tok.encode(text * 4)
+    with pytest.raises(TokenLimitError) as info:
+        tok.encode_within(text * 4, 1_000)
+    assert 1_000 < info.value.num_tokens <= len(whole)  # a lower bound past the limit
+    with pytest.raises(TokenLimitError) as far:
+        tok.encode_within("x" * 10_000_000, 8192)  # refused from its length alone
+    assert far.value.num_tokens == 10_000_000 // tok.max_token_chars
+    short = "The capital of France is"
+    assert tok.encode_within(short, 10) == tok.encode(short)

@@ -28,6 +28,20 @@ _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
 
 
+# encode_within: pieces of this many characters, each counted with this many tokens less
+# (tokenizing pieces apart can split what the whole text would merge at their edges).
+PIECE_CHARS, PIECE_EDGE_TOKENS = 16_384, 4
+
+
+class TokenLimitError(ValueError):
+    """A text has at least `num_tokens` tokens, over `limit` (it was not tokenized whole)."""
+
+    def __init__(self, num_tokens: int, limit: int):
+        self.num_tokens = num_tokens
+        self.limit = limit
+        super().__init__(f"the text has at least {num_tokens} tokens, over the limit of {limit}")
+
+
 class ChatTemplateError(ValueError):
     """The chat template failed to render for these messages."""
 
@@ -200,6 +214,26 @@ class Tokenizer:
         """A lower bound on len(encode(text)) without encoding: a text too long for the
         context is refused in microseconds, not after seconds of tokenizing."""
         return len(text) // self.max_token_chars
+
+    def encode_within(self, text: str, limit: int, add_special_tokens: bool = True) -> list[int]:
+        """encode(), for a text that may hold at most `limit` tokens: one far past it is
+        refused from min_tokens() without tokenizing, and a long one is tokenized in pieces
+        that stop as soon as their count (less a margin for the pieces' edges) passes the
+        limit, so refusing costs about what `limit` tokens cost. Near the limit it may return
+        a few more than `limit` ids: the caller checks the exact length. Raises
+        TokenLimitError."""
+        if self.min_tokens(text) > limit:
+            raise TokenLimitError(self.min_tokens(text), limit)
+        if len(text) > PIECE_CHARS:
+            count, start = 0, 0
+            while start < len(text):
+                end = text.find(" ", start + PIECE_CHARS)  # cut at a space: words stay whole
+                end = len(text) if end < 0 else end
+                count += max(0, len(self.encode(text[start:end], False)) - PIECE_EDGE_TOKENS)
+                if count > limit:
+                    raise TokenLimitError(count, limit)
+                start = end
+        return self.encode(text, add_special_tokens)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Raises ValueError for text that is not valid Unicode (a lone UTF-16 surrogate)."""

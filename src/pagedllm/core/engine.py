@@ -22,7 +22,7 @@ from pagedllm.core.request import (FinishReason, PromptTooLongError, Request, Re
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.structured.compiler import GrammarCompiler
-from pagedllm.tokenizer import Tokenizer
+from pagedllm.tokenizer import TokenLimitError, Tokenizer
 from pagedllm.weights import load_checkpoint
 
 logger = logging.getLogger("pagedllm")
@@ -123,8 +123,9 @@ class LLMEngine:
 
     # -- requests ---------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Raises TokenLimitError for a text past the context (not tokenized whole)."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode_within(prompt, self.scheduler_config.max_model_len)
         token_ids = list(prompt)
         vocab = self.model_config.vocab_size
         bad = [t for t in token_ids
@@ -152,9 +153,10 @@ class LLMEngine:
         if any(t >= vocab for t in params.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be in [0, {vocab})")
         max_len = self.scheduler_config.max_model_len
-        if isinstance(prompt, str) and self.tokenizer.min_tokens(prompt) > max_len:
-            raise PromptTooLongError(self.tokenizer.min_tokens(prompt), 0, max_len, at_least=True)
-        prompt_ids = self.tokenize_prompt(prompt)
+        try:
+            prompt_ids = self.tokenize_prompt(prompt)
+        except TokenLimitError as exc:
+            raise PromptTooLongError(exc.num_tokens, 0, max_len, at_least=True) from exc
         if not prompt_ids:
             raise ValueError("prompt is empty")
         max_tokens = resolve_max_tokens(params.max_tokens, len(prompt_ids), max_len,

@@ -27,7 +27,7 @@ from pagedllm.server.ollama_api import add_ollama_routes
 from pagedllm.server.openapi import install_openapi
 from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       TokenizeRequest)
-from pagedllm.tokenizer import ChatTemplateError
+from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 
 logger = logging.getLogger("pagedllm.server")
 
@@ -149,9 +149,17 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
                                                 for m in body.messages], body.add_generation_prompt)
             except ChatTemplateError as exc:
                 raise APIError(400, str(exc), "messages", "invalid_value") from exc
-            ids = tok.encode(text, add_special_tokens=False)
         else:
-            ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            text = body.prompt
+        limit = engine.scheduler_config.max_model_len
+        try:  # bounded like a generation request's prompt: no text stalls the HTTP thread
+            ids = tok.encode_within(text, limit, body.prompt is not None and body.add_special_tokens)
+        except TokenLimitError as exc:
+            raise APIError(400, f"the text has at least {exc.num_tokens} tokens, over this "
+                                f"server's context of {limit}", "prompt",
+                           "context_length_exceeded") from exc
+        except ValueError as exc:
+            raise APIError(400, str(exc), "prompt", "invalid_value") from exc
         return {"tokens": ids, "count": len(ids),
                 "max_model_len": engine.scheduler_config.max_model_len}
 

@@ -11,7 +11,7 @@ from pagedllm.core.request import SamplingParams
 from pagedllm.server.choices import compile_grammar
 from pagedllm.server.errors import APIError
 from pagedllm.structured.spec import GrammarError, json_schema_spec
-from pagedllm.tokenizer import ChatTemplateError
+from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 from pagedllm.tool_calls.prompt import template_inputs
 from pagedllm.tool_calls.spec import Function, ToolChoice, ToolError, parse_tool_choice, parse_tools
 from pagedllm.tool_calls.syntax import TemplateTools, template_tools
@@ -67,13 +67,13 @@ def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages", "invalid_value") from exc
     limit = state.engine.scheduler_config.max_model_len
-    if tok.min_tokens(text) > limit:  # refused before seconds of tokenizing
-        raise APIError(400, f"the conversation has at least {tok.min_tokens(text)} tokens, over "
-                            f"this model's context of {limit}", "messages",
-                       "context_length_exceeded")
     # The template writes special tokens as text; encode without adding BOS twice.
     try:
-        ids = tok.encode(text, add_special_tokens=False)
+        ids = tok.encode_within(text, limit, add_special_tokens=False)
+    except TokenLimitError as exc:  # refused before tokenizing all of it
+        raise APIError(400, f"the conversation has at least {exc.num_tokens} tokens, over this "
+                            f"model's context of {limit}", "messages",
+                       "context_length_exceeded") from exc
     except ValueError as exc:  # not valid Unicode
         raise APIError(400, str(exc), "messages", "invalid_value") from exc
     offered = use.functions and use.choice.mode != "none"
