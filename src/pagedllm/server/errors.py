@@ -43,13 +43,17 @@ def error_response(status: int, message: str, param: str | None = None,
 def _field_name(loc: tuple) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path")]
     # Drop pydantic's union-branch labels such as "str" or "list[int]".
-    parts = [p for p in parts if not p.startswith(("list[", "str", "int", "function-"))]
+    parts = [p for p in parts if not p.startswith(("list[", "str", "int", "function-",
+                                                   "constrained-", "dict[", "bool", "float"))]
     return ".".join(parts) or None
 
 
 async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
-    first = errors[0] if errors else {}
+    # A union field reports every branch; the one that is not a plain type mismatch says
+    # what is wrong with the value the client meant ("at most 16 items", not "not a string").
+    telling = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
+    first = (telling or errors or [{}])[0]
     param = _field_name(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
         return error_response(400, f"request body is not valid JSON: {first.get('msg')}", None,

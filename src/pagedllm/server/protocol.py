@@ -5,18 +5,24 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, field_validator
 
 from pagedllm.config import CHAT_DEFAULT_MAX_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS
-from pagedllm.core.request import SamplingParams
+from pagedllm.core.request import (MAX_INT32, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+                                   MIN_REPETITION_PENALTY, SEED_RANGE, SamplingParams)
 from pagedllm.structured.spec import GrammarSpec, spec_from_request
 from pagedllm.tool_calls.spec import ToolError
 
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+# The bounds SamplingParams holds every request to (core/request.py), published in the schema.
+StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_CHARS)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=MAX_INT32)]
 
 
 class RequestModel(BaseModel):
@@ -39,14 +45,14 @@ class SamplingFields(RequestModel):
     max_tokens: int | None = Field(default=CHAT_DEFAULT_MAX_TOKENS, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_INT32)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    repetition_penalty: float | None = Field(default=None, ge=MIN_REPETITION_PENALTY, le=2.0)
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     n: int = Field(default=1, ge=1, le=16)
     ignore_eos: bool = False
     stream: bool = False
