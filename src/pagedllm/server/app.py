@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
@@ -17,72 +16,19 @@ from pagedllm.config import ServerConfig
 from pagedllm.core.async_engine import AsyncEngine
 from pagedllm.core.engine import LLMEngine
 from pagedllm.server import errors
-from pagedllm.server.auth import ApiKey, KeyStore
+from pagedllm.server.auth import KeyStore
 from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
-from pagedllm.server.limits import TokenRateLimiter, check_queue
 from pagedllm.server.metrics import ServerMetrics
 from pagedllm.server.middleware import ApiKeyAuth, BodyGuard
 from pagedllm.server.ollama_api import add_ollama_routes
 from pagedllm.server.openapi import install_openapi
 from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       TokenizeRequest)
+from pagedllm.server.state import ServerState
 from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 
 logger = logging.getLogger("pagedllm.server")
-
-
-@dataclass
-class ServerState:
-    engine: LLMEngine
-    async_engine: AsyncEngine
-    served_model_name: str
-    metrics: ServerMetrics
-    config: ServerConfig
-    keys: KeyStore
-    created: int
-    rate_limiter: TokenRateLimiter = field(default_factory=TokenRateLimiter)
-    draining: bool = False
-
-    def check_model(self, model: str | None) -> None:
-        if self.draining:
-            raise APIError(503, "server is shutting down", None, "shutting_down")
-        if model is not None and model != self.served_model_name:
-            raise APIError(404, f"The model `{model}` does not exist; this server serves "
-                                f"`{self.served_model_name}`.", "model", "model_not_found")
-
-    def identity(self, http_request: HTTPRequest, user_field: str | None) -> tuple[str, ApiKey | None]:
-        """Who is asking: the API key's name, else the `user` field, else the client address."""
-        key = http_request.scope.get("state", {}).get("api_key")
-        if key is not None:
-            return key.name, key
-        if user_field:
-            return f"user:{user_field}", None
-        client = http_request.client
-        return f"addr:{client.host if client else 'unknown'}", None
-
-    def cache_salt_for(self, user: str) -> str | None:
-        # Salted by user so one user cannot learn another's prompts through cache timing.
-        return None if self.config.shared_prefix_cache else user
-
-    def admit(self, key: ApiKey | None, num_new: int) -> None:
-        """Raise 429 when the queue is full or the key is over its tokens per minute."""
-        if key is not None:
-            self.rate_limiter.check(key.name, key.tokens_per_minute)
-        # Requests in flight fill the parallel slots first; only those beyond them wait.
-        slots = self.engine.scheduler_config.max_num_seqs
-        waiting = max(0, self.async_engine.num_in_flight - slots)
-        check_queue(waiting, num_new, self.config.max_queue)
-
-    def apply_key_policies(self) -> None:
-        """Weights and per-key concurrency caps, sent to the engine's loop thread."""
-        self.async_engine.set_user_policies(
-            {k.name: k.weight for k in self.keys.keys},
-            {k.name: k.max_concurrent for k in self.keys.keys if k.max_concurrent})
-
-    def reload_keys(self) -> None:
-        if self.keys.reload():
-            self.apply_key_policies()
 
 
 def create_app(engine: LLMEngine, served_model_name: str | None = None,

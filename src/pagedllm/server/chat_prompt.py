@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pagedllm.core.request import SamplingParams
 from pagedllm.server.choices import compile_grammar
 from pagedllm.server.errors import APIError
+from pagedllm.server.state import ServerState
 from pagedllm.structured.spec import GrammarError, json_schema_spec
 from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 from pagedllm.tool_calls.prompt import template_inputs
 from pagedllm.tool_calls.spec import Function, ToolChoice, ToolError, parse_tool_choice, parse_tools
 from pagedllm.tool_calls.syntax import TemplateTools, template_tools
-
-if TYPE_CHECKING:  # app.py imports this module
-    from pagedllm.server.app import ServerState
 
 
 @dataclass(frozen=True)

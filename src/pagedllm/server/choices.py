@@ -10,7 +10,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from fastapi import Request as HTTPRequest
 
@@ -20,10 +19,8 @@ from pagedllm.core.request import (PromptTooLongError, Request, RequestOutput, S
 from pagedllm.server.auth import ApiKey
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import random_id, usage
+from pagedllm.server.state import ServerState
 from pagedllm.structured.spec import GrammarError, GrammarSpec
-
-if TYPE_CHECKING:  # app.py imports this module
-    from pagedllm.server.app import ServerState
 
 
 @dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
@@ -16,9 +15,7 @@ from pagedllm.server.choices import (CLIENT_CLOSED, Choice, build_choices, colle
                                      submit_choices, usage_of)
 from pagedllm.server.protocol import now, random_id
 from pagedllm.server.sse import StreamSpec, sse_response
-
-if TYPE_CHECKING:  # app.py imports this module
-    from pagedllm.server.app import ServerState
+from pagedllm.server.state import ServerState
 
 
 @dataclass(frozen=True)

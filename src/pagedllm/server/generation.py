@@ -4,7 +4,6 @@ record each) and how each request becomes prompts and sampling parameters; the d
 JSON body."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from fastapi import Request as HTTPRequest
 
@@ -15,11 +14,9 @@ from pagedllm.server.choices import Choice
 from pagedllm.server.endpoint import Endpoint, answer
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest
+from pagedllm.server.state import ServerState
 from pagedllm.structured.spec import GrammarError
 from pagedllm.tool_calls.spec import ToolError
-
-if TYPE_CHECKING:  # app.py imports this module
-    from pagedllm.server.app import ServerState
 
 
 # -- completions ---------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import datetime
 import json
 import time
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,10 +26,8 @@ from pagedllm.server.ollama_models import ModelInfo
 from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields,
                                              OllamaGenerateRequest, OllamaModelRequest)
 from pagedllm.server.ollama_shapes import ChatShape, GenerateShape
+from pagedllm.server.state import ServerState
 from pagedllm.structured.spec import GrammarError
-
-if TYPE_CHECKING:  # app.py imports this module
-    from pagedllm.server.app import ServerState
 
 NOT_A_MODEL_MANAGER = {
     "/api/pull": "pulling models", "/api/push": "pushing models", "/api/create": "creating models",

@@ -5,13 +5,10 @@ import datetime
 import functools
 import hashlib
 import os
-from typing import TYPE_CHECKING
 
 from pagedllm.server.errors import APIError
 from pagedllm.server.ollama_protocol import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
-
-if TYPE_CHECKING:  # app.py imports this module
-    from pagedllm.server.app import ServerState
+from pagedllm.server.state import ServerState
 
 
 class ModelInfo:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fastapi.responses import StreamingResponse
 
@@ -14,9 +13,7 @@ from pagedllm.core.async_engine import QueuePosition
 from pagedllm.core.request import RequestOutput
 from pagedllm.server.choices import Choice, merged, usage_of
 from pagedllm.server.protocol import now
-
-if TYPE_CHECKING:  # app.py imports this module
-    from pagedllm.server.app import ServerState
+from pagedllm.server.state import ServerState
 
 
 @dataclass(frozen=True)
