@@ -75,6 +75,7 @@ def test_bad_fields_get_a_400_naming_the_field(hardened, route, base, param, fie
     assert (error["param"] or "").startswith(param), error  # pydantic names the element: "stop_token_ids.0"
     assert error["type"] == "invalid_request_error"
     assert "Overflow" not in error["message"] and "TypeError" not in error["message"]
+    _still_serving(hardened.url)
 
 
 def _raw(url, route, body: bytes, content_type="application/json"):
