@@ -8,6 +8,7 @@ import json
 
 import httpx
 import pytest
+from soak import metric, soak_round, wait_idle
 
 from pagedllm.core.request import SamplingParams
 
@@ -294,11 +295,8 @@ def test_repeated_engine_faults_mark_the_engine_dead_and_end_every_stream(real_l
 
     engine = real_llm.engine
     monkeypatch.setattr(engine, "step", lambda: (_ for _ in ()).throw(RuntimeError("broken")))
-    dead = []
-
     async def main():
         async_engine = AsyncEngine(engine)
-        async_engine.on_dead = dead.append
         streams = [async_engine.submit(engine.make_request(f"r{i}", "Hi", SamplingParams(max_tokens=4)))
                    for i in range(3)]
         errors = []
@@ -317,7 +315,8 @@ def test_repeated_engine_faults_mark_the_engine_dead_and_end_every_stream(real_l
 
     errors, async_engine = asyncio.run(asyncio.wait_for(main(), 60))
     assert all("broken" in e for e in errors)
-    assert async_engine.dead and dead == [async_engine.dead]
+    assert async_engine.dead.startswith("3 engine steps failed in a row")
+    assert not async_engine._thread.is_alive()  # the loop ended with the engine
     assert not engine.has_unfinished_requests()
 
 
@@ -343,70 +342,16 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(hardened):
 
 # -- soak ------------------------------------------------------------------------------------
 
-def _metric(url, name):
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith((f"pagedllm:{name}{{", f"pagedllm:{name} ")):
-            return float(line.split()[-1])
-    raise AssertionError(f"no metric {name}")
-
-
-def _soak_round(url, rounds_seed, num_requests=208, wave=16):
-    """Waves of 16 streaming requests; about half are dropped by the client at a random
-    moment (some before the first byte), the rest read to the end. With 8 slots and a queue
-    of 2, each wave also meets 429s."""
-    import random
-
-    rng = random.Random(rounds_seed)
-    plans = [rng.choice(["full", "drop"]) for _ in range(num_requests)]
-    drop_after = [rng.randint(0, 6) for _ in range(num_requests)]
-
-    def one(i):
-        body = {"prompt": f"Soak {rounds_seed}-{i}: tell me", "max_tokens": 12, "stream": True,
-                "ignore_eos": True, "temperature": 1.0, "stream_options": {"include_usage": True}}
-        with httpx.Client(timeout=120) as client:
-            with client.stream("POST", url + "/v1/completions", json=body) as r:
-                if r.status_code == 429:
-                    return "429", None
-                assert r.status_code == 200, r.read()
-                lines = []
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        lines.append(line[6:])
-                        if plans[i] == "drop" and len(lines) > drop_after[i]:
-                            return "dropped", None  # leaving the block closes the connection
-                assert lines[-1] == "[DONE]", lines[-3:]
-                usage = json.loads(lines[-2])["usage"]
-                return "full", usage["completion_tokens"]
-
-    results = []
-    with concurrent.futures.ThreadPoolExecutor(wave) as pool:
-        for start in range(0, num_requests, wave):
-            results += list(pool.map(one, range(start, min(start + wave, num_requests))))
-    return results
-
-
-def _wait_idle(url):
-    import time
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if (_metric(url, "num_requests_running") == 0 and _metric(url, "num_requests_waiting") == 0
-                and _metric(url, "kv_cache_usage_perc") == 0.0):
-            return
-        time.sleep(0.2)
-    raise AssertionError("the server did not return to idle after the soak")
-
-
 def test_soak_disconnects_and_429s_leave_nothing_behind(hardened):
     import psutil
 
     rss = []
     for round_seed in (1, 2):
-        results = _soak_round(hardened.url, round_seed)
+        results = soak_round(hardened.url, round_seed)
         kinds = [kind for kind, _ in results]
         assert kinds.count("429") > 0 and kinds.count("dropped") > 20 and kinds.count("full") > 20
         assert all(tokens == 12 for kind, tokens in results if kind == "full")  # nothing lost
-        _wait_idle(hardened.url)
+        wait_idle(hardened.url)
         rss.append(psutil.Process(hardened.proc.pid).memory_info().rss)
     _still_serving(hardened.url)
     growth = rss[1] - rss[0]
@@ -429,7 +374,7 @@ def test_under_memory_pressure_new_requests_wait_and_still_complete(tmp_path):
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             responses = list(pool.map(one, range(3)))
         assert [r.json()["usage"]["completion_tokens"] for r in responses] == [6, 6, 6]
-        assert _metric(proc.url, "memory_pressure") == 1.0
+        assert metric(proc.url, "memory_pressure") == 1.0
         assert "memory pressure" in proc.output() and "new requests wait" in proc.output()
     finally:
         proc.stop()

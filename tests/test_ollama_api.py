@@ -93,7 +93,7 @@ def test_tools_on_chat_put_the_tools_in_the_prompt_and_history_renders(oclient):
     assert r.done and r.eval_count >= 1
 
 
-def test_tool_calls_the_model_writes_come_back_as_ollama_tool_calls(server):
+def test_tool_calls_the_model_writes_come_back_as_ollama_tool_calls():
     # /api/chat has no grammar field; the parsing is the OpenAI route's (tested there), and
     # Ollama's shape of it is checked on a text the parser reads as a call.
     from pagedllm.server.ollama_shapes import ChatShape

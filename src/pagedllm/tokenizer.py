@@ -31,6 +31,7 @@ _TOKEN_TYPE_USER_DEFINED = 4
 # encode_within: pieces of this many characters, each counted with this many tokens less
 # (tokenizing pieces apart can split what the whole text would merge at their edges).
 PIECE_CHARS, PIECE_EDGE_TOKENS = 16_384, 4
+LONG_CHARS_PER_TOKEN = 8  # English prose is ~4 characters a token, code ~3
 
 
 class TokenLimitError(ValueError):
@@ -222,9 +223,12 @@ class Tokenizer:
         limit, so refusing costs about what `limit` tokens cost. Near the limit it may return
         a few more than `limit` ids: the caller checks the exact length. Raises
         TokenLimitError."""
-        if self.min_tokens(text) > limit:
-            raise TokenLimitError(self.min_tokens(text), limit)
-        if len(text) > PIECE_CHARS:
+        at_least = self.min_tokens(text)
+        if at_least > limit:
+            raise TokenLimitError(at_least, limit)
+        # Counting pieces costs a second pass over a text that fits: only for a text long for
+        # its limit (over LONG_CHARS_PER_TOKEN characters a token), which rarely fits.
+        if len(text) > max(PIECE_CHARS, LONG_CHARS_PER_TOKEN * limit):
             count, start = 0, 0
             while start < len(text):
                 end = text.find(" ", start + PIECE_CHARS)  # cut at a space: words stay whole

@@ -104,8 +104,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._stopped = False
         self.consecutive_faults = 0
-        self.dead: str | None = None  # why the engine is unusable, once it is
-        self.on_dead = None  # called (on the loop thread) with that reason
+        self.dead: str | None = None  # why the engine is unusable, once it is (run_loop ends)
         self._thread = None
         if start_thread:
             self._thread = threading.Thread(target=self.run_loop, name="pagedllm-engine", daemon=True)
@@ -212,7 +211,7 @@ class AsyncEngine:
     def _on_engine_fault(self, exc: Exception) -> None:
         """A step failed outside any one request's work (those fail alone, in the engine):
         every request ends with an error, never silently; repeated faults mean the engine is
-        unusable, and `dead` is set for /health and the server's supervisor."""
+        unusable: `dead` is set (for /health and serve(), which exits) and the loop ends."""
         self.consecutive_faults += 1
         logger.exception("engine step failed (%d in a row); failing every request",
                          self.consecutive_faults)
@@ -226,5 +225,3 @@ class AsyncEngine:
             self.dead = f"{self.consecutive_faults} engine steps failed in a row: {exc}"
             logger.critical("engine unusable: %s", self.dead)
             self._stopped = True
-            if self.on_dead is not None:
-                self.on_dead(self.dead)

@@ -19,7 +19,7 @@ class MemoryGuard:
         `read` returns (process rss, machine available, machine total) (tests give their own)."""
         self.max_memory = max_memory
         self._clock = clock
-        self._read = read or _read_memory
+        self._read = read or _reader(psutil.Process())
         self._checked_at = float("-inf")
         self._under_pressure = False
         self.reason = ""
@@ -39,12 +39,8 @@ class MemoryGuard:
         return self._under_pressure
 
 
-_process = None
-
-
-def _read_memory() -> tuple[int, int, int]:
-    global _process
-    if _process is None:
-        _process = psutil.Process()
-    machine = psutil.virtual_memory()
-    return _process.memory_info().rss, machine.available, machine.total
+def _reader(process: psutil.Process):
+    def read() -> tuple[int, int, int]:
+        machine = psutil.virtual_memory()
+        return process.memory_info().rss, machine.available, machine.total
+    return read

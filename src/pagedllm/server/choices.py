@@ -114,17 +114,18 @@ async def _drive(state: ServerState, choice: Choice, sink: asyncio.Queue | None)
 async def _on_output(state: ServerState, choice: Choice, out: RequestOutput, sink) -> None:
     if choice.first_token_time is None and out.new_token_ids:
         choice.first_token_time = time.monotonic()
-    if out.error is not None:
-        state.metrics.observe_request(ttft=None, e2e=time.monotonic() - choice.arrival,
-                                      num_output_tokens=len(out.token_ids),
-                                      queue_time=out.queue_time, finish_reason="error")
+    if out.finished:
+        _observe_finish(state, choice, out)
+    if out.error is not None:  # counted above like any finish; the client gets the error
         raise APIError(500, f"this request failed in the engine ({out.error}); the server "
                             f"goes on serving", None, "request_failed")
     if sink is not None:
         await sink.put((choice, out))
-    if not out.finished:
-        return
-    choice.final = out
+    if out.finished:
+        choice.final = out
+
+
+def _observe_finish(state: ServerState, choice: Choice, out: RequestOutput) -> None:
     ttft = None if choice.first_token_time is None else choice.first_token_time - choice.arrival
     state.metrics.observe_request(
         ttft=ttft, e2e=time.monotonic() - choice.arrival, num_output_tokens=len(out.token_ids),

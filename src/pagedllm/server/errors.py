@@ -9,8 +9,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          408: "invalid_request_error", 503: "service_unavailable", 500: "internal_error",
-          501: "not_implemented"}
+          408: "invalid_request_error", 503: "service_unavailable", 500: "internal_error"}
 
 
 class APIError(Exception):

@@ -24,6 +24,7 @@ class GenerateShape:
 class ChatShape:
     def __init__(self, tools=None):
         """tools: a chat_prompt.ToolUse, or None when the request offered none."""
+        self._tools = tools
         self._parser = tools.new_parser() if tools is not None else None
 
     def feed(self, text: str) -> dict | None:
@@ -38,11 +39,7 @@ class ChatShape:
         return _message(*self._parser.finish())
 
     def whole(self, text: str) -> dict:
-        if self._parser is None:
-            return _message(text)
-        content, calls = self._parser.feed(text)
-        rest, more = self._parser.finish()
-        return _message(content + rest, calls + more)
+        return _message(text) if self._tools is None else _message(*self._tools.parse(text))
 
     def final_extra(self, out: RequestOutput) -> dict:
         return {}
