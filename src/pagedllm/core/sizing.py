@@ -65,6 +65,10 @@ def auto_max_num_seqs(num_blocks: int, block_size: int, max_model_len: int) -> i
     return max(1, min(AUTO_MAX_NUM_SEQS, max_full_context_requests(num_blocks, block_size, typical)))
 
 
+class ContextTooLongError(ValueError):
+    """A context the model cannot serve (the server would refuse it as --max-model-len)."""
+
+
 @dataclass(frozen=True)
 class ParallelFit:
     parallel: int
@@ -100,9 +104,10 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
     budget = max(0, memory_bytes - weight_bytes)
     rows = [ParallelFit(n, n * per_request, weight_bytes + n * per_request,
                         weight_bytes + n * per_request <= memory_bytes) for n in parallels]
-    warnings = []
     if context > config.max_position_embeddings:
-        warnings.append(f"context {context} is longer than the model's {config.max_position_embeddings}")
+        raise ContextTooLongError(f"a context of {context} tokens is longer than {config.name}'s "
+                                  f"{config.max_position_embeddings}; plan for at most that")
+    warnings = []
     if weight_bytes > memory_bytes:
         warnings.append(f"the weights alone need {gib(weight_bytes)}, more than the {gib(memory_bytes)} given")
     for row in rows:

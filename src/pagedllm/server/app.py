@@ -17,6 +17,7 @@ from pagedllm.core.async_engine import AsyncEngine
 from pagedllm.core.engine import LLMEngine
 from pagedllm.server import errors
 from pagedllm.server.auth import KeyStore
+from pagedllm.server.docs import install_docs
 from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
 from pagedllm.server.metrics import ServerMetrics
@@ -47,7 +48,8 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
         yield
         async_engine.shutdown()
 
-    app = FastAPI(title="pagedllm", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="pagedllm", version="0.1.0", lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
     app.state.pagedllm = state
     # Added last = outermost: CORS (answers preflights), then auth, then the body's guard,
     # so a client without a key never gets its body read.
@@ -56,7 +58,7 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
     if config.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "X-Api-Key", "Content-Type"])
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(APIError, errors.api_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
@@ -67,6 +69,8 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
         if async_engine.dead:
             raise APIError(503, f"the engine is unusable: {async_engine.dead}", None,
                            "engine_dead")
+        if state.draining:  # still listening, so a load balancer hears it and moves on
+            raise APIError(503, "server is shutting down", None, "shutting_down")
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -125,4 +129,5 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
 
     add_ollama_routes(app, state)
     install_openapi(app, name)
+    install_docs(app)
     return app

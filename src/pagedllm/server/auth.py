@@ -8,6 +8,8 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import os
+import stat
 import threading
 from dataclasses import dataclass
 
@@ -68,6 +70,18 @@ def parse_key_file(path: str) -> list[ApiKey]:
     return keys
 
 
+def permission_warning(path: str) -> str | None:
+    """Why this key file's permissions are unsafe (other users can read or change it), or None."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    if mode & 0o077 == 0:
+        return None
+    return (f"the API key file {path} can be read or changed by other users (mode {mode:04o}): "
+            f"run `chmod 600 {path}`")
+
+
 class KeyStore:
     """The current keys; replaced whole on reload, so a reader sees one version or the other."""
 
@@ -75,6 +89,12 @@ class KeyStore:
         self.path = path
         self._keys: list[ApiKey] = parse_key_file(path) if path else []
         self._lock = threading.Lock()
+        self._warn_permissions()
+
+    def _warn_permissions(self) -> None:
+        warning = permission_warning(self.path) if self.path else None
+        if warning:
+            logger.warning("%s", warning)
 
     @property
     def enabled(self) -> bool:
@@ -104,6 +124,7 @@ class KeyStore:
                 logger.error("API keys not reloaded: %s", exc)
                 return False
             self._keys = keys
+        self._warn_permissions()
         logger.info("API keys reloaded: %d key(s): %s", len(keys), ", ".join(k.name for k in keys))
         return True
 

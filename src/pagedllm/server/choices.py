@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 from fastapi import Request as HTTPRequest
 
 from pagedllm.core.async_engine import QueuePosition, RequestStream
-from pagedllm.core.request import (PromptTooLongError, Request, RequestOutput, SamplingParams,
-                                   SamplingParamsError)
+from pagedllm.core.request import (FinishReason, PromptTooLongError, Request, RequestOutput,
+                                   SamplingParams, SamplingParamsError)
 from pagedllm.server.auth import ApiKey
 from pagedllm.server.errors import APIError
+from pagedllm.server.limits import TokenUse
 from pagedllm.server.protocol import random_id, usage
 from pagedllm.server.state import ServerState
 from pagedllm.structured.spec import GrammarError, GrammarSpec
@@ -36,16 +37,37 @@ class Choice:
     user: str = ""
     key: ApiKey | None = None
     final: RequestOutput | None = None
+    cut_reason: str | None = None  # why the server aborted it (a timeout), when it did
+    tokens_seen: int = 0  # generated tokens so far
+    reservation: TokenUse | None = None  # its key's tokens-per-minute share, until settled
+
+    def settle_tokens(self, state: ServerState, queued: bool = True) -> None:
+        """Once, when it ends however it ends: its tokens count as used, not reserved (none
+        at all when it was never queued)."""
+        if self.reservation is not None:
+            used = self.request.num_prompt_tokens + self.tokens_seen if queued else 0
+            state.rate_limiter.settle(self.reservation, used)
+            self.reservation = None
 
 
 def build_choices(state: ServerState, prompts: list[str | list[int]], params: SamplingParams,
                   http_request: HTTPRequest, user_field: str | None) -> list[Choice]:
     """Check limits and make one engine request per prompt x n (nothing is queued yet)."""
-    engine = state.engine
-    options = state.config
     user, key = state.identity(http_request, user_field)
     state.admit(key, len(prompts) * params.n)
-    choices = []
+    choices: list[Choice] = []
+    try:
+        _make_choices(state, choices, prompts, params, user, key)
+    except BaseException:
+        for choice in choices:  # nothing was queued: give back what they reserved
+            choice.settle_tokens(state, queued=False)
+        raise
+    return choices
+
+
+def _make_choices(state: ServerState, choices: list[Choice], prompts: list[str | list[int]],
+                  params: SamplingParams, user: str, key: ApiKey | None) -> None:
+    engine, options = state.engine, state.config
     arrival = time.monotonic()
     for p_index, prompt in enumerate(prompts):
         for j in range(params.n):
@@ -66,8 +88,12 @@ def build_choices(state: ServerState, prompts: list[str | list[int]], params: Sa
             if limit and req.num_prompt_tokens > limit:
                 raise APIError(400, f"the prompt has {req.num_prompt_tokens} tokens, over this "
                                     f"server's limit of {limit}", "prompt", "prompt_too_long")
-            choices.append(Choice(len(choices), p_index, req, arrival, user=user, key=key))
-    return choices
+            choice = Choice(len(choices), p_index, req, arrival, user=user, key=key)
+            if key is not None:
+                choice.reservation, req.max_tokens = state.rate_limiter.reserve(
+                    key.name, key.tokens_per_minute, req.num_prompt_tokens, req.max_tokens,
+                    fixed=child.max_tokens is not None)
+            choices.append(choice)
 
 
 def compile_grammar(state: ServerState, spec: GrammarSpec) -> None:
@@ -92,9 +118,10 @@ async def _drive(state: ServerState, choice: Choice, sink: asyncio.Queue | None)
     timeout = state.config.request_timeout
     timer = None
     if timeout:
-        # An abort ends the stream with finish_reason "abort", like any other abort.
-        timer = asyncio.get_running_loop().call_later(
-            timeout, state.async_engine.abort, choice.request.request_id)
+        def cut_short():
+            choice.cut_reason = f"it ran past this server's request timeout of {timeout:g} s"
+            state.async_engine.abort(choice.request.request_id)
+        timer = asyncio.get_running_loop().call_later(timeout, cut_short)
     try:
         async for out in choice.stream:
             if isinstance(out, QueuePosition):
@@ -109,11 +136,13 @@ async def _drive(state: ServerState, choice: Choice, sink: asyncio.Queue | None)
     finally:
         if timer is not None:
             timer.cancel()
+        choice.settle_tokens(state)
 
 
 async def _on_output(state: ServerState, choice: Choice, out: RequestOutput, sink) -> None:
     if choice.first_token_time is None and out.new_token_ids:
         choice.first_token_time = time.monotonic()
+    choice.tokens_seen = len(out.token_ids)
     if out.finished:
         _observe_finish(state, choice, out)
     if out.error is not None:  # counted above like any finish; the client gets the error
@@ -131,8 +160,20 @@ def _observe_finish(state: ServerState, choice: Choice, out: RequestOutput) -> N
         ttft=ttft, e2e=time.monotonic() - choice.arrival, num_output_tokens=len(out.token_ids),
         queue_time=out.queue_time, finish_reason=out.finish_reason)
     state.metrics.observe_user(choice.user, len(out.prompt_token_ids), len(out.token_ids))
-    if choice.key is not None:
-        state.rate_limiter.record(choice.key.name, len(out.prompt_token_ids) + len(out.token_ids))
+    choice.settle_tokens(state)
+
+
+def public_finish(state: ServerState, choice: Choice, finish_reason: str | None
+                  ) -> tuple[str | None, dict | None]:
+    """The finish_reason clients are told, and an error saying why when the server cut the
+    answer short. OpenAI's clients know stop / length / tool_calls, not the engine's "abort":
+    a cut-short answer is "length" (it ended before its end) plus the error."""
+    if finish_reason != FinishReason.ABORT.value:
+        return finish_reason, None
+    why = choice.cut_reason or ("the server is shutting down" if state.draining
+                                else "the request was aborted")
+    return FinishReason.LENGTH.value, {"message": f"the answer was cut short: {why}",
+                                       "type": "request_cut_short", "param": None, "code": None}
 
 
 def usage_of(choices: list[Choice]) -> dict:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pagedllm.core.request import RequestOutput, SamplingParams
 from pagedllm.server.choices import (CLIENT_CLOSED, Choice, build_choices, collect, compile_grammar,
-                                     submit_choices, usage_of)
+                                     public_finish, submit_choices, usage_of)
 from pagedllm.server.protocol import now, random_id
 from pagedllm.server.sse import StreamSpec, sse_response
 from pagedllm.server.state import ServerState
@@ -43,6 +43,7 @@ async def answer(state: ServerState, endpoint: Endpoint, body, prompts: list[str
             delta = endpoint.chunk_choice(choice, out)
             if delta is None:
                 return None
+            _tell_finish(state, choice, delta)
             return {"id": response_id, "object": endpoint.chunk_object, "created": now(),
                     "model": model, "choices": [delta]}
 
@@ -58,5 +59,15 @@ async def answer(state: ServerState, endpoint: Endpoint, body, prompts: list[str
     if not await collect(state, http_request, choices):
         return Response(status_code=CLIENT_CLOSED)
     return JSONResponse({"id": response_id, "object": endpoint.object_name, "created": now(),
-                         "model": model, "choices": [endpoint.final_choice(c) for c in choices],
+                         "model": model, "choices": [_tell_finish(state, c, endpoint.final_choice(c))
+                                                     for c in choices],
                          "usage": usage_of(choices)})
+
+
+def _tell_finish(state: ServerState, choice: Choice, payload: dict) -> dict:
+    """A choice's finish_reason as clients know it, with the error when it was cut short."""
+    reason, error = public_finish(state, choice, payload.get("finish_reason"))
+    payload["finish_reason"] = reason
+    if error is not None:
+        payload["error"] = error
+    return payload

@@ -6,54 +6,96 @@ import math
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from pagedllm.server.errors import APIError
 
 WINDOW_SECONDS = 60.0
 
 
+@dataclass
+class TokenUse:
+    """Tokens one request took (or may still take) at `stamp`: its prompt plus its whole
+    max_tokens while it runs, what it really used once settled."""
+    stamp: float
+    tokens: int
+
+
 class TokenRateLimiter:
-    """Tokens (prompt + completion) used per key over a sliding minute."""
+    """Tokens (prompt + completion) per key over a sliding minute, enforced while answers are
+    generated: a request reserves its prompt and its max_tokens when admitted, so requests
+    running at once can never together pass the limit; the reservation shrinks to what was
+    really used when it ends. A request without max_tokens gets what the key has left."""
 
     def __init__(self, clock=time.monotonic):
-        self._used: dict[str, deque[tuple[float, int]]] = {}
+        self._used: dict[str, deque[TokenUse]] = {}
         self._lock = threading.Lock()
         self._clock = clock
 
-    def _trim(self, name: str, now: float) -> deque:
+    def _trim(self, name: str, now: float) -> deque[TokenUse]:
         window = self._used.setdefault(name, deque())
-        while window and window[0][0] <= now - WINDOW_SECONDS:
+        while window and window[0].stamp <= now - WINDOW_SECONDS:
             window.popleft()
         return window
 
     def used(self, name: str) -> int:
         with self._lock:
-            return sum(n for _, n in self._trim(name, self._clock()))
+            return sum(use.tokens for use in self._trim(name, self._clock()))
 
     def record(self, name: str, num_tokens: int) -> None:
         with self._lock:
-            self._trim(name, self._clock()).append((self._clock(), num_tokens))
+            self._trim(name, self._clock()).append(TokenUse(self._clock(), num_tokens))
 
-    def check(self, name: str, limit: int | None) -> None:
+    def check(self, name: str, limit: int | None, num_tokens: int = 1) -> None:
+        """429 unless `num_tokens` more fit under the limit now."""
         if limit is None:
             return
         with self._lock:
             now = self._clock()
-            window = self._trim(name, now)
-            used = sum(n for _, n in window)
-            if used < limit:
+            used = sum(use.tokens for use in self._trim(name, now))
+            if used + num_tokens <= limit:
                 return
-            # Wait until enough old usage leaves the window to get under the limit.
-            excess, retry_at = used - limit, now + WINDOW_SECONDS
-            for stamp, n in window:
-                excess -= n
-                if excess < 0:
-                    retry_at = stamp + WINDOW_SECONDS
-                    break
+            refusal = self._refusal(name, limit, used, num_tokens, now)
+        raise refusal
+
+    def _refusal(self, name: str, limit: int, used: int, needed: int, now: float) -> APIError:
+        """The 429, with the seconds until enough old usage leaves the window (lock held)."""
+        excess, retry_at = used + needed - limit, now + WINDOW_SECONDS
+        for use in self._used[name]:
+            excess -= use.tokens
+            if excess <= 0:
+                retry_at = use.stamp + WINDOW_SECONDS
+                break
         retry_after = max(1, math.ceil(retry_at - now))
-        raise APIError(429, f"rate limit: {used} of {limit} tokens per minute used; retry in "
-                            f"{retry_after}s", None, "rate_limit_exceeded",
-                       {"Retry-After": str(retry_after)})
+        return APIError(429, f"rate limit: {used} of {limit} tokens per minute used or reserved "
+                             f"by running requests; this request needs {needed}; retry in "
+                             f"{retry_after}s", None, "rate_limit_exceeded",
+                        {"Retry-After": str(retry_after)})
+
+    def reserve(self, name: str, limit: int | None, num_prompt_tokens: int, max_tokens: int,
+                fixed: bool) -> tuple[TokenUse, int]:
+        """Reserve a request's tokens; returns the reservation and the max_tokens it may use:
+        all of them when `fixed` (the client chose max_tokens: 429 if they do not fit), else
+        up to what the key has left (429 if not even one does)."""
+        with self._lock:
+            now = self._clock()
+            window = self._trim(name, now)
+            used = sum(use.tokens for use in window)
+            if limit is not None:
+                room = limit - used - num_prompt_tokens
+                if not fixed:
+                    max_tokens = min(max_tokens, max(room, 1))
+                if room < max_tokens:
+                    refusal = self._refusal(name, limit, used, num_prompt_tokens + max_tokens, now)
+                    raise refusal
+            use = TokenUse(now, num_prompt_tokens + max_tokens)
+            window.append(use)
+            return use, max_tokens
+
+    def settle(self, use: TokenUse, num_tokens: int) -> None:
+        """The request ended having used `num_tokens`: its reservation becomes that."""
+        with self._lock:
+            use.tokens = num_tokens
 
 
 def check_queue(num_waiting: int, num_new: int, max_queue: int | None) -> None:

@@ -7,9 +7,10 @@ import json
 import re
 
 from pagedllm.server import errors
+from pagedllm.server import docs
 from pagedllm.server.auth import KeyStore
 
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health", *docs.OPEN_PATHS)
 # A JSON escape of a UTF-16 surrogate: only then can a decoded string hold a lone one.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
@@ -115,7 +116,8 @@ def _lone_surrogate_field(body: bytes) -> str | None:
 
 
 class ApiKeyAuth:
-    """Every route but /health (and /metrics when public) needs `Authorization: Bearer KEY`.
+    """Every route but /health, the API docs (and /metrics when public) needs `Authorization: Bearer KEY`
+    (or `x-api-key: KEY`).
     The matching key is put in scope["state"]["api_key"] for the handlers."""
 
     def __init__(self, app, keys: KeyStore, public_metrics: bool = False):
@@ -125,14 +127,18 @@ class ApiKeyAuth:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not self.keys.enabled or scope["path"] in self.open_paths \
-                or scope.get("method") == "OPTIONS":
+                or scope["path"].startswith(docs.OPEN_PREFIXES) or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
-        header = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        headers = dict(scope.get("headers") or [])
+        header = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
+        if not header:  # Anthropic-style clients and some proxies send the key this way
+            header = token = headers.get(b"x-api-key", b"").decode("latin-1")
+            scheme = "bearer"
         key = self.keys.lookup(token.strip()) if scheme.lower() == "bearer" and token else None
         if key is None:
-            message = ("missing API key: send `Authorization: Bearer KEY`" if not header
-                       else "invalid API key")
+            message = ("missing API key: send `Authorization: Bearer KEY` (or `x-api-key: KEY`)"
+                       if not header else "invalid API key")
             response = errors.error_response(401, message, None, "invalid_api_key",
                                              {"WWW-Authenticate": "Bearer"}, scope["path"])
             return await response(scope, receive, send)

@@ -1,14 +1,17 @@
 """Run the HTTP server: load with a progress bar, print where it listens, drain on SIGTERM.
 
-SIGTERM (or Ctrl-C): stop accepting, let running requests finish for a grace period, then
-abort what is left (each stream gets a final chunk with finish_reason "abort"), exit 0.
+SIGTERM (or Ctrl-C): refuse new work with 503 (/health too, so a load balancer stops sending)
+while still listening, let running requests finish for a grace period, then cut what is left
+short (each stream gets a final chunk, finish_reason "length" and an error saying why), exit 0.
 """
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import socket
 import threading
+import time
 
 import uvicorn
 from rich.console import Console
@@ -53,27 +56,68 @@ class DrainingServer(uvicorn.Server):
             console.print(self.ready_message, soft_wrap=True)
 
     def handle_exit(self, sig, frame):
-        """SIGTERM / SIGINT: refuse new work, give running requests the grace period, then
-        abort what is left; uvicorn stops listening at once and exits when streams end."""
-        if not self._drain_started:
-            self._drain_started = True
-            state = self.pagedllm_state
-            state.draining = True
-            logger.info("shutting down: %d request(s) in flight get %.0fs to finish",
-                        state.async_engine.num_in_flight, self.grace_seconds)
-            timer = threading.Timer(self.grace_seconds, state.async_engine.abort_all)
-            timer.daemon = True
-            timer.start()
+        """SIGTERM / SIGINT: refuse new work (503, /health too) while still listening, give
+        running requests the grace period, abort what is left, then stop uvicorn, which exits
+        when the last streams have ended. A second signal stops at once."""
+        if self._drain_started:
+            return super().handle_exit(sig, frame)
+        self._drain_started = True
+        state = self.pagedllm_state
+        state.draining = True
+        logger.info("shutting down: %d request(s) in flight get %.0fs to finish",
+                    state.async_engine.num_in_flight, self.grace_seconds)
+        threading.Thread(target=self._drain, args=(sig, frame), name="pagedllm-drain",
+                         daemon=True).start()
+
+    def _drain(self, sig, frame) -> None:
+        engine = self.pagedllm_state.async_engine
+        deadline = time.monotonic() + self.grace_seconds
+        while engine.num_in_flight and time.monotonic() < deadline and not self.should_exit:
+            time.sleep(0.05)
+        if engine.num_in_flight:
+            logger.info("grace period over: aborting %d request(s)", engine.num_in_flight)
+            engine.abort_all()
         super().handle_exit(sig, frame)
 
 
-def ready_message(engine: LLMEngine, host: str, port: int, served_name: str, scheme: str = "http") -> str:
-    cache = engine.cache_config
-    max_len = engine.scheduler_config.max_model_len
-    full = sizing.max_full_context_requests(cache.num_blocks, cache.block_size, max_len)
-    return (f"pagedllm ready at {scheme}://{host}:{port}/v1 — model {served_name} ({engine.dtype}) — "
-            f"KV capacity {engine.capacity_tokens} tokens = {full} concurrent {max_len}-token "
-            f"requests — max_num_seqs {engine.scheduler_config.max_num_seqs}")
+def ready_message(engine: LLMEngine, host: str, port: int, served_name: str, scheme: str = "http",
+                  keys: int | None = None, key_file: str | None = None) -> str:
+    """What an admin needs to see once: where, what model, how much fits, who may use it."""
+    import torch
+
+    from pagedllm.kernels import capabilities
+
+    cache, scheduler = engine.cache_config, engine.scheduler_config
+    wildcard = host in ("0.0.0.0", "::", "")
+    shown_host = socket.gethostname() if wildcard else (f"[{host}]" if ":" in host else host)
+    where = f"{scheme}://{shown_host}:{port}"
+    lines = [f"pagedllm ready at {where}/v1 (OpenAI API) and {where}/api (Ollama API)"
+             + (f", listening on every interface ({host})" if wildcard else "")]
+    lines.append(f"  model {served_name}: {engine.dtype}, KV cache {cache.cache_dtype}, "
+                 f"context up to {scheduler.max_model_len:,} tokens")
+    full = sizing.max_full_context_requests(cache.num_blocks, cache.block_size, scheduler.max_model_len)
+    lines.append(f"  KV cache {engine.kv_memory_bytes / 2**20:,.0f} MiB = {engine.capacity_tokens:,} "
+                 f"tokens; {scheduler.max_num_seqs} requests run in parallel (max_num_seqs), "
+                 f"{full} of them at the full context at once")
+    lines.append("  API keys: " + (f"on, {keys} key(s) from {key_file}" if key_file else
+                                   "off (anyone who can reach this address may use it)"))
+    cpu = capabilities()
+    lines.append(f"  CPU: {cpu.level} kernels, {torch.get_num_threads()} compute thread(s) "
+                 f"of {os.cpu_count()} cores (--threads)")
+    return "\n".join(lines)
+
+
+class PollFilter(logging.Filter):
+    """Keeps health checks and metric scrapes (every few seconds, all day) out of the access
+    log; --log-level debug shows them."""
+
+    QUIET_PATHS = ("/health", "/metrics")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            return args[2].split("?")[0] not in self.QUIET_PATHS
+        return True
 
 
 def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -> str | None:
@@ -122,14 +166,17 @@ def serve(engine: LLMEngine, config: ServerConfig) -> int:
     ssl_certfile, ssl_keyfile = config.ssl_certfile, config.ssl_keyfile
     app = create_app(engine, config.served_model_name, config, engine_thread=False)
     state = app.state.pagedllm
-    http_config = uvicorn.Config(app, host=host, port=port, log_level="info",
+    http_config = uvicorn.Config(app, host=host, port=port, log_level=config.log_level,
                                  http=guarded_protocol(config.header_timeout,
                                                        config.max_connections_per_client),
                                  timeout_graceful_shutdown=int(grace_seconds) + 5,
                                  ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
     scheme = "https" if ssl_certfile else "http"
+    if config.log_level != "debug":
+        logging.getLogger("uvicorn.access").addFilter(PollFilter())
     server = DrainingServer(http_config, state, grace_seconds,
-                            ready_message(engine, host, port, state.served_model_name, scheme))
+                            ready_message(engine, host, port, state.served_model_name, scheme,
+                                          len(state.keys.keys), config.api_key_file))
     http = threading.Thread(target=server.run, name="pagedllm-http", daemon=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.handle_exit)

@@ -167,6 +167,44 @@ async def run_level(base_url: str, model: str, concurrency: int, prompts: list[t
     return records, duration, peaks
 
 
+def server_settings(base_url: str, headers: dict) -> dict:
+    """What the server says of its setup (its /metrics info gauges and /v1/models), for the
+    report: KV pool, block size, CPU level; empty where it does not say."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings: dict = {}
+    try:
+        models = httpx.get(base_url + "/v1/models", headers=headers, timeout=30, verify=False).json()
+        settings["max_model_len"] = models["data"][0].get("max_model_len")
+        text = httpx.get(base_url + "/metrics", headers=headers, timeout=30, verify=False).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "pagedllm:cache_config_info":
+                    settings.update({k: sample.labels[k] for k in
+                                     ("block_size", "cache_dtype", "num_blocks") if k in sample.labels})
+                elif sample.name == "pagedllm:cpu_info":
+                    settings["cpu_isa"] = sample.labels.get("isa")
+    except Exception:  # noqa: BLE001 - another server, or no /metrics access: report less
+        pass
+    return settings
+
+
+def host_busy_percent(seconds: float = 1.0) -> float:
+    """How much of this machine's CPU is in use right now (0-100), measured between levels
+    while the server is idle: anything high means other work skews the figures."""
+    import psutil
+
+    return float(psutil.cpu_percent(interval=seconds))
+
+
+async def warm_up(base_url: str, model: str, count: int, headers: dict) -> None:
+    """A few short requests before measuring, so first-use costs (page faults in the weights
+    and the KV pool, allocator growth) do not land on the first level."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(600.0), verify=False) as client:
+        for _ in range(count):
+            await stream_completion(client, model, "Warm-up: count from one to ten.", 8, 8, headers)
+
+
 def served_model(base_url: str, headers: dict) -> str:
     r = httpx.get(base_url + "/v1/models", headers=headers, timeout=30, verify=False)
     r.raise_for_status()

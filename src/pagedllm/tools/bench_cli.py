@@ -14,7 +14,8 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pagedllm.tools.bench import make_prompts, run_level, served_model
+from pagedllm.tools.bench import (host_busy_percent, make_prompts, run_level, served_model,
+                                  server_settings, warm_up)
 from pagedllm.tools.bench_report import recommend, render_table, summarize_level, write_json, write_plot
 from pagedllm.tokenizer import Tokenizer
 
@@ -47,7 +48,8 @@ def _launch(extra: str):
 
 
 def run_bench(args) -> int:
-    console = Console()
+    # Off a terminal (a log file, CI) rich would cut the table to 80 columns.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     try:
         levels = _parse_levels(args.concurrency)
         low, high = (int(v) for v in args.prompt_tokens.split(":"))
@@ -71,27 +73,79 @@ def run_bench(args) -> int:
             proc.wait(60)
 
 
+BUSY_PERCENT = 25.0  # CPU in use before a level, server idle, above which figures are suspect
+
+
+class LevelProgress:
+    """Progress on a terminal (a bar), or plain lines in a log file (one at each level's start
+    and end, so `bench > log` shows where it is)."""
+
+    def __init__(self, console: Console, total: int):
+        self.console = console
+        self.bar = None
+        if console.is_terminal:
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=console)
+            self.task = self.bar.add_task("bench", total=total)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def start_level(self, n: int, num_requests: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"N={n}")
+        else:
+            self.console.print(f"N={n}: sending {num_requests} requests, {n} at a time")
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def end_level(self, level) -> None:
+        if self.bar is None:
+            p95 = level.ttft_ms.p95
+            self.console.print(f"N={level.concurrency}: done in {level.duration_s:.1f} s, "
+                               f"{level.output_tokens_per_s:,.1f} output tok/s, TTFT p95 "
+                               f"{'-' if p95 is None else f'{p95:,.0f}'} ms, {level.num_errors} errors")
+
+    def warn(self, message: str) -> None:
+        (self.bar.console if self.bar is not None else self.console).print(f"[yellow]warning:[/] {message}")
+
+
 def _run(args, console, levels, lengths, base_url, headers) -> int:
     try:
         model = args.model or served_model(base_url, headers)
     except Exception as exc:  # noqa: BLE001 - report any connection problem plainly
         console.print(f"[red]error:[/] cannot reach {base_url}/v1/models: {exc}")
         return 2
+    server = server_settings(base_url, headers)
     # Prompts are sized with a local tokenizer (the default model's unless told).
     tokenizer = Tokenizer.from_model_path(args.tokenizer)
     per_level = {n: args.requests or max(6, 3 * n) for n in levels}
-    results = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("bench", total=sum(per_level.values()))
+    results, busy = [], {}
+    if args.warmup:
+        console.print(f"warming up with {args.warmup} short request(s)...")
+        asyncio.run(warm_up(base_url, model, args.warmup, headers))
+    with LevelProgress(console, sum(per_level.values())) as progress:
         for index, n in enumerate(levels):
-            progress.update(task, description=f"N={n}")
+            busy[n] = host_busy_percent()
+            if busy[n] > BUSY_PERCENT:
+                progress.warn(f"this machine's CPU was {busy[n]:.0f}% busy before N={n} with the "
+                              f"server idle: other work is running, and its figures will look "
+                              f"worse than they are")
+            progress.start_level(n, per_level[n])
             prompts = make_prompts(tokenizer, per_level[n], lengths, args.shared_prefix_tokens,
                                    seed=args.seed * 1000 + index)
             records, duration, peaks = asyncio.run(run_level(
-                base_url, model, n, prompts, args.max_tokens, headers,
-                on_done=lambda: progress.advance(task)))
+                base_url, model, n, prompts, args.max_tokens, headers, on_done=progress.advance))
             results.append(summarize_level(n, records, duration, peaks))
+            progress.end_level(results[-1])
     recommendation = recommend(results, args.slo_ttft_p95, args.slo_tpot_p95)
     console.print(render_table(results))
     for level in results:
@@ -101,11 +155,12 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
                 "requests_per_level": per_level, "prompt_tokens": list(lengths),
                 "max_tokens": args.max_tokens, "shared_prefix_tokens": args.shared_prefix_tokens,
                 "slo_ttft_p95_ms": args.slo_ttft_p95, "slo_tpot_p95_ms": args.slo_tpot_p95,
-                "seed": args.seed}
+                "seed": args.seed, "warmup_requests": args.warmup, "server": server,
+                "host_cpu_busy_percent_before_level": busy}
     os.makedirs(args.out, exist_ok=True)
     json_path, png_path = os.path.join(args.out, "bench.json"), os.path.join(args.out, "bench.png")
     write_json(json_path, settings, results, recommendation)
-    write_plot(png_path, results, f"{model} at {base_url}")
+    write_plot(png_path, results, settings, recommendation)
     if recommendation["concurrency"]:
         console.print(f"recommended: N = [bold]{recommendation['concurrency']}[/] "
                       f"({recommendation['reason']}): {recommendation['command']}")

@@ -100,32 +100,58 @@ def write_json(path: str, settings: dict, levels: list[LevelResult], recommendat
                    "recommendation": recommendation}, f, indent=2)
 
 
-def write_plot(path: str, levels: list[LevelResult], title: str) -> None:
+def write_plot(path: str, levels: list[LevelResult], settings: dict, recommendation: dict) -> None:
+    """Three panels against N: throughput; p95 latencies with the targets as lines; peak KV
+    use and server memory. The recommended N is marked on each; the server's setup is in
+    the title."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ns = [lv.concurrency for lv in levels]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    best = recommendation.get("concurrency")
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.6))
     left.plot(ns, [lv.total_tokens_per_s for lv in levels], "o-", label="total tokens/s")
     left.plot(ns, [lv.output_tokens_per_s for lv in levels], "s-", label="output tokens/s")
-    left.set_xlabel("concurrent requests (N)")
     left.set_ylabel("tokens/s")
-    left.set_xscale("log", base=2)
     left.set_title("throughput")
-    left.legend()
-    right.plot(ns, [lv.ttft_ms.p95 or 0 for lv in levels], "o-", label="TTFT p95")
-    right.plot(ns, [lv.tpot_ms.p95 or 0 for lv in levels], "s-", label="TPOT p95")
-    right.set_xlabel("concurrent requests (N)")
-    right.set_ylabel("ms")
-    right.set_xscale("log", base=2)
-    right.set_yscale("log")
-    right.set_title("p95 latency")
-    right.legend()
-    for ax in (left, right):
+    middle.plot(ns, [lv.ttft_ms.p95 or 0 for lv in levels], "o-", color="C0", label="TTFT p95")
+    middle.plot(ns, [lv.tpot_ms.p95 or 0 for lv in levels], "s-", color="C1", label="TPOT p95")
+    for target, color, name in ((settings.get("slo_ttft_p95_ms"), "C0", "TTFT target"),
+                                (settings.get("slo_tpot_p95_ms"), "C1", "TPOT target")):
+        if target:
+            middle.axhline(target, color=color, linestyle=":", label=f"{name} {target:g} ms")
+    middle.set_ylabel("ms")
+    middle.set_yscale("log")
+    middle.set_title("p95 latency")
+    kv = [None if lv.peak_kv_usage is None else lv.peak_kv_usage * 100 for lv in levels]
+    right.plot(ns, [v or 0 for v in kv], "o-", color="C2", label="peak KV-cache use (%)")
+    right.set_ylabel("% of the KV pool")
+    right.set_ylim(0, 105)
+    right.set_title("memory")
+    rss = [lv.peak_server_rss_bytes for lv in levels]
+    if any(rss):
+        twin = right.twinx()
+        twin.plot(ns, [(r or 0) / 2**30 for r in rss], "s--", color="C3", label="server RSS (GiB)")
+        twin.set_ylabel("GiB")
+        twin.legend(loc="lower right", fontsize=8)
+    for ax in (left, middle, right):
+        ax.set_xlabel("concurrent requests (N)")
+        ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.grid(alpha=0.3)
-    fig.suptitle(title)
+        if best:
+            ax.axvline(best, color="green", alpha=0.6, linewidth=2, label=f"recommended N={best}")
+        ax.legend(loc="upper left", fontsize=8)
+    server = settings.get("server") or {}
+    setup = ", ".join(f"{k} {v}" for k, v in (
+        ("max_model_len", server.get("max_model_len")), ("KV blocks", server.get("num_blocks")),
+        ("block size", server.get("block_size")), ("KV dtype", server.get("cache_dtype")),
+        ("CPU", server.get("cpu_isa"))) if v is not None)
+    load = (f"prompts {settings.get('prompt_tokens')} tokens, {settings.get('max_tokens')} out"
+            if settings.get("prompt_tokens") else "")
+    fig.suptitle(f"{settings.get('model', '')} at {settings.get('base_url', '')}\n"
+                 f"{setup}{'; ' if setup and load else ''}{load}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -10,25 +10,47 @@ import httpx
 from pagedllm.core.request import SamplingParams
 
 
-def stream_from_server(url: str, messages: list[dict], max_tokens: int, temperature: float,
-                       api_key: str | None = None) -> Iterator[str]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": temperature, "stream": True}
-    with httpx.stream("POST", url.rstrip("/") + "/v1/chat/completions", json=body, headers=headers,
-                      timeout=None) as response:
+class ServerChat:
+    """A running server's chat endpoint, checked once before the first message."""
+
+    def __init__(self, url: str, api_key: str | None, max_tokens: int, temperature: float):
+        self.base = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.max_tokens, self.temperature = max_tokens, temperature
+
+    def connect(self) -> str:
+        """The served model's name; RuntimeError when the server is unreachable or refuses
+        the key (so the user hears it before typing anything)."""
+        try:
+            response = httpx.get(self.base + "/v1/models", headers=self.headers, timeout=10)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"cannot reach {self.base}: {exc}") from exc
+        if response.status_code == 401:
+            raise RuntimeError(f"{self.base} needs an API key: pass --api-key or set "
+                               f"PAGEDLLM_API_KEY" if not self.headers else
+                               f"{self.base} refused the API key")
         if response.status_code != 200:
-            response.read()
-            raise RuntimeError(f"server answered {response.status_code}: {response.text}")
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            for choice in chunk.get("choices", []):
-                piece = choice.get("delta", {}).get("content")
-                if piece:
-                    yield piece
+            raise RuntimeError(f"{self.base}/v1/models answered {response.status_code}")
+        return response.json()["data"][0]["id"]
+
+    def stream(self, messages: list[dict]) -> Iterator[str]:
+        body = {"messages": messages, "max_tokens": self.max_tokens,
+                "temperature": self.temperature, "stream": True}
+        with httpx.stream("POST", self.base + "/v1/chat/completions", json=body,
+                          headers=self.headers, timeout=None) as response:
+            if response.status_code != 200:
+                response.read()
+                raise RuntimeError(f"server answered {response.status_code}: {response.text}")
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(chunk["error"]["message"])
+                for choice in chunk.get("choices", []):
+                    piece = choice.get("delta", {}).get("content")
+                    if piece:
+                        yield piece
 
 
 def stream_in_process(engine, messages: list[dict], max_tokens: int, temperature: float) -> Iterator[str]:
@@ -41,10 +63,13 @@ def stream_in_process(engine, messages: list[dict], max_tokens: int, temperature
                 yield out.new_text
 
 
-def chat_loop(stream, system: str | None, read=input, write=sys.stdout.write) -> int:
-    """Read a line, stream the answer, repeat until EOF or /exit. Keeps the conversation."""
+def chat_loop(stream, system: str | None, read=input, write=sys.stdout.write,
+              banner: str = "") -> int:
+    """Read a line, stream the answer, repeat until EOF or /exit. Keeps the conversation;
+    an answer cut short by Ctrl-C is shown but not kept (nor its question)."""
     messages = [{"role": "system", "content": system}] if system else []
-    write("pagedllm chat — /exit or Ctrl-D to leave, /reset to start over\n")
+    write(f"pagedllm chat with {banner}\n" if banner else "pagedllm chat\n")
+    write("/exit or Ctrl-D to leave, /reset to start over, Ctrl-C stops an answer\n")
     while True:
         try:
             line = read("> ")
@@ -55,6 +80,7 @@ def chat_loop(stream, system: str | None, read=input, write=sys.stdout.write) ->
             return 0
         if line.strip() == "/reset":
             messages = messages[:1] if system else []
+            write("(conversation cleared" + (", system prompt kept)\n" if system else ")\n"))
             continue
         if not line.strip():
             continue
@@ -66,7 +92,9 @@ def chat_loop(stream, system: str | None, read=input, write=sys.stdout.write) ->
                 write(piece)
                 sys.stdout.flush()
         except KeyboardInterrupt:
-            write(" [interrupted]")
+            write(" [interrupted: not kept in the conversation]\n")
+            messages.pop()
+            continue
         except RuntimeError as exc:
             write(f"error: {exc}\n")
             messages.pop()

@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from pagedllm.config import DEFAULT_BLOCK_SIZE
+from pagedllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE
 from pagedllm.core import sizing
 from pagedllm.weights.inspect import summarize_checkpoint
 
@@ -44,8 +44,20 @@ def print_plan(plan: sizing.CapacityPlan, as_json: bool, console: Console | None
                       "yes" if row.fits else "[red]no[/]")
     console.print(table)
     console.print(f"largest parallel count that fits: [bold]{plan.max_parallel}[/] "
-                  f"(pagedllm serve --max-num-seqs {max(plan.max_parallel, 1)} "
-                  f"--max-model-len {plan.context}"
-                  f"{' --kv-cache-dtype int8' if plan.kv_cache_dtype == 'int8' else ''})")
+                  f"({serve_command(plan)})")
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+def serve_command(plan: sizing.CapacityPlan) -> str:
+    """The `serve` flags that run what this plan sized."""
+    words = ["pagedllm serve", f"--max-num-seqs {max(plan.max_parallel, 1)}",
+             f"--max-model-len {plan.context}",
+             f"--kv-cache-memory {max(plan.max_parallel, 1) * plan.kv_bytes_per_request}"]
+    if plan.dtype != DEFAULT_DTYPE:
+        words.append(f"--dtype {plan.dtype}")
+    if plan.kv_cache_dtype != "auto":
+        words.append(f"--kv-cache-dtype {plan.kv_cache_dtype}")
+    if plan.block_size != DEFAULT_BLOCK_SIZE:
+        words.append(f"--block-size {plan.block_size}")
+    return " ".join(words)

@@ -1,0 +1,158 @@
+"""`pagedllm keys add | list | revoke`: the API key file edited safely, running servers told.
+
+The file is rewritten whole into a new file readable by its owner only (0600) and moved over
+the old one, so a server reloading meanwhile reads one version or the other. Afterwards every
+running `pagedllm serve` that reads this file gets SIGHUP, its signal to reload keys.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import tempfile
+
+from pagedllm.cli.options import positive_int
+from pagedllm.server.auth import KeyFileError, parse_key_file
+
+DEFAULT_KEY_FILE = "keys.txt"
+
+
+def add_keys(sub, formatter) -> None:
+    keys = sub.add_parser("keys", help="add, list or revoke API keys in a key file",
+                          formatter_class=formatter,
+                          description="Edits the file `serve --api-key-file` reads, with mode 0600,\n"
+                                      "and tells running servers that read it to reload (SIGHUP).")
+    keys.add_argument("--file", default=os.environ.get("PAGEDLLM_KEY_FILE", DEFAULT_KEY_FILE),
+                      help="the key file ($PAGEDLLM_KEY_FILE when set)")
+    actions = keys.add_subparsers(dest="keys_command", required=True)
+    add = actions.add_parser("add", help="create a key for a user and print it once",
+                             formatter_class=formatter)
+    add.add_argument("name", help="the user or team the key is for (shown in metrics and logs)")
+    add.add_argument("--weight", type=float, default=None,
+                     help="fair-share weight (default: 1)")
+    add.add_argument("--max-concurrent", type=positive_int, default=None,
+                     help="requests this key may run at once (default: no cap)")
+    add.add_argument("--tokens-per-minute", type=positive_int, default=None,
+                     help="prompt + generated tokens a minute (default: no cap)")
+    actions.add_parser("list", help="the names and limits (never the keys)", formatter_class=formatter)
+    revoke = actions.add_parser("revoke", help="remove a user's key", formatter_class=formatter)
+    revoke.add_argument("name", help="whose key goes")
+    keys.set_defaults(func=cmd_keys)
+
+
+def cmd_keys(args) -> int:
+    try:
+        if args.keys_command == "list":
+            return _list(args.file)
+        if args.keys_command == "add":
+            message = _add(args.file, args.name, args.weight, args.max_concurrent, args.tokens_per_minute)
+        else:
+            message = _revoke(args.file, args.name)
+    except KeyFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(message)
+    told = signal_servers(args.file)
+    print(f"told {len(told)} running server(s) to reload: pid {', '.join(map(str, told))}" if told
+          else "no running server reads this file; a server started with it will")
+    return 0
+
+
+def _list(path: str) -> int:
+    for key in parse_key_file(path):
+        limits = [f"weight={key.weight:g}"]
+        if key.max_concurrent:
+            limits.append(f"max_concurrent={key.max_concurrent}")
+        if key.tokens_per_minute:
+            limits.append(f"tokens_per_minute={key.tokens_per_minute}")
+        print(f"{key.name}\t{' '.join(limits)}")
+    return 0
+
+
+def _read_lines(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return []
+    parse_key_file(path)  # never edit a file the server would refuse
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def _add(path: str, name: str, weight, max_concurrent, tokens_per_minute) -> str:
+    if not name or any(c.isspace() for c in name) or name.startswith("#"):
+        raise KeyFileError(f"a key name is one word, not starting with #: got {name!r}")
+    lines = _read_lines(path)
+    if any(line.split()[:1] == [name] for line in lines):
+        raise KeyFileError(f"{path} already has a key named {name}; revoke it first")
+    key = secrets.token_urlsafe(24)
+    options = [f"{field}={value:g}" if isinstance(value, float) else f"{field}={value}"
+               for field, value in (("weight", weight), ("max_concurrent", max_concurrent),
+                                    ("tokens_per_minute", tokens_per_minute)) if value is not None]
+    _write(path, lines + [" ".join([name, key, *options])])
+    return f"added {name} to {path}; the key (shown only now):\n{key}"
+
+
+def _revoke(path: str, name: str) -> str:
+    lines = _read_lines(path)
+    kept = [line for line in lines if line.split()[:1] != [name]]
+    if len(kept) == len(lines):
+        raise KeyFileError(f"{path} has no key named {name}")
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in kept):
+        raise KeyFileError(f"{name} holds the last key of {path}; a server needs at least one "
+                           f"(stop the server, or add another key first)")
+    _write(path, kept)
+    return f"revoked {name} in {path}"
+
+
+def _write(path: str, lines: list[str]) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=".keys-")  # mkstemp makes it 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+def signal_servers(path: str) -> list[int]:
+    """SIGHUP every running `pagedllm serve` whose key file is this one; their pids."""
+    import psutil
+
+    target = os.path.realpath(path)
+    told = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        try:
+            key_file = _served_key_file(proc.info["cmdline"] or [], proc.info["cwd"])
+            if key_file and os.path.realpath(key_file) == target:
+                proc.send_signal(signal.SIGHUP)
+                told.append(proc.info["pid"])
+        except (psutil.Error, OSError):
+            continue
+    return told
+
+
+def _served_key_file(cmdline: list[str], cwd: str | None) -> str | None:
+    """The key file a `pagedllm serve` command line reads (flag or --config), else None."""
+    if "serve" not in cmdline or not any("pagedllm" in part for part in cmdline[:3]):
+        return None
+    found = _flag_value(cmdline, "--api-key-file")
+    if found is None:
+        config = _flag_value(cmdline, "--config")
+        if config is not None:
+            import tomllib
+            with open(os.path.join(cwd or "", config), "rb") as f:
+                table = tomllib.load(f)
+            table = table.get("serve", table)
+            found = table.get("api-key-file", table.get("api_key_file"))
+    return None if found is None else os.path.join(cwd or "", found)
+
+
+def _flag_value(cmdline: list[str], flag: str) -> str | None:
+    for i, part in enumerate(cmdline):
+        if part == flag and i + 1 < len(cmdline):
+            return cmdline[i + 1]
+        if part.startswith(flag + "="):
+            return part[len(flag) + 1:]
+    return None

@@ -1,0 +1,110 @@
+"""What every command shares: the help formatter (every option shows its default), the one
+parser for byte sizes, and the engine options of serve / chat / generate."""
+from __future__ import annotations
+
+import argparse
+
+from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                             KV_CACHE_DTYPES, MODEL_DTYPES, EngineConfig)
+from pagedllm.core.sizing import parse_bytes
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows `(default: X)` after every option's help, keeps descriptions' line breaks."""
+
+    def _get_help_string(self, action):
+        # argparse would print "(default: None)" or a flag's "(default: False)": the help says
+        # what None means; a flag is off unless given.
+        if action.default in (None, False, "") or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def size(text: str) -> int:
+    """An argparse type: a byte count written `4096`, `64MiB`, `8GiB`, `2GB` or `1e9`."""
+    try:
+        value = parse_bytes(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: write bytes (4096) or a number and a unit (512MiB, 8GiB, "
+            f"2GB)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return value
+
+
+def memory_amount(text: str) -> int | float:
+    """A size (see `size`), or a bare number in (0, 1]: that fraction of available memory."""
+    try:
+        fraction = float(text)
+    except ValueError:
+        return size(text)
+    if 0 < fraction <= 1:
+        return fraction
+    return size(text)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
+    return value
+
+
+def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and engine") -> None:
+    group = parser.add_argument_group(title)
+    group.add_argument("--model", default=None,
+                       help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)")
+    group.add_argument("--dtype", default=DEFAULT_DTYPE, choices=MODEL_DTYPES,
+                       help="bfloat16: fast, 4-bit weights kept 4-bit; float32: exact")
+    group.add_argument("--exact-activations", action="store_true",
+                       help="bfloat16: never round activations to int8 for the 4-bit GEMMs "
+                            "(prefill ~1.2x slower, logits closer to float32; BENCHMARKS.md)")
+    group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                       help="auto: K/V in the model's dtype; int8: codes with a scale per row, "
+                            "~half the memory and decode-attention reads (BENCHMARKS.md)")
+    group.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
+                       help="tokens per KV-cache block")
+    group.add_argument("--max-num-seqs", default="auto",
+                       help="requests running in parallel, or 'auto' (as many ~1,024-token "
+                            "requests as the KV cache holds, at most 64)")
+    group.add_argument("--max-num-batched-tokens", type=positive_int,
+                       default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                       help="tokens one step computes (long prompts are prefilled in chunks)")
+    group.add_argument("--kv-cache-memory", type=memory_amount, default=None,
+                       help="KV-cache size: bytes (64MiB, 2GiB) or a fraction (0-1] of available "
+                            "memory (default: a tenth of available memory, at most 512 MiB)")
+    group.add_argument("--max-model-len", type=positive_int, default=None,
+                       help="longest prompt + answer in tokens (default: the model's context, "
+                            "capped by the KV cache)")
+    group.add_argument("--no-prefix-caching", action="store_true",
+                       help="never reuse cached prompt blocks between requests")
+    group.add_argument("--max-memory", type=size, default=None,
+                       help="resident size past which new requests wait, running ones go on "
+                            "(default: wait while the machine has under 10%% of its memory free)")
+    group.add_argument("--threads", type=positive_int, default=None,
+                       help="compute threads (default: every core; on a machine shared with "
+                            "other work give fewer)")
+
+
+def engine_config(args) -> EngineConfig:
+    """The command line's engine settings as the one EngineConfig; raises ValueError for a
+    bad value. Sets torch's thread count when --threads is given."""
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    max_num_seqs = args.max_num_seqs
+    if max_num_seqs != "auto":
+        try:
+            max_num_seqs = int(max_num_seqs)
+        except ValueError:
+            raise ValueError(f"max_num_seqs must be 'auto' or positive, got {max_num_seqs!r}") from None
+    return EngineConfig(model=args.model, dtype=args.dtype, exact_activations=args.exact_activations,
+                        kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
+                        kv_cache_memory=args.kv_cache_memory, max_num_seqs=max_num_seqs,
+                        max_model_len=args.max_model_len, max_memory=args.max_memory,
+                        enable_prefix_caching=not args.no_prefix_caching,
+                        max_num_batched_tokens=args.max_num_batched_tokens)

@@ -1,0 +1,108 @@
+"""`pagedllm serve`: its options, the frozen ServerConfig they make, and the command."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pagedllm.cli.options import add_engine_args, engine_config, positive_int, size
+from pagedllm.config import ServerConfig
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_serve_args(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--config", default=None, metavar="FILE",
+                       help="a TOML file of serve options (`max-num-seqs = 8`); options given "
+                            "on the command line win (example: docs/pagedllm.toml)")
+    serve.add_argument("--print-config", action="store_true",
+                       help="print the options in effect as a config file and exit")
+    add_engine_args(serve)
+    http = serve.add_argument_group("HTTP")
+    http.add_argument("--host", default="127.0.0.1",
+                      help="address to listen on; anything but loopback needs --api-key-file")
+    http.add_argument("--port", type=int, default=8000, help="TCP port")
+    http.add_argument("--served-model-name", default=None,
+                      help="the model name clients send (default: the model's own name)")
+    http.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                      help="info logs API requests; debug also /health and /metrics polls")
+    http.add_argument("--shutdown-grace", type=float, default=30.0,
+                      help="seconds running requests get to finish on SIGTERM (/health answers "
+                           "503 meanwhile)")
+    http.add_argument("--max-body-bytes", type=size, default=ServerConfig.max_body_bytes,
+                      help="largest request body (413 beyond)")
+    http.add_argument("--header-timeout", type=float, default=10.0,
+                      help="seconds a request's headers may take to arrive (slow clients are "
+                           "cut off)")
+    http.add_argument("--max-connections-per-client", type=int, default=128,
+                      help="open connections per client address (0: no cap; behind a proxy "
+                           "every client shares its address)")
+    http.add_argument("--ssl-certfile", default=None, help="TLS certificate (PEM), with --ssl-keyfile (default: plain HTTP)")
+    http.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM), with --ssl-certfile (default: plain HTTP)")
+    shared = serve.add_argument_group("shared-server controls")
+    shared.add_argument("--api-key-file", default=None,
+                        help="lines of `NAME KEY [weight=W] [max_concurrent=C] "
+                             "[tokens_per_minute=T]`, re-read on SIGHUP; manage it with "
+                             "`pagedllm keys` (default: no keys, loopback only)")
+    shared.add_argument("--insecure-no-auth", action="store_true",
+                        help="allow a non-loopback bind without API keys")
+    shared.add_argument("--public-metrics", action="store_true", help="/metrics without a key")
+    shared.add_argument("--shared-prefix-cache", action="store_true",
+                        help="share cached prompt blocks across users (otherwise salted per user)")
+    shared.add_argument("--allowed-origins", default=None,
+                        help="comma-separated CORS origins (default: none)")
+    shared.add_argument("--max-queue", type=int, default=None,
+                        help="waiting requests before 429 (default: unbounded)")
+    shared.add_argument("--max-prompt-tokens", type=positive_int, default=None,
+                        help="longest prompt accepted (default: the context)")
+    shared.add_argument("--max-tokens-limit", type=positive_int, default=None,
+                        help="cap on a request's max_tokens (default: the context)")
+    shared.add_argument("--request-timeout", type=float, default=None,
+                        help="seconds a request may run before it is cut short (default: none)")
+    serve.set_defaults(func=cmd_serve)
+
+
+def server_config(args) -> ServerConfig:
+    """The command line's server settings as one frozen ServerConfig."""
+    return ServerConfig(
+        host=args.host, port=args.port, served_model_name=args.served_model_name,
+        api_key_file=args.api_key_file, public_metrics=args.public_metrics,
+        shared_prefix_cache=args.shared_prefix_cache,
+        allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
+        max_queue=args.max_queue, max_prompt_tokens=args.max_prompt_tokens,
+        max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout,
+        shutdown_grace=args.shutdown_grace, ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile, header_timeout=args.header_timeout,
+        max_connections_per_client=args.max_connections_per_client,
+        max_body_bytes=args.max_body_bytes, log_level=args.log_level,
+        threads=args.threads)
+
+
+def cmd_serve(args) -> int:
+    from pagedllm.server.auth import KeyFileError, parse_key_file, permission_warning
+    from pagedllm.server.runner import check_binding, load_engine_with_progress, serve
+
+    # Refuse a bad setup before spending time loading the model.
+    refusal = check_binding(args.host, args.api_key_file, args.insecure_no_auth)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    if args.api_key_file:
+        try:
+            parse_key_file(args.api_key_file)
+        except KeyFileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        warning = permission_warning(args.api_key_file)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        print("error: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
+        return 2
+    config = server_config(args)
+    try:
+        engine_settings = engine_config(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    engine = load_engine_with_progress(engine_settings)
+    return serve(engine, config)
