@@ -294,3 +294,37 @@ def test_install_service_writes_where_told(tmp_path, capsys):
     assert main(["install-service", "--write", str(path)]) == 0
     assert "[Service]" in path.read_text() and "systemctl daemon-reload" in capsys.readouterr().out
     assert main(["install-service", "--write", str(tmp_path / "no" / "such" / "dir")]) == 2
+
+
+def test_a_running_server_honours_keys_added_and_revoked(tmp_path):
+    import time
+
+    import httpx
+
+    from server_process import ServerProcess
+
+    path = tmp_path / "keys.txt"
+    alice = _keys(path, "add", "alice").stdout.strip().splitlines()[1]
+    server = ServerProcess("--api-key-file", str(path), "--kv-cache-memory", str(64 << 20),
+                           log_path=str(tmp_path / "log"))
+
+    def status(key):
+        return httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {key}"},
+                         timeout=30).status_code
+
+    def eventually(key, code):
+        deadline = time.monotonic() + 20  # SIGHUP is handled between engine steps
+        while status(key) != code:
+            assert time.monotonic() < deadline, f"still not {code}"
+            time.sleep(0.1)
+
+    try:
+        assert status(alice) == 200
+        added = _keys(path, "add", "bob")
+        assert "told 1 running server(s) to reload" in added.stdout
+        eventually(added.stdout.strip().splitlines()[1], 200)
+        revoked = _keys(path, "revoke", "alice")
+        assert "told 1 running server(s) to reload" in revoked.stdout
+        eventually(alice, 401)
+    finally:
+        server.stop()

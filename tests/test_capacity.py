@@ -127,6 +127,41 @@ def test_bench_against_a_real_server(server, tmp_path):
         assert "meets_slo" in lv
     assert set(data["recommendation"]) == {"concurrency", "command", "reason"}
     assert (tmp_path / "bench.png").stat().st_size > 1000
+    # Off a terminal (here: a pipe) it says where it is, level by level, and the table is
+    # not cut to 80 columns.
+    assert "N=1: sending 3 requests, 1 at a time" in out.stdout
+    assert "N=2: done in" in out.stdout and "…" not in out.stdout
+    assert "warming up with 2 short request(s)" in out.stdout
+    server_setup = data["settings"]["server"]
+    assert int(server_setup["num_blocks"]) > 0 and server_setup["cpu_isa"] in ("portable", "avx2", "avx512")
+    assert set(data["settings"]["host_cpu_busy_percent_before_level"]) == {"1", "2"}
+
+
+def test_bench_plot_marks_targets_and_recommendation(tmp_path):
+    """The PNG's panels, target lines and the recommended N (read back from matplotlib)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from unittest import mock
+
+    import matplotlib.pyplot as plt
+
+    from pagedllm.tools.bench_report import write_plot
+
+    levels = [level(1, 100, 10), level(2, 300, 20), level(4, 3000, 40)]
+    levels[0].peak_kv_usage, levels[0].peak_server_rss_bytes = 0.2, 1 << 30
+    settings = {"model": "m", "base_url": "u", "slo_ttft_p95_ms": 2000.0, "slo_tpot_p95_ms": 100.0,
+                "server": {"num_blocks": "99", "cpu_isa": "avx2"}, "prompt_tokens": [8, 16],
+                "max_tokens": 8}
+    figures = []
+    with mock.patch.object(plt, "close", side_effect=figures.append):
+        write_plot(str(tmp_path / "b.png"), levels, settings, {"concurrency": 2})
+    [fig] = figures
+    labels = {text.get_text() for ax in fig.axes for text in ax.get_legend().get_texts()
+              if ax.get_legend() is not None}
+    assert {"TTFT target 2000 ms", "TPOT target 100 ms", "recommended N=2"} <= labels
+    assert "KV blocks 99" in fig._suptitle.get_text() and "CPU avx2" in fig._suptitle.get_text()
+    assert (tmp_path / "b.png").stat().st_size > 1000
+    plt.close(fig)
 
 
 def test_bench_bad_arguments():
