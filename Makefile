@@ -34,6 +34,11 @@ $(TEST_INSTALLED): $(INSTALLED)
 	command -v aarch64-linux-gnu-g++ >/dev/null || apt-get install -y -q g++-aarch64-linux-gnu >/dev/null \
 		|| (apt-get update -q >/dev/null && apt-get install -y -q g++-aarch64-linux-gnu >/dev/null) \
 		|| echo "note: no aarch64 cross compiler; test_portable_build_compiles_for_aarch64 will skip"
+	# Debian's chromium, for the page tests (Playwright drives it; its own browser download
+	# cannot be reached here). Where apt-get cannot install it, those tests skip and say why.
+	command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null \
+		|| (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null) \
+		|| echo "note: no chromium; the page tests (tests/test_web_page.py) will skip"
 	touch $(TEST_INSTALLED)
 
 install: $(INSTALLED)

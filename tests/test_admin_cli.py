@@ -117,6 +117,7 @@ NON_DEFAULTS = {
     "api-key-file": "/etc/keys.txt", "insecure-no-auth": True, "public-metrics": True,
     "shared-prefix-cache": True, "allowed-origins": "http://a.example,http://b.example",
     "max-queue": 9, "max-prompt-tokens": 1000, "max-tokens-limit": 500, "request-timeout": 12.5,
+    "bench-results": "/srv/bench",
 }
 
 

@@ -27,13 +27,13 @@ def test_plan_default_model_by_hand():
 
 
 def test_plan_tiny_hf_model_bfloat16_rounds_to_blocks(tiny_llama_folder):
-    # Tiny model: 2 layers, 2 KV heads, head_dim 16; bfloat16 = 2 bytes; 1000 -> 63 blocks.
-    plan = make_plan(tiny_llama_folder, dtype="bfloat16", context=1000, parallels=[3],
+    # Tiny model: 2 layers, 2 KV heads, head_dim 16; bfloat16 = 2 bytes; 500 -> 32 blocks.
+    plan = make_plan(tiny_llama_folder, dtype="bfloat16", context=500, parallels=[3],
                      memory=10 << 20)
     per_token = 2 * 2 * 2 * 16 * 2
     assert plan.kv_bytes_per_token == per_token
-    assert plan.kv_bytes_per_request == 63 * 16 * per_token
-    assert plan.rows[0].kv_bytes == 3 * 63 * 16 * per_token
+    assert plan.kv_bytes_per_request == 32 * 16 * per_token
+    assert plan.rows[0].kv_bytes == 3 * 32 * 16 * per_token
     # Embedding 260 x 64 float32 (tied); body: 2 layers of attention, MLP and norms in bf16.
     body = 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
     assert plan.weight_bytes == 260 * 64 * 4 + body * 2
@@ -44,6 +44,11 @@ def test_engine_uses_the_same_sizing(real_llm):
     engine = real_llm.engine
     per_token = sizing.kv_bytes_per_token(engine.model_config, 4)
     assert engine.cache_config.num_blocks == engine.kv_memory_bytes // (per_token * 16)
+
+
+def test_plan_refuses_a_context_the_model_cannot_serve(tiny_llama_folder):
+    with pytest.raises(sizing.ContextTooLongError, match="1000 tokens is longer than .*512"):
+        make_plan(tiny_llama_folder, dtype="bfloat16", context=1000, parallels=[1], memory=1 << 30)
 
 
 def test_plan_cli_json_and_errors(tiny_llama_folder):

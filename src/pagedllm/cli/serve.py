@@ -58,6 +58,9 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
                         help="cap on a request's max_tokens (default: the context)")
     shared.add_argument("--request-timeout", type=float, default=None,
                         help="seconds a request may run before it is cut short (default: none)")
+    http.add_argument("--bench-results", default=None, metavar="DIR",
+                      help="a folder of `pagedllm bench --out` results; the page at / shows "
+                           "the newest (default: none)")
     serve.set_defaults(func=cmd_serve)
 
 
@@ -74,7 +77,7 @@ def server_config(args) -> ServerConfig:
         ssl_keyfile=args.ssl_keyfile, header_timeout=args.header_timeout,
         max_connections_per_client=args.max_connections_per_client,
         max_body_bytes=args.max_body_bytes, log_level=args.log_level,
-        threads=args.threads)
+        threads=args.threads, bench_results=args.bench_results)
 
 
 def cmd_serve(args) -> int:

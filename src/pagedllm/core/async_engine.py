@@ -1,13 +1,14 @@
 """The engine loop thread and per-request asyncio streams.
 
 HTTP handlers never touch the engine's state: they post commands (AddRequest, AbortRequest,
-AbortAll, SetUserPolicies) to a thread-safe queue and read their own asyncio.Queue of RequestOutputs. One thread owns the engine and
+AbortAll, SetUserPolicies, TakeSnapshot) to a thread-safe queue and read their own asyncio.Queue of RequestOutputs. One thread owns the engine and
 runs step() while there is work, applying commands between steps, so an abort frees the
 request's blocks within one step.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from pagedllm.core.engine import LLMEngine
 from pagedllm.core.request import Request, RequestOutput
+from pagedllm.core.snapshot import EngineSnapshot
 
 logger = logging.getLogger("pagedllm.async")
 MAX_CONSECUTIVE_FAULTS = 3  # engine steps failing in a row before the engine counts as dead
@@ -56,7 +58,13 @@ class SetUserPolicies:
     max_running: dict[str, int]
 
 
-Command = AddRequest | AbortRequest | AbortAll | SetUserPolicies
+@dataclass(frozen=True)
+class TakeSnapshot:
+    """Answered on the loop thread between steps (never mid-step)."""
+    future: concurrent.futures.Future
+
+
+Command = AddRequest | AbortRequest | AbortAll | SetUserPolicies | TakeSnapshot
 
 
 @dataclass
@@ -126,6 +134,12 @@ class AsyncEngine:
         """Abort every request; each stream gets a final output with finish_reason 'abort'."""
         self._post(AbortAll())
 
+    async def snapshot(self, timeout: float = 30.0) -> EngineSnapshot:
+        """The engine's state between two steps (blocks, requests, fair share)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._post(TakeSnapshot(future))
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+
     def set_user_policies(self, weights: dict[str, float], max_running: dict[str, int]) -> None:
         """Fair-share weights and per-user running caps, applied by the loop thread."""
         self._post(SetUserPolicies(dict(weights), dict(max_running)))
@@ -173,6 +187,11 @@ class AsyncEngine:
                     self._abort(request_id)
             elif isinstance(command, SetUserPolicies):
                 self.engine.set_user_policies(command.weights, command.max_running)
+            elif isinstance(command, TakeSnapshot):
+                try:
+                    command.future.set_result(self.engine.snapshot())
+                except Exception as exc:  # noqa: BLE001 - the asker hears it; the loop goes on
+                    command.future.set_exception(exc)
 
     def _abort(self, request_id: str) -> None:
         final = self.engine.abort_request(request_id)

@@ -20,6 +20,7 @@ from pagedllm.core.output_processor import RequestTextState, stop_reason
 from pagedllm.core.request import (FinishReason, PromptTooLongError, Request, RequestOutput,
                                    SamplingParams, SamplingParamsError, resolve_max_tokens)
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.snapshot import EngineSnapshot, take_snapshot
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.tokenizer import TokenLimitError, Tokenizer
@@ -202,6 +203,10 @@ class LLMEngine:
     def request_ids(self) -> list[str]:
         """Every unfinished request (engine thread)."""
         return list(self.scheduler.requests)
+
+    def snapshot(self) -> EngineSnapshot:
+        """Every KV block, the running and waiting requests, fair share (engine thread)."""
+        return take_snapshot(self.scheduler)
 
     def queue_positions(self) -> list[str]:
         """Waiting request ids in the order they would be admitted (engine thread)."""

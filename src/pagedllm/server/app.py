@@ -18,6 +18,7 @@ from pagedllm.core.engine import LLMEngine
 from pagedllm.server import errors
 from pagedllm.server.auth import KeyStore
 from pagedllm.server.docs import install_docs
+from pagedllm.server.web_routes import add_web_routes
 from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
 from pagedllm.server.metrics import ServerMetrics
@@ -128,6 +129,7 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     add_ollama_routes(app, state)
+    add_web_routes(app, state, config.bench_results)
     install_openapi(app, name)
     install_docs(app)
     return app

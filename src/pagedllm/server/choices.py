@@ -108,6 +108,7 @@ def submit_choices(state: ServerState, choices: list[Choice], report_position: b
     """Queue every choice's request, with no await between the queue check and this."""
     for choice in choices:
         choice.stream = state.async_engine.submit(choice.request, report_position)
+        state.live_choices[choice.request.request_id] = choice
 
 
 def _child_params(params: SamplingParams, j: int) -> SamplingParams:
@@ -137,6 +138,7 @@ async def _drive(state: ServerState, choice: Choice, sink: asyncio.Queue | None)
         if timer is not None:
             timer.cancel()
         choice.settle_tokens(state)
+        state.live_choices.pop(choice.request.request_id, None)
 
 
 async def _on_output(state: ServerState, choice: Choice, out: RequestOutput, sink) -> None:

@@ -6,10 +6,16 @@ HTTP handlers as histograms.
 """
 from __future__ import annotations
 
+import collections
+import threading
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 P = "pagedllm:"
+RECENT_SECONDS = 60.0  # the page's latency charts look at the last minute
+RECENT_MAX = 4096
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0, 160.0)
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
@@ -70,6 +76,9 @@ class ServerMetrics:
     def __init__(self, engine, model_name: str):
         self.registry = CollectorRegistry()
         self.registry.register(EngineStatsCollector(engine, model_name))
+        # (finish time, ttft s, tpot s) of recent requests, for recent_latencies().
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_MAX)
+        self._recent_lock = threading.Lock()
         labels = ["model_name"]
         self.model_name = model_name
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.", labels,
@@ -91,6 +100,24 @@ class ServerMetrics:
                                               "Completion tokens per user.", ["user"],
                                               registry=self.registry)
 
+    def recent_latencies(self) -> dict:
+        """TTFT and TPOT p50/p95 in ms over the requests that finished in the last minute
+        (the page's charts; the histograms above are for Prometheus)."""
+        horizon = time.monotonic() - RECENT_SECONDS
+        with self._recent_lock:
+            while self._recent and self._recent[0][0] < horizon:
+                self._recent.popleft()
+            rows = list(self._recent)
+
+        def percentiles(values):
+            values = sorted(v * 1000 for v in values if v is not None)
+            if not values:
+                return {"p50": None, "p95": None}
+            pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+            return {"p50": round(pick(0.5), 1), "p95": round(pick(0.95), 1)}
+
+        return {"ttft_ms": percentiles(r[1] for r in rows), "tpot_ms": percentiles(r[2] for r in rows)}
+
     def observe_user(self, user: str, prompt_tokens: int, completion_tokens: int) -> None:
         self.user_requests.labels(user).inc()
         self.user_prompt_tokens.labels(user).inc(prompt_tokens)
@@ -99,6 +126,9 @@ class ServerMetrics:
     def observe_request(self, *, ttft: float | None, e2e: float, num_output_tokens: int,
                         queue_time: float | None, finish_reason: str | None) -> None:
         label = self.model_name
+        tpot = None if ttft is None or num_output_tokens < 2 else (e2e - ttft) / (num_output_tokens - 1)
+        with self._recent_lock:
+            self._recent.append((time.monotonic(), ttft, tpot))
         if ttft is not None:
             self.ttft.labels(label).observe(ttft)
             if num_output_tokens > 1:

@@ -7,10 +7,13 @@ import json
 import re
 
 from pagedllm.server import errors
-from pagedllm.server import docs
+from pagedllm.server import docs, web_routes
 from pagedllm.server.auth import KeyStore
 
-OPEN_PATHS = ("/health", *docs.OPEN_PATHS)
+# The page and the API docs are open (they say how to call the API, not what anyone asked
+# it); everything they fetch from the API needs a key.
+OPEN_PATHS = ("/health", *docs.OPEN_PATHS, *web_routes.OPEN_PATHS)
+OPEN_PREFIXES = docs.OPEN_PREFIXES + web_routes.OPEN_PREFIXES
 # A JSON escape of a UTF-16 surrogate: only then can a decoded string hold a lone one.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
@@ -127,7 +130,7 @@ class ApiKeyAuth:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not self.keys.enabled or scope["path"] in self.open_paths \
-                or scope["path"].startswith(docs.OPEN_PREFIXES) or scope.get("method") == "OPTIONS":
+                or scope["path"].startswith(OPEN_PREFIXES) or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         header = headers.get(b"authorization", b"").decode("latin-1")

@@ -20,7 +20,7 @@ from pagedllm.core.request import RequestOutput, SamplingParams, SamplingParamsE
 from pagedllm.server.chat_prompt import (ChatPrompt, check_tool_schemas, render_chat, tool_use,
                                          with_tool_grammar)
 from pagedllm.server.choices import (CLIENT_CLOSED, Choice, build_choices, collect,
-                                     compile_grammar, merged, submit_choices)
+                                     compile_grammar, merged, public_finish, submit_choices)
 from pagedllm.server.errors import APIError
 from pagedllm.server.ollama_models import ModelInfo
 from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields,
@@ -174,7 +174,7 @@ async def _answer(state: ServerState, body: OllamaFields, prompt_ids: list[int],
                         yield _line({**head, "created_at": _now(), **fields, "done": False})
                     if out.finished:
                         yield _line({**head, "created_at": _now(), **pieces.finish(),
-                                     **_done(choice, out), **pieces.final_extra(out)})
+                                     **_done(state, choice, out), **pieces.final_extra(out)})
             except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
                 yield _line({"error": str(exc)})
 
@@ -183,7 +183,7 @@ async def _answer(state: ServerState, body: OllamaFields, prompt_ids: list[int],
         return Response(status_code=CLIENT_CLOSED)
     out, pieces = choice.final, shape()
     return JSONResponse({**head, "created_at": _now(), **pieces.whole(out.text),
-                         **_done(choice, out), **pieces.final_extra(out)})
+                         **_done(state, choice, out), **pieces.final_extra(out)})
 
 
 def _line(payload: dict) -> str:
@@ -198,12 +198,14 @@ def _ns(seconds: float) -> int:
     return max(0, int(seconds * 1e9))
 
 
-def _done(choice: Choice, out: RequestOutput) -> dict:
-    """Ollama's closing fields: why it ended, token counts, durations in nanoseconds."""
+def _done(state: ServerState, choice: Choice, out: RequestOutput) -> dict:
+    """Ollama's closing fields: why it ended (a cut-short answer is "length" with the error
+    beside it, as on /v1), token counts, durations in nanoseconds."""
     end = time.monotonic()
     first = choice.first_token_time or end
     started = choice.arrival + (out.queue_time or 0.0)
-    return {"done": True, "done_reason": out.finish_reason,
+    reason, error = public_finish(state, choice, out.finish_reason)
+    return {"done": True, "done_reason": reason, **({"error": error["message"]} if error else {}),
             "total_duration": _ns(end - choice.arrival), "load_duration": 0,
             "prompt_eval_count": len(out.prompt_token_ids),
             "prompt_eval_duration": _ns(first - started),

@@ -27,6 +27,9 @@ class ServerState:
     created: int
     rate_limiter: TokenRateLimiter = field(default_factory=TokenRateLimiter)
     draining: bool = False
+    # Submitted choices by engine request id, until their stream ends: the live view reads
+    # their time to first token (only the event loop changes it).
+    live_choices: dict = field(default_factory=dict)
 
     def check_model(self, model: str | None) -> None:
         if self.draining:

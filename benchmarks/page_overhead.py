@@ -1,0 +1,77 @@
+"""What the page's live view costs the engine: decode-heavy load with the state stream read
+(as the open page does, a snapshot every 0.5 s) against without, alternated in one run.
+
+    .venv/bin/python benchmarks/page_overhead.py [--rounds 3] [--concurrency 4] [--max-tokens 256]
+
+Prints output tokens/s for each round of each variant, the medians and their ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import statistics
+import sys
+import threading
+import time
+
+import httpx
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from server_process import ServerProcess  # noqa: E402
+
+
+def load(url: str, concurrency: int, max_tokens: int) -> float:
+    """`concurrency` requests of max_tokens each, at once; output tokens/s."""
+    def one(i):
+        r = httpx.post(url + "/v1/completions", timeout=600,
+                       json={"prompt": f"Request {i}: tell a story.", "max_tokens": max_tokens,
+                             "ignore_eos": True, "temperature": 0})
+        return r.json()["usage"]["completion_tokens"]
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        tokens = sum(pool.map(one, range(concurrency)))
+    return tokens / (time.perf_counter() - started)
+
+
+def watch(url: str, stop: threading.Event, seen: list) -> None:
+    with httpx.stream("GET", url + "/v1/server/state?stream=true", timeout=600) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                seen.append(len(line))
+            if stop.is_set():
+                return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--kv-cache-memory", default=str(256 << 20))
+    args = parser.parse_args()
+    server = ServerProcess("--kv-cache-memory", args.kv_cache_memory, log_path="/tmp/page-overhead.log")
+    try:
+        load(server.url, args.concurrency, 16)  # warm-up
+        closed, opened, snapshots = [], [], []
+        for _ in range(args.rounds):
+            closed.append(load(server.url, args.concurrency, args.max_tokens))
+            stop, seen = threading.Event(), []
+            watcher = threading.Thread(target=watch, args=(server.url, stop, seen))
+            watcher.start()
+            opened.append(load(server.url, args.concurrency, args.max_tokens))
+            stop.set()
+            watcher.join()
+            snapshots.append(len(seen))
+        print("page closed, output tok/s:", ", ".join(f"{v:.1f}" for v in closed))
+        print("page open,   output tok/s:", ", ".join(f"{v:.1f}" for v in opened),
+              f"(snapshots read: {snapshots})")
+        ratio = statistics.median(opened) / statistics.median(closed)
+        print(f"median open / closed: {ratio:.3f} ({(1 - ratio) * 100:+.1f} % slower with the page open)")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""GET /v1/server/state: what the server is doing now, for the page's live view and for
+scripts: the engine's snapshot (every KV block, running and waiting requests, fair share),
+counters, recent latencies, memory; the configuration and what more parallel slots cost.
+
+The engine snapshot is taken on the engine thread between steps (one command, like an
+abort), only when someone asks; the streamed form sends one at most twice a second and
+waits for the client to take it before making the next, so a slow browser holds one
+snapshot, never a backlog.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import time
+
+import psutil
+
+from pagedllm.core import sizing
+from pagedllm.core.engine import LLMEngine
+from pagedllm.server.state import ServerState
+
+STREAM_INTERVAL_S = 0.5
+PLAN_PARALLEL = (1, 2, 4, 8, 16, 32, 64)
+
+
+class LiveView:
+    def __init__(self, state: ServerState, bench_results: str | None = None):
+        self.state = state
+        self.bench_results = bench_results
+        self._process = psutil.Process()
+
+    async def snapshot(self) -> dict:
+        engine_snapshot = await self.state.async_engine.snapshot()
+        stats = self.state.engine.stats()
+        data = engine_snapshot.to_json()
+        now = time.monotonic()
+        for view in data["requests"]:
+            choice = self.state.live_choices.get(view["request_id"])
+            first = choice.first_token_time if choice is not None else None
+            view["ttft_ms"] = None if first is None else round((first - choice.arrival) * 1000)
+            view["tokens_per_s"] = (round(view["num_output_tokens"] / (now - first), 1)
+                                    if first is not None and now > first else None)
+        data["stats"] = {
+            "num_running": stats.num_running, "num_waiting": stats.num_waiting,
+            "kv_blocks_used": stats.kv_blocks_used, "kv_blocks_total": stats.kv_blocks_total,
+            "kv_usage": stats.kv_usage, "prefix_cache_queries": stats.prefix_cache_queries,
+            "prefix_cache_hits": stats.prefix_cache_hits, "num_preemptions": stats.num_preemptions,
+            "num_prompt_tokens": stats.num_prompt_tokens,
+            "num_generation_tokens": stats.num_generation_tokens,
+            "memory_pressure": stats.memory_pressure}
+        data["latency"] = self.state.metrics.recent_latencies()
+        data["memory"] = {"rss_bytes": self._process.memory_info().rss}
+        return data
+
+    async def stream(self):
+        """Server-sent events: a snapshot every STREAM_INTERVAL_S while the client reads."""
+        while not self.state.draining:
+            started = time.monotonic()
+            yield f"data: {json.dumps(await self.snapshot())}\n\n"
+            await asyncio.sleep(max(0.0, STREAM_INTERVAL_S - (time.monotonic() - started)))
+
+    @functools.cached_property
+    def config(self) -> dict:
+        """What the server runs with (read once: the quantization comes from the file)."""
+        import torch
+
+        from pagedllm.kernels import capabilities
+        from pagedllm.weights.inspect import summarize_checkpoint
+
+        engine: LLMEngine = self.state.engine
+        cache, scheduler = engine.cache_config, engine.scheduler_config
+        summary = summarize_checkpoint(engine.model_path)
+        cpu = capabilities()
+        return {
+            "model": self.state.served_model_name, "architecture": engine.model_config.architecture,
+            "quantization": summary.file_type or engine.dtype, "dtype": engine.dtype,
+            "kv_cache_dtype": cache.cache_dtype, "kv_cache_bytes": engine.kv_memory_bytes,
+            "num_blocks": cache.num_blocks, "block_size": cache.block_size,
+            "prefix_caching": cache.enable_prefix_caching,
+            "max_num_seqs": scheduler.max_num_seqs, "max_model_len": scheduler.max_model_len,
+            "cpu_isa": cpu.level, "cpu_best_isa": cpu.best, "threads": torch.get_num_threads(),
+            "keys": self.state.keys.enabled}
+
+    def plan(self) -> list[dict]:
+        """KV memory for N parallel requests at the full context and at a typical length,
+        with this server's bytes per token: what raising --max-num-seqs would cost."""
+        engine = self.state.engine
+        cache = engine.cache_config
+        per_token = engine.kv_memory_bytes // max(1, cache.num_blocks * cache.block_size)
+        full = sizing.blocks_for_tokens(engine.scheduler_config.max_model_len, cache.block_size)
+        typical_len = min(engine.scheduler_config.max_model_len, sizing.AUTO_TYPICAL_REQUEST_TOKENS)
+        typical = sizing.blocks_for_tokens(typical_len, cache.block_size)
+        return [{"parallel": n, "full_context_bytes": n * full * cache.block_size * per_token,
+                 "typical_bytes": n * typical * cache.block_size * per_token,
+                 "typical_tokens": typical_len,
+                 "fits": n * typical <= cache.num_blocks} for n in PLAN_PARALLEL]
+
+    def bench(self) -> dict | None:
+        """The newest bench.json under --bench-results, if any."""
+        if not self.bench_results:
+            return None
+        newest = None
+        for folder, _, files in os.walk(self.bench_results):
+            if "bench.json" in files:
+                path = os.path.join(folder, "bench.json")
+                if newest is None or os.path.getmtime(path) > os.path.getmtime(newest):
+                    newest = path
+        if newest is None:
+            return None
+        try:
+            with open(newest, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return None
+        data["path"] = newest
+        return data

@@ -1,0 +1,221 @@
+"""The team's page, driven in a real headless browser (Playwright with Debian's chromium)
+against a real server: chat streamed, stop, the live block map with shared blocks, the key
+prompt, model output shown as text; and the state endpoint and routes over plain HTTP."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+
+from server_process import ServerProcess
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+KEY = "page-key-0123456789"
+
+
+def metric(server, name, headers=None) -> float:
+    text = httpx.get(server.url + "/metrics", headers=headers or {}, timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(f"pagedllm:{name}{{") or line.startswith(f"pagedllm:{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("page")
+    proc = ServerProcess("--kv-cache-memory", str(48 << 20), "--max-num-seqs", "4",
+                         "--dtype", "float32", log_path=str(folder / "log"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("page-keyed")
+    keys = folder / "keys.txt"
+    keys.write_text(f"alice {KEY}\n")
+    keys.chmod(0o600)
+    proc = ServerProcess("--kv-cache-memory", str(32 << 20), "--api-key-file", str(keys),
+                         log_path=str(folder / "log"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (make test installs it with apt-get; "
+                    "this host could not)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        # --no-sandbox: the tests run as root, where chromium's sandbox refuses to start.
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert not errors, errors
+
+
+def open_page(page, url):
+    page.goto(url)
+    page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+
+
+def set_max_tokens(page, value: int) -> None:
+    page.evaluate("document.getElementById('chat-settings').open = true")
+    page.fill("#max-tokens", str(value))
+
+
+def test_chat_streams_an_answer_with_its_figures(server, page):
+    open_page(page, server.url)
+    set_max_tokens(page, 12)
+    page.fill("#prompt", "What is the capital of France?")
+    page.press("#prompt", "Enter")
+    answer = page.locator(".message.assistant").last
+    answer.locator(".meta span", has_text="TTFT").wait_for(timeout=60_000)
+    assert answer.locator(".body").inner_text().strip()
+    meta = answer.locator(".meta span").inner_text()
+    assert "tok/s" in meta and "prompt tokens cached" in meta
+    # Kept in the browser: a reload shows the conversation again.
+    open_page(page, server.url)
+    assert page.locator(".message.user").first.inner_text() == "What is the capital of France?"
+
+
+def test_stop_aborts_the_request_on_the_server(server, page):
+    open_page(page, server.url)
+    set_max_tokens(page, 900)  # the pool holds ~1,090 tokens: the context here
+    page.fill("#prompt", "Write a very long story about a lighthouse keeper.")
+    page.click("#send")
+    deadline = time.monotonic() + 60
+    while metric(server, "num_requests_running") < 1:
+        assert time.monotonic() < deadline, "the request never ran"
+        time.sleep(0.05)
+    page.click("#stop")
+    deadline = time.monotonic() + 20
+    while metric(server, "num_requests_running") > 0:
+        assert time.monotonic() < deadline, "the server still runs the stopped request"
+        time.sleep(0.05)
+    page.locator(".message.assistant .meta span", has_text="stopped").wait_for(timeout=10_000)
+
+
+def test_block_map_marks_shared_blocks_and_agrees_with_metrics(server, page):
+    """n=3 samples of one long prompt share its blocks; the map marks them while they run."""
+    body = {"prompt": "The quick brown fox jumps over the lazy dog. " * 30, "n": 3,
+            "max_tokens": 400, "ignore_eos": True, "temperature": 1.0, "seed": 1}
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (httpx.post(server.url + "/v1/completions", json=body,
+                                                         timeout=300), done.set()))
+    thread.start()
+    try:
+        page.goto(server.url + "/#server")
+        page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+        page.wait_for_function("Number(document.getElementById('block-map').dataset.shared) > 0",
+                               timeout=60_000)
+        latest = page.evaluate("window.pagedllm.liveState.latest")
+        shared = [i for i, state in enumerate(latest["blocks"]) if state == "3"]
+        assert shared and all(len(latest["block_refs"][str(i)]) == 3 for i in shared)
+        used_cells = int(page.eval_on_selector("#block-map", "c => c.dataset.used"))
+        assert used_cells == latest["stats"]["kv_blocks_used"]
+        usage = metric(server, "kv_cache_usage_perc")
+        assert abs(usage - used_cells / len(latest["blocks"])) < 0.1  # a few steps apart
+        summary = page.inner_text("#pool-summary")
+        assert f"{len(latest['blocks'])} blocks" in summary and "shared" in summary
+        assert page.locator("#requests tbody tr").count() >= 3
+        assert "KV cache" in page.inner_text("#config")
+        assert page.locator("#plan tbody tr").count() == 7
+        # Hovering a shared cell names its owners.
+        box = page.locator("#block-map").bounding_box()
+        columns = int(page.eval_on_selector("#block-map", "c => c.dataset.columns"))
+        cell = box["width"] / columns
+        page.mouse.move(box["x"] + (shared[0] % columns + 0.5) * cell,
+                        box["y"] + (shared[0] // columns + 0.5) * cell)
+        tip = page.inner_text("#block-tip")
+        assert f"block {shared[0]}" in tip and "owners" in tip
+    finally:
+        thread.join(300)
+
+
+def test_model_output_is_shown_as_text_never_run(server, page):
+    hostile = "<script>window.hacked = 1</script><img src=x onerror=\"window.hacked = 2\"> **bold**"
+    page.goto(server.url)
+    page.evaluate("""text => localStorage.setItem('pagedllm-conversations', JSON.stringify([
+        {id: 'x', title: 't', messages: [{role: 'user', content: 'hi'},
+                                         {role: 'assistant', content: text, meta: ''}]}]))""",
+                  hostile)
+    open_page(page, server.url)
+    body = page.locator(".message.assistant .body").last
+    assert "<script>window.hacked = 1</script>" in body.inner_text()
+    assert body.locator("script, img").count() == 0 and body.locator("strong").inner_text() == "bold"
+    assert page.evaluate("window.hacked") is None
+
+
+def test_keyed_server_asks_for_a_key_and_refuses_a_wrong_one(keyed, page):
+    page.goto(keyed.url)
+    page.wait_for_selector("#key-dialog[open]", timeout=30_000)
+    page.fill("#key-input", "wrong-key-0123456")
+    page.click("#key-form button")
+    page.wait_for_selector("#key-error:not([hidden])", timeout=30_000)
+    assert "refused" in page.inner_text("#key-error")
+    page.fill("#key-input", KEY)
+    page.click("#key-form button")
+    page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+    assert page.evaluate("sessionStorage.getItem('pagedllm-api-key')") == KEY
+    page.click("button[data-view=server]")
+    page.wait_for_function("window.pagedllm.liveState.snapshots > 1", timeout=30_000)
+
+
+# -- plain HTTP -------------------------------------------------------------------------------
+
+def test_state_endpoint(server):
+    data = httpx.get(server.url + "/v1/server/state?config=true", timeout=30).json()
+    assert set(data["blocks"]) <= set("0123") and len(data["blocks"]) == data["stats"]["kv_blocks_total"]
+    assert data["config"]["block_size"] == data["block_size"] and data["config"]["cpu_isa"]
+    assert [row["parallel"] for row in data["plan"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert set(data["latency"]) == {"ttft_ms", "tpot_ms"} and data["memory"]["rss_bytes"] > 0
+    assert data["bench"] is None  # no --bench-results
+
+
+def test_state_stream_is_paced_and_bounded(server):
+    """At most one snapshot every 0.5 s, made only as the client reads: a reader that stalls
+    for 3 s finds a few snapshots waiting, not a backlog."""
+    with httpx.stream("GET", server.url + "/v1/server/state?stream=true", timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        time.sleep(3)
+        started, count = time.monotonic(), 0
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                json.loads(line[6:])
+                count += 1
+                if time.monotonic() - started > 2.0:
+                    break
+        elapsed = time.monotonic() - started + 3
+    assert 3 <= count <= elapsed / 0.5 + 2
+
+
+def test_routes_under_root_are_not_the_page(server, keyed):
+    assert httpx.get(server.url + "/", timeout=30).headers["content-type"].startswith("text/html")
+    for path in ("/nope", "/ui/nope.js", "/ui/../server/app.py", "/index.html"):
+        r = httpx.get(server.url + path, timeout=30)
+        assert r.status_code == 404 and "error" in r.json(), path
+    assert httpx.get(keyed.url + "/", timeout=30).status_code == 200  # the page is open
+    assert httpx.get(keyed.url + "/ui/app.js", timeout=30).status_code == 200
+    refused = httpx.get(keyed.url + "/v1/server/state", timeout=30)
+    assert refused.status_code == 401
+    ok = httpx.get(keyed.url + "/v1/server/state", headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=30)
+    assert ok.status_code == 200
