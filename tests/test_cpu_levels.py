@@ -176,3 +176,31 @@ def test_a_stale_build_lock_is_cleared_and_a_live_one_named(tmp_path, monkeypatc
     build._check_lock("some_kernels")
     assert not lock.exists() and "removing a stale kernel build lock" in caplog.text
     build._check_lock("some_kernels")  # no lock: nothing to do
+
+
+def test_a_quiet_build_lock_is_cleared_without_waiting_15_minutes(tmp_path, monkeypatch, caplog):
+    """A killed build's lock a minute old, with nothing compiling in its folder, goes at
+    once; the same lock while a process works in that folder (as ninja does) is kept."""
+    import subprocess
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = tmp_path / "some_kernels"
+    folder.mkdir()
+    lock = folder / "lock"
+    minute_ago = os.path.getmtime(tmp_path) - 60
+
+    def make_lock():
+        lock.write_text("")
+        os.utime(lock, (minute_ago, minute_ago))
+
+    make_lock()
+    worker = subprocess.Popen(["sleep", "30"], cwd=folder)
+    try:
+        with caplog.at_level("WARNING", logger="pagedllm.kernels"):
+            build._check_lock("some_kernels")
+        assert lock.exists() and "waiting for another process" in caplog.text
+    finally:
+        worker.kill()
+        worker.wait()
+    build._check_lock("some_kernels")
+    assert not lock.exists() and "no build at work" in caplog.text

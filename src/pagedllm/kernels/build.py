@@ -66,19 +66,37 @@ def module_name(level: str) -> str:
 # A build takes a few minutes; a lock older than this was left by a build that was killed
 # (a server stopped while it compiled), on which torch's builder would wait forever.
 STALE_LOCK_SECONDS = 15 * 60
+# A younger lock is stale too when nothing works in its build folder (ninja and the compiler
+# run there): past this age a live build is always in that phase, not still preparing.
+QUIET_LOCK_SECONDS = 30
+
+
+def _build_running_in(folder: str) -> bool:
+    """Whether a process is at work in the build folder (its current directory)."""
+    import psutil
+
+    folder = os.path.realpath(folder)
+    for proc in psutil.process_iter(["cwd"]):
+        cwd = proc.info.get("cwd")
+        if cwd and os.path.realpath(cwd) == folder:
+            return True
+    return False
 
 
 def _check_lock(name: str) -> None:
-    """Clears a stale build lock; says so when a live one will make this process wait."""
+    """Clears a stale build lock (old, or with no build at work in its folder); says so when
+    a live one will make this process wait."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+    folder = _get_build_directory(name, verbose=False)
+    lock = os.path.join(folder, "lock")
     try:
         age = time.time() - os.path.getmtime(lock)
     except OSError:
         return  # no lock: the usual case
-    if age > STALE_LOCK_SECONDS:
-        logger.warning("removing a stale kernel build lock (%s, %.0f s old)", lock, age)
+    if age > STALE_LOCK_SECONDS or (age > QUIET_LOCK_SECONDS and not _build_running_in(folder)):
+        logger.warning("removing a stale kernel build lock (%s, %.0f s old, no build at work)",
+                       lock, age)
         try:
             os.remove(lock)
         except OSError:
