@@ -60,3 +60,29 @@ def test_queue_position_then_abort_all(engine):
             async_engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_snapshots_between_steps_and_a_cancelled_asker_breaks_nothing(engine):
+    """A snapshot is answered on the loop thread; one whose asker went away (a closed page
+    cancels its wait) is skipped, and the loop goes on serving."""
+    import concurrent.futures
+
+    from pagedllm.core.async_engine import TakeSnapshot
+
+    async def main():
+        async_engine = AsyncEngine(engine)
+        try:
+            abandoned: concurrent.futures.Future = concurrent.futures.Future()
+            abandoned.cancel()
+            async_engine._post(TakeSnapshot(abandoned))
+            request = engine.make_request(None, [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+            stream = async_engine.submit(request)
+            snapshot = await async_engine.snapshot()
+            assert len(snapshot.blocks) == engine.cache_config.num_blocks
+            outputs = [out async for out in stream]
+            assert outputs[-1].finished and len(outputs[-1].token_ids) == 4
+            assert async_engine.dead is None and (await async_engine.snapshot()).requests == []
+        finally:
+            async_engine.shutdown()
+
+    asyncio.run(main())

@@ -164,6 +164,51 @@ def test_model_output_is_shown_as_text_never_run(server, page):
     assert page.evaluate("window.hacked") is None
 
 
+def test_streamed_model_output_with_markup_stays_text(server, page):
+    """The real model, constrained by a grammar to answer with markup, streamed into the
+    page: the page's request gets a guided_choice added on its way out (the page itself
+    sends none), so what arrives is genuine model output through the same render path."""
+    hostile = "<script>window.hacked = 1</script><b onmouseover=alert(1)>x</b>"
+
+    def add_choice(route):
+        body = json.loads(route.request.post_data)
+        route.continue_(post_data=json.dumps({**body, "guided_choice": [hostile]}))
+
+    page.route("**/v1/chat/completions", add_choice)
+    open_page(page, server.url)
+    page.fill("#prompt", "Say something.")
+    page.press("#prompt", "Enter")
+    answer = page.locator(".message.assistant").last
+    answer.locator(".meta span", has_text="TTFT").wait_for(timeout=60_000)
+    assert answer.locator(".body").inner_text().strip() == hostile
+    assert answer.locator(".body script, .body b").count() == 0
+    assert page.evaluate("window.hacked") is None
+
+
+def test_bench_results_are_shown(tmp_path, browser):
+    """--bench-results DIR: the newest bench.json there appears in the server view."""
+    results = tmp_path / "bench-results" / "run1"
+    results.mkdir(parents=True)
+    (results / "bench.json").write_text(json.dumps({
+        "settings": {}, "recommendation": {"concurrency": 4, "reason": "highest N meeting targets"},
+        "levels": [{"concurrency": n, "output_tokens_per_s": 10.0 * n, "ttft_ms": {"p95": 100.0 * n},
+                    "tpot_ms": {"p95": 20.0}, "meets_slo": n <= 4} for n in (1, 2, 4, 8)]}))
+    proc = ServerProcess("--kv-cache-memory", str(32 << 20), "--bench-results",
+                         str(tmp_path / "bench-results"), log_path=str(tmp_path / "log"))
+    try:
+        data = httpx.get(proc.url + "/v1/server/state?config=true", timeout=30).json()
+        assert data["bench"]["recommendation"]["concurrency"] == 4
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(proc.url + "/#server")
+        page.wait_for_selector("#bench-card:not([hidden])", timeout=30_000)
+        assert "recommended N = 4" in page.inner_text("#bench-summary")
+        assert page.locator("#bench tbody tr").count() == 4
+        context.close()
+    finally:
+        proc.stop()
+
+
 def test_keyed_server_asks_for_a_key_and_refuses_a_wrong_one(keyed, page):
     page.goto(keyed.url)
     page.wait_for_selector("#key-dialog[open]", timeout=30_000)

@@ -188,6 +188,10 @@ class AsyncEngine:
             elif isinstance(command, SetUserPolicies):
                 self.engine.set_user_policies(command.weights, command.max_running)
             elif isinstance(command, TakeSnapshot):
+                # The asker may be gone (a closed page cancels its wait): then there is no
+                # one to answer, and answering a cancelled future would raise here.
+                if not command.future.set_running_or_notify_cancel():
+                    continue
                 try:
                     command.future.set_result(self.engine.snapshot())
                 except Exception as exc:  # noqa: BLE001 - the asker hears it; the loop goes on

@@ -20,6 +20,7 @@ ERRORS = {400: "a field is invalid (the error names it)", 401: "missing or inval
           413: "the body is over --max-body-bytes", 429: "queue full or over a rate limit",
           500: "this request failed in the engine", 503: "shutting down, or the engine is unusable"}
 STREAMED = {"/v1/completions": "text/event-stream", "/v1/chat/completions": "text/event-stream",
+            "/v1/server/state": "text/event-stream",
             "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson"}
 TEXT_ROUTES = {"/metrics": "text/plain"}
 
