@@ -44,7 +44,7 @@ $(TEST_INSTALLED): $(INSTALLED)
 install: $(INSTALLED)
 
 test: $(TEST_INSTALLED)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 serve: install
 	$(VENV)/bin/pagedllm serve

@@ -27,16 +27,20 @@ def byte_level_alphabet() -> list[str]:
     return [chars[b] for b in range(256)]
 
 
-def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra):
+    """extra: more config fields (rope_scaling, sliding_window, ...)."""
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
 
     torch.manual_seed(seed)
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=tie,
-                  bos_token_id=1, eos_token_id=0)
+                  bos_token_id=1, eos_token_id=0, **extra)
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif arch == "mistral":
+        model = MistralForCausalLM(MistralConfig(**common))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     # Random init is small; widen the weights so logits differ meaningfully between tokens.
@@ -86,7 +90,8 @@ def random_k_quant_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> np
     return blocks.reshape(rows, -1)
 
 
-def write_gguf(model, path, qtype: str = "F32", arch: str = "llama") -> str:
+def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
+               rope_freqs: list[float] | None = None) -> str:
     """Write an HF Llama model as llama.cpp would: GGUF names, permuted q/k, gpt2 tokenizer."""
     import gguf
 
@@ -143,6 +148,8 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama") -> str:
             writer.add_tensor(out, data, raw_dtype=qt)
         else:
             writer.add_tensor(out, np.ascontiguousarray(array, dtype=np.float32))
+    if rope_freqs is not None:  # llama.cpp's form of Llama 3's RoPE scaling
+        writer.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

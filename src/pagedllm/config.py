@@ -46,6 +46,20 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "model"
+    # RoPE scaling as a divisor per inverse frequency (weights/rope.py); None: plain RoPE.
+    rope_freq_factors: tuple[float, ...] | None = None
+    # Attention looks back at most this many tokens (Mistral); the engine keeps the context
+    # within it, where full attention gives the same answer. None: full attention.
+    sliding_window: int | None = None
+
+    @property
+    def max_context(self) -> int:
+        """The longest sequence served correctly: the model's context, or its attention window
+        where it has one (sliding-window attention is not implemented: within the window it
+        equals full attention, past it the answers would be wrong)."""
+        if self.sliding_window is not None:
+            return min(self.sliding_window, self.max_position_embeddings)
+        return self.max_position_embeddings
 
     @property
     def kv_bytes_per_token_per_element(self) -> int:

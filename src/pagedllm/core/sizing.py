@@ -104,9 +104,9 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
     budget = max(0, memory_bytes - weight_bytes)
     rows = [ParallelFit(n, n * per_request, weight_bytes + n * per_request,
                         weight_bytes + n * per_request <= memory_bytes) for n in parallels]
-    if context > config.max_position_embeddings:
+    if context > config.max_context:
         raise ContextTooLongError(f"a context of {context} tokens is longer than {config.name}'s "
-                                  f"{config.max_position_embeddings}; plan for at most that")
+                                  f"{config.max_context}; plan for at most that")
     warnings = []
     if weight_bytes > memory_bytes:
         warnings.append(f"the weights alone need {gib(weight_bytes)}, more than the {gib(memory_bytes)} given")

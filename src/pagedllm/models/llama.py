@@ -33,8 +33,11 @@ class RotaryEmbedding:
     """Rotate-half RoPE tables: float32 cos/sin [max_positions, D], indexed by position.
     A plain object, not a module: model.to(bfloat16) must leave the tables float32."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float):
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 freq_factors: tuple[float, ...] | None = None):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        if freq_factors is not None:  # RoPE scaling (Llama 3, linear): weights/rope.py
+            inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float32)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, D]
         self.cos = emb.cos()
@@ -102,7 +105,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
+                                 config.rope_freq_factors)
         # The reference attention backend runs with the torch layer ops too: a pure-torch oracle.
         ops = layer_ops(use_kernels=attention_backend != "torch-reference")
         self.layers = nn.ModuleList(DecoderLayer(config, rotary, attention_backend, ops)

@@ -6,6 +6,7 @@ llama architecture (interleaved RoPE pairs); we undo it so one RoPE layout serve
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -50,7 +51,7 @@ def canonical_name(gguf_name: str) -> str | None:
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
         return f"layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}"
-    return None  # e.g. rope_freqs: precomputed tables we compute ourselves
+    return None  # e.g. rope_freqs: read into the config (_rope_factors), not a weight
 
 
 def _field_value(field):
@@ -110,12 +111,41 @@ def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int
 
 
 def read_gguf_header(path: str):
-    """(reader, metadata, ModelConfig) from a GGUF file's header; tensors stay on disk."""
+    """(reader, metadata, ModelConfig) from a GGUF file's header; tensors stay on disk (but
+    the few numbers of a rope_freqs tensor, which belong to the config)."""
     reader = _open_reader(path)
     meta = {name: _field_value(field) for name, field in reader.fields.items()
             if not name.startswith("GGUF.")}
     tokens = meta.get("tokenizer.ggml.tokens") or []
-    return reader, meta, _model_config(path, meta, {t.name for t in reader.tensors}, len(tokens))
+    config = _model_config(path, meta, {t.name for t in reader.tensors}, len(tokens))
+    factors = _rope_factors(path, meta, reader, config)
+    if factors is not None:
+        config = dataclasses.replace(config, rope_freq_factors=factors)
+    return reader, meta, config
+
+
+def _rope_factors(path: str, meta: dict, reader, config: ModelConfig) -> tuple[float, ...] | None:
+    """llama.cpp writes Llama 3's scaling as a `rope_freqs` tensor of divisors, and linear
+    scaling as metadata; anything else that changes RoPE is refused, never ignored."""
+    arch = config.architecture
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    half = config.head_dim // 2
+    for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            values = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+            if values.shape[0] != half:
+                raise ModelLoadError(path, f"rope_freqs has {values.shape[0]} values, expected "
+                                           f"{half} (head_dim / 2)")
+            return tuple(float(v) for v in values)
+    if kind in (None, "none"):
+        return None
+    if kind == "linear":
+        factor = meta.get(f"{arch}.rope.scaling.factor")
+        if factor is None:
+            raise ModelLoadError(path, f"metadata field {arch}.rope.scaling.factor is missing")
+        return (float(factor),) * half
+    raise ModelLoadError(path, f"rope scaling type {kind!r} is not supported yet "
+                               f"(supported: linear, and Llama 3's rope_freqs)")
 
 
 def tokenizer_metadata(meta: dict) -> dict:

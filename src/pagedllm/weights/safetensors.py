@@ -9,6 +9,7 @@ import torch
 
 from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
+from pagedllm.weights.rope import RopeScalingError, hf_rope_factors
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -21,6 +22,15 @@ def _read_json(path: str) -> dict:
         raise ModelLoadError(path, f"invalid JSON: {exc}") from exc
 
 
+def _sliding_window(raw: dict) -> int | None:
+    """Mistral's window; Qwen2 names one too but uses it only with use_sliding_window."""
+    window = raw.get("sliding_window")
+    if window is None or (raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window")):
+        return None
+    window = int(window)
+    return window if window < int(raw.get("max_position_embeddings", 2048)) else None
+
+
 def hf_model_config(folder: str, raw: dict) -> ModelConfig:
     path = os.path.join(folder, "config.json")
     model_type = raw.get("model_type")
@@ -29,13 +39,16 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
             path, f"unknown architecture {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in (None, "default"):
-        raise ModelLoadError(path, f"rope scaling type {rope_type!r} is not supported yet")
     try:
         hidden = int(raw["hidden_size"])
         num_heads = int(raw["num_attention_heads"])
         eos = raw.get("eos_token_id")
+        head_dim = int(raw.get("head_dim") or hidden // num_heads)
+        theta = float(raw.get("rope_theta", rope.get("rope_theta", 10000.0)))
+        try:
+            rope_factors = hf_rope_factors(rope, head_dim, theta)
+        except RopeScalingError as exc:
+            raise ModelLoadError(path, str(exc)) from exc
         return ModelConfig(
             architecture=model_type,
             vocab_size=int(raw["vocab_size"]),
@@ -44,9 +57,11 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
             num_layers=int(raw["num_hidden_layers"]),
             num_heads=num_heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=int(raw.get("head_dim") or hidden // num_heads),
+            head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rope_theta=theta,
+            rope_freq_factors=rope_factors,
+            sliding_window=_sliding_window(raw),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
