@@ -79,15 +79,25 @@ def main() -> None:
     try:
         load(server.url, args.concurrency, 16)  # warm-up
         closed, opened, snapshots = [], [], []
-        for _ in range(args.rounds):
-            closed.append(load(server.url, args.concurrency, args.max_tokens))
+
+        def with_page_open() -> float:
             stop, seen = threading.Event(), []
             watcher = threading.Thread(target=watch, args=(server.url, stop, seen))
             watcher.start()
-            opened.append(load(server.url, args.concurrency, args.max_tokens))
+            rate = load(server.url, args.concurrency, args.max_tokens)
             stop.set()
             watcher.join()
             snapshots.append(len(seen))
+            return rate
+
+        for round_ in range(args.rounds):
+            # Which variant goes first alternates, so a drift of the host favours neither.
+            if round_ % 2:
+                opened.append(with_page_open())
+                closed.append(load(server.url, args.concurrency, args.max_tokens))
+            else:
+                closed.append(load(server.url, args.concurrency, args.max_tokens))
+                opened.append(with_page_open())
         print("page closed, output tok/s:", ", ".join(f"{v:.1f}" for v in closed))
         print("page open,   output tok/s:", ", ".join(f"{v:.1f}" for v in opened),
               f"(snapshots read: {snapshots})")

@@ -116,10 +116,16 @@ def test_stop_aborts_the_request_on_the_server(server, page):
 def test_block_map_marks_shared_blocks_and_agrees_with_metrics(server, page):
     """n=3 samples of one long prompt share its blocks; the map marks them while they run."""
     body = {"prompt": "The quick brown fox jumps over the lazy dog. " * 30, "n": 3,
-            "max_tokens": 400, "ignore_eos": True, "temperature": 1.0, "seed": 1}
+            "max_tokens": 400, "ignore_eos": True, "temperature": 1.0, "seed": 1, "stream": True}
     done = threading.Event()
-    thread = threading.Thread(target=lambda: (httpx.post(server.url + "/v1/completions", json=body,
-                                                         timeout=300), done.set()))
+
+    def run():  # streamed, so leaving early (done) aborts the samples: no waiting them out
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=300) as r:
+            for _ in r.iter_lines():
+                if done.is_set():
+                    return
+
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         page.goto(server.url + "/#server")
@@ -147,12 +153,13 @@ def test_block_map_marks_shared_blocks_and_agrees_with_metrics(server, page):
         tip = page.inner_text("#block-tip")
         assert f"block {shared[0]}" in tip and "owners" in tip
     finally:
+        done.set()
         thread.join(300)
 
 
 def test_model_output_is_shown_as_text_never_run(server, page):
     hostile = "<script>window.hacked = 1</script><img src=x onerror=\"window.hacked = 2\"> **bold**"
-    page.goto(server.url)
+    open_page(page, server.url)  # ready first: its own start writes the conversation list
     page.evaluate("""text => localStorage.setItem('pagedllm-conversations', JSON.stringify([
         {id: 'x', title: 't', messages: [{role: 'user', content: 'hi'},
                                          {role: 'assistant', content: text, meta: ''}]}]))""",
