@@ -42,10 +42,6 @@ class TokenRateLimiter:
         with self._lock:
             return sum(use.tokens for use in self._trim(name, self._clock()))
 
-    def record(self, name: str, num_tokens: int) -> None:
-        with self._lock:
-            self._trim(name, self._clock()).append(TokenUse(self._clock(), num_tokens))
-
     def check(self, name: str, limit: int | None, num_tokens: int = 1) -> None:
         """429 unless `num_tokens` more fit under the limit now."""
         if limit is None:
