@@ -23,7 +23,8 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 
 @pytest.mark.parametrize("scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}],
                          ids=["llama3", "linear"])
-def test_hf_rope_scaling_matches_transformers(tmp_path, scaling):
+def test_hf_rope_scaling_matches_transformers(tmp_path, scaling, at_isa):
+    """At every CPU level: the scaled tables are made in Python, the kernels apply them."""
     model = tiny_hf_model("llama", seed=3, rope_scaling=scaling)
     folder = write_hf_folder(model, tmp_path)
     assert load_checkpoint(folder).config.rope_freq_factors is not None
@@ -35,7 +36,7 @@ def test_hf_rope_scaling_matches_transformers(tmp_path, scaling):
     assert not torch.allclose(hf_logits(plain, LONG_PROMPT), reference, atol=1e-2)
 
 
-def test_gguf_rope_freqs_tensor_is_applied(tmp_path):
+def test_gguf_rope_freqs_tensor_is_applied(tmp_path, at_isa):
     """llama.cpp writes Llama 3's scaling as per-dimension divisors (rope_freqs)."""
     model = tiny_hf_model("llama", seed=3, rope_scaling=LLAMA3)
     factors = llama3_factors(16, 10000.0, 8.0, 1.0, 4.0, 64)
