@@ -56,6 +56,7 @@ def test_sigterm_lets_short_requests_finish_aborts_long_ones_and_exits_0(tmp_pat
         last = json.loads(long_events[-2])["choices"][0]
         assert last["finish_reason"] == "length"
         assert "shutting down" in last["error"]["message"]
+        assert "API keys: off (loopback only" in server.output()
         # Nobody is listening any more.
         try:
             httpx.get(server.url + "/health", timeout=2)

@@ -99,8 +99,10 @@ def ready_message(engine: LLMEngine, host: str, port: int, served_name: str, sch
     lines.append(f"  KV cache {engine.kv_memory_bytes / 2**20:,.0f} MiB = {engine.capacity_tokens:,} "
                  f"tokens; {scheduler.max_num_seqs} requests run in parallel (max_num_seqs), "
                  f"{full} of them at the full context at once")
-    lines.append("  API keys: " + (f"on, {keys} key(s) from {key_file}" if key_file else
-                                   "off (anyone who can reach this address may use it)"))
+    lines.append("  API keys: " + (
+        f"on, {keys} key(s) from {key_file}" if key_file else
+        "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
+        "off: ANYONE who can reach this address may use it"))
     cpu = capabilities()
     lines.append(f"  CPU: {cpu.level} kernels, {torch.get_num_threads()} compute thread(s) "
                  f"of {os.cpu_count()} cores (--threads)")
