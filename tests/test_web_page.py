@@ -238,6 +238,9 @@ def test_state_endpoint(server):
     assert set(data["blocks"]) <= set("0123") and len(data["blocks"]) == data["stats"]["kv_blocks_total"]
     assert data["config"]["block_size"] == data["block_size"] and data["config"]["cpu_isa"]
     assert [row["parallel"] for row in data["plan"]] == [1, 2, 4, 8, 16, 32, 64]
+    # float32 SmolLM2: 2 x 30 layers x 3 KV heads x 64 x 4 bytes a token, whole blocks.
+    context = data["config"]["max_model_len"]
+    assert data["plan"][1]["full_context_bytes"] == 2 * -(-context // 16) * 16 * 46080
     assert set(data["latency"]) == {"ttft_ms", "tpot_ms"} and data["memory"]["rss_bytes"] > 0
     assert data["bench"] is None  # no --bench-results
 

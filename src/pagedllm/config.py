@@ -144,5 +144,4 @@ class ServerConfig:
     header_timeout: float = 10.0  # seconds a request's headers may take to arrive
     max_connections_per_client: int = 128  # open connections per client address; 0: no cap
     log_level: str = "info"  # "debug" also logs /health and /metrics polls
-    threads: int | None = None  # compute threads asked for (None: torch's default, every core)
     bench_results: str | None = None  # a folder of `pagedllm bench` outputs for the page

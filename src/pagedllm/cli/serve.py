@@ -77,7 +77,7 @@ def server_config(args) -> ServerConfig:
         ssl_keyfile=args.ssl_keyfile, header_timeout=args.header_timeout,
         max_connections_per_client=args.max_connections_per_client,
         max_body_bytes=args.max_body_bytes, log_level=args.log_level,
-        threads=args.threads, bench_results=args.bench_results)
+        bench_results=args.bench_results)
 
 
 def cmd_serve(args) -> int:

@@ -17,6 +17,7 @@ DEFAULT_KV_FRACTION = 0.1  # of available memory, when no budget is given
 DEFAULT_KV_MAX_BYTES = 512 << 20
 
 
+ELEMENT_SIZES = {"float32": 4, "bfloat16": 2}  # bytes per element of each model dtype
 SCALE_BYTES = 4  # an int8 cache's float32 scale per (token, layer, K or V, KV head)
 
 

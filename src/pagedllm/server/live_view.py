@@ -88,7 +88,8 @@ class LiveView:
         with this server's bytes per token: what raising --max-num-seqs would cost."""
         engine = self.state.engine
         cache = engine.cache_config
-        per_token = engine.kv_memory_bytes // max(1, cache.num_blocks * cache.block_size)
+        per_token = sizing.kv_bytes_per_token(engine.model_config, sizing.ELEMENT_SIZES[engine.dtype],
+                                              cache.cache_dtype)
         full = sizing.blocks_for_tokens(engine.scheduler_config.max_model_len, cache.block_size)
         typical_len = min(engine.scheduler_config.max_model_len, sizing.AUTO_TYPICAL_REQUEST_TOKENS)
         typical = sizing.blocks_for_tokens(typical_len, cache.block_size)

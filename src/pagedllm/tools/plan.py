@@ -11,7 +11,6 @@ from pagedllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE
 from pagedllm.core import sizing
 from pagedllm.weights.inspect import summarize_checkpoint
 
-ELEMENT_SIZES = {"float32": 4, "bfloat16": 2}
 
 
 def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[int],
@@ -19,7 +18,7 @@ def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[in
               kv_cache_dtype: str = "auto") -> sizing.CapacityPlan:
     summary = summarize_checkpoint(model)
     memory_bytes = memory if memory is not None else sizing.available_memory_bytes()
-    return sizing.plan_capacity(summary, dtype=dtype, element_size=ELEMENT_SIZES[dtype],
+    return sizing.plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
                                 context=context, parallels=parallels, memory_bytes=memory_bytes,
                                 block_size=block_size, kv_cache_dtype=kv_cache_dtype)
 
