@@ -28,7 +28,7 @@ $(INSTALLED): pyproject.toml Makefile
 	touch $(INSTALLED)
 
 $(TEST_INSTALLED): $(INSTALLED)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,ray]'
 	# The aarch64 cross compiler, for the test that the portable kernels build for ARM64 (no
 	# ARM64 host here); where apt-get is missing or refuses, that one test skips and says why.
 	command -v aarch64-linux-gnu-g++ >/dev/null || apt-get install -y -q g++-aarch64-linux-gnu >/dev/null \

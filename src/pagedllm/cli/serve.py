@@ -61,6 +61,19 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     http.add_argument("--bench-results", default=None, metavar="DIR",
                       help="a folder of `pagedllm bench --out` results; the page at / shows "
                            "the newest (default: none)")
+    scale = serve.add_argument_group("replicas (Ray Serve; needs `pip install pagedllm[ray]`)")
+    scale.add_argument("--replicas", type=positive_int, default=None,
+                       help="run N engine replicas behind one ingress on Ray Serve, each with "
+                            "its own KV pool (default: one engine in this process, no Ray)")
+    scale.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                       help="join this Ray cluster (`ray start --head` prints it) instead of "
+                            "starting a local one (default: a local one)")
+    scale.add_argument("--threads-per-replica", type=positive_int, default=None,
+                       help="compute threads of each replica (default: this machine's cores "
+                            "divided among the replicas)")
+    scale.add_argument("--router", default="prefix", choices=("prefix", "pow2"),
+                       help="prefix: to the replica holding the request's leading KV blocks "
+                            "unless it is busier; pow2: Ray Serve's power of two choices")
     serve.set_defaults(func=cmd_serve)
 
 
@@ -107,5 +120,22 @@ def cmd_serve(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.replicas is not None:
+        return _serve_replicas(args, engine_settings, config)
     engine = load_engine_with_progress(engine_settings)
     return serve(engine, config)
+
+
+def _serve_replicas(args, engine_settings, config) -> int:
+    if args.threads:
+        print("error: with --replicas, give --threads-per-replica instead of --threads",
+              file=sys.stderr)
+        return 2
+    try:
+        from pagedllm.replicas.launch import serve_replicas
+    except ImportError as exc:
+        print(f"error: --replicas needs Ray Serve ({exc}); install it with "
+              f"`pip install 'pagedllm[ray]'`", file=sys.stderr)
+        return 2
+    return serve_replicas(engine_settings, config, args.replicas, args.threads_per_replica,
+                          args.ray_address, args.router)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -17,13 +16,13 @@ from pagedllm.core.memory_guard import MemoryGuard
 from pagedllm.core.model_runner import ModelRunner
 from pagedllm.models.build import build_model
 from pagedllm.core.output_processor import RequestTextState, stop_reason
-from pagedllm.core.request import (FinishReason, PromptTooLongError, Request, RequestOutput,
-                                   SamplingParams, SamplingParamsError, resolve_max_tokens)
+from pagedllm.core.request import FinishReason, Request, RequestOutput, SamplingParams
+from pagedllm.core.request_maker import RequestMaker
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.snapshot import EngineSnapshot, take_snapshot
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.structured.compiler import GrammarCompiler
-from pagedllm.tokenizer import TokenLimitError, Tokenizer
+from pagedllm.tokenizer import Tokenizer
 from pagedllm.weights import load_checkpoint
 
 logger = logging.getLogger("pagedllm")
@@ -47,7 +46,7 @@ class EngineStats:
     memory_pressure: bool = False  # new requests wait (core/memory_guard.py)
 
 
-class LLMEngine:
+class LLMEngine(RequestMaker):
     def __init__(self, config: EngineConfig | str | None = None, *, load_progress=None,
                  **settings):
         """LLMEngine(EngineConfig(...)), or LLMEngine(model, **settings) for the same fields."""
@@ -110,7 +109,6 @@ class LLMEngine:
         self.memory_guard = MemoryGuard(config.max_memory)
         self._paused_logged = False
         self._text_states: dict[str, RequestTextState] = {}
-        self._ids = itertools.count()
         # Read by other threads (metrics): replaced whole by the engine thread, never mutated.
         self._waiting_by_user: dict[str, int] = {}
         kernels = kernel_ops()
@@ -130,50 +128,11 @@ class LLMEngine:
         return self.cache_config.num_blocks * self.cache_config.block_size
 
     # -- requests ---------------------------------------------------------------------------
-    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
-        """Raises TokenLimitError for a text past the context (not tokenized whole)."""
-        if isinstance(prompt, str):
-            return self.tokenizer.encode_within(prompt, self.scheduler_config.max_model_len)
-        token_ids = list(prompt)
-        vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids
-               if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:3]}")
-        return token_ids
-
     def add_request(self, request_id: str | None, prompt: str | list[int],
                     params: SamplingParams | None = None, *, user: str | None = None,
                     cache_salt: str | None = None) -> Request:
         request = self.make_request(request_id, prompt, params, user=user, cache_salt=cache_salt)
         self.add(request)
-        return request
-
-    def make_request(self, request_id: str | None, prompt: str | list[int],
-                     params: SamplingParams | None = None, *, user: str | None = None,
-                     cache_salt: str | None = None,
-                     max_tokens_limit: int | None = None) -> Request:
-        """Validate and build a request without touching engine state (safe from any thread).
-        Raises ValueError (an empty or bad prompt), SamplingParamsError (max_tokens over
-        max_tokens_limit), PromptTooLongError or GrammarError (a grammar that cannot compile)."""
-        params = params or SamplingParams()
-        vocab = self.model_config.vocab_size
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise SamplingParamsError("stop_token_ids", f"token ids must be in [0, {vocab})")
-        max_len = self.scheduler_config.max_model_len
-        try:
-            prompt_ids = self.tokenize_prompt(prompt)
-        except TokenLimitError as exc:
-            raise PromptTooLongError(exc.num_tokens, 0, max_len, at_least=True) from exc
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        max_tokens = resolve_max_tokens(params.max_tokens, len(prompt_ids), max_len,
-                                        max_tokens_limit)
-        request = Request(request_id or f"req-{next(self._ids)}", prompt_ids, params,
-                          eos_token_ids=self.tokenizer.eos_token_ids, max_model_len=max_len,
-                          max_tokens=max_tokens, user=user, cache_salt=cache_salt)
-        if params.guided is not None:  # compiled here, on the caller's thread
-            request.grammar = self.grammars.matcher(params.guided)
         return request
 
     def add(self, request: Request) -> None:

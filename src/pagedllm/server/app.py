@@ -34,14 +34,19 @@ logger = logging.getLogger("pagedllm.server")
 
 
 def create_app(engine: LLMEngine, served_model_name: str | None = None,
-               config: ServerConfig | None = None, engine_thread: bool = True) -> FastAPI:
-    """engine_thread=False: the caller runs app.state.pagedllm.core.async_engine.run_loop()."""
+               config: ServerConfig | None = None, engine_thread: bool = True,
+               async_engine: AsyncEngine | None = None,
+               metrics: ServerMetrics | None = None) -> FastAPI:
+    """engine_thread=False: the caller runs app.state.pagedllm.core.async_engine.run_loop().
+    The replicas' ingress passes its own engine, async_engine and metrics, which stand for
+    engines in other processes (replicas/front.py)."""
     config = config or ServerConfig()
     name = served_model_name or engine.model_config.name
-    async_engine = AsyncEngine(engine, start_thread=engine_thread)
+    if async_engine is None:
+        async_engine = AsyncEngine(engine, start_thread=engine_thread)
     keys = KeyStore(config.api_key_file)
-    state = ServerState(engine, async_engine, name, ServerMetrics(engine, name), config, keys,
-                        int(time.time()))
+    state = ServerState(engine, async_engine, name, metrics or ServerMetrics(engine, name),
+                        config, keys, int(time.time()))
     state.apply_key_policies()
 
     @asynccontextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -21,61 +22,93 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
 
 
+@dataclass
+class EngineFigures:
+    """One engine's figures for a scrape; `labels` tells engines apart (a replica's id)."""
+    stats: object  # EngineStats
+    waiting_by_user: dict
+    cache: object  # CacheConfig
+    cpu: object  # kernels.Capabilities
+    labels: tuple[str, ...] = ()
+    pid: int | None = None  # a replica's process (replica_info), None for this process
+
+
+def figures_of(engine) -> list[EngineFigures]:
+    """The single-process server's one engine."""
+    return [EngineFigures(engine.stats(), engine.waiting_by_user(), engine.cache_config,
+                          engine.cpu)]
+
+
 class EngineStatsCollector:
-    def __init__(self, engine, model_name: str):
-        self.engine = engine
-        self.labels = {"model_name": model_name}
+    """Engine figures at scrape time from `figures()`: one sample per engine, labelled by
+    model_name plus `label_names` (("replica",) when replicas serve)."""
 
-    def _gauge(self, name, doc, value):
-        g = GaugeMetricFamily(P + name, doc, labels=list(self.labels))
-        g.add_metric(list(self.labels.values()), value)
-        return g
+    def __init__(self, figures, model_name: str, label_names: tuple[str, ...] = ()):
+        self.figures = figures
+        self.model_name = model_name
+        self.label_names = ["model_name", *label_names]
 
-    def _counter(self, name, doc, value):
-        c = CounterMetricFamily(P + name, doc, labels=list(self.labels))
-        c.add_metric(list(self.labels.values()), value)
-        return c
+    def _family(self, kind, name, doc, rows, value, extra=()):
+        family = kind(P + name, doc, labels=self.label_names + list(extra))
+        for row in rows:
+            for labels, v in value(row):
+                family.add_metric([self.model_name, *row.labels, *labels], v)
+        return family
 
     def collect(self):
-        s = self.engine.stats()
-        yield self._gauge("num_requests_running", "Requests in the running batch.", s.num_running)
-        yield self._gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
-        yield self._gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", s.kv_usage)
-        yield self._gauge("num_kv_blocks", "KV-cache blocks in the pool.", s.kv_blocks_total)
-        yield self._gauge("memory_pressure", "1 while new requests wait for memory (--max-memory).",
-                          float(s.memory_pressure))
-        yield self._counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                            s.prefix_cache_queries)
-        yield self._counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                            s.prefix_cache_hits)
-        yield self._counter("num_preemptions", "Requests preempted (recompute).", s.num_preemptions)
-        yield self._counter("prompt_tokens", "Prompt tokens of admitted requests.", s.num_prompt_tokens)
-        yield self._counter("generation_tokens", "Generated tokens.", s.num_generation_tokens)
-        by_user = GaugeMetricFamily(P + "num_requests_waiting_by_user", "Waiting requests per user.",
-                                    labels=["model_name", "user"])
-        for user, count in self.engine.waiting_by_user().items():
-            by_user.add_metric([self.labels["model_name"], user], count)
-        yield by_user
+        rows = self.figures()
+        one = lambda get: lambda row: [((), get(row.stats))]  # noqa: E731
+        for name, doc, get in _GAUGES:
+            yield self._family(GaugeMetricFamily, name, doc, rows, one(get))
+        for name, doc, get in _COUNTERS:
+            yield self._family(CounterMetricFamily, name, doc, rows, one(get))
+        yield self._family(GaugeMetricFamily, "num_requests_waiting_by_user",
+                           "Waiting requests per user.", rows,
+                           lambda row: [((user,), n) for user, n in row.waiting_by_user.items()],
+                           ["user"])
         # As vLLM's cache_config_info: the pool's settings as labels, for dashboards that
         # divide usage by capacity or tell an int8 cache from a full-precision one.
-        cache = self.engine.cache_config
-        info = GaugeMetricFamily(P + "cache_config_info", "KV-cache configuration (labels; value 1).",
-                                 labels=["model_name", "block_size", "cache_dtype", "num_blocks",
-                                         "enable_prefix_caching"])
-        info.add_metric([self.labels["model_name"], str(cache.block_size), cache.cache_dtype,
-                         str(cache.num_blocks), str(cache.enable_prefix_caching)], 1)
-        yield info
-        cpu = self.engine.cpu
-        cpu_info = GaugeMetricFamily(P + "cpu_info", "CPU kernel level in use (labels; value 1).",
-                                     labels=["model_name", "isa", "best_isa", "machine"])
-        cpu_info.add_metric([self.labels["model_name"], cpu.level, cpu.best, cpu.machine], 1)
-        yield cpu_info
+        yield self._family(GaugeMetricFamily, "cache_config_info",
+                           "KV-cache configuration (labels; value 1).", rows,
+                           lambda row: [((str(row.cache.block_size), row.cache.cache_dtype,
+                                          str(row.cache.num_blocks),
+                                          str(row.cache.enable_prefix_caching)), 1)],
+                           ["block_size", "cache_dtype", "num_blocks", "enable_prefix_caching"])
+        if any(row.pid is not None for row in rows):
+            yield self._family(GaugeMetricFamily, "replica_info",
+                               "An engine replica's process (labels; value 1).", rows,
+                               lambda row: [((str(row.pid),), 1)], ["pid"])
+        yield self._family(GaugeMetricFamily, "cpu_info",
+                           "CPU kernel level in use (labels; value 1).", rows,
+                           lambda row: [((row.cpu.level, row.cpu.best, row.cpu.machine), 1)],
+                           ["isa", "best_isa", "machine"])
+
+
+_GAUGES = (
+    ("num_requests_running", "Requests in the running batch.", lambda s: s.num_running),
+    ("num_requests_waiting", "Requests waiting to be scheduled.", lambda s: s.num_waiting),
+    ("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", lambda s: s.kv_usage),
+    ("num_kv_blocks", "KV-cache blocks in the pool.", lambda s: s.kv_blocks_total),
+    ("memory_pressure", "1 while new requests wait for memory (--max-memory).",
+     lambda s: float(s.memory_pressure)),
+)
+_COUNTERS = (
+    ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+     lambda s: s.prefix_cache_queries),
+    ("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+     lambda s: s.prefix_cache_hits),
+    ("num_preemptions", "Requests preempted (recompute).", lambda s: s.num_preemptions),
+    ("prompt_tokens", "Prompt tokens of admitted requests.", lambda s: s.num_prompt_tokens),
+    ("generation_tokens", "Generated tokens.", lambda s: s.num_generation_tokens),
+)
 
 
 class ServerMetrics:
-    def __init__(self, engine, model_name: str):
+    def __init__(self, engine, model_name: str, figures=None, label_names: tuple[str, ...] = ()):
+        """figures: a callable giving every engine's EngineFigures (default: `engine`'s)."""
         self.registry = CollectorRegistry()
-        self.registry.register(EngineStatsCollector(engine, model_name))
+        self.registry.register(EngineStatsCollector(figures or (lambda: figures_of(engine)),
+                                                    model_name, label_names))
         # (finish time, ttft s, tpot s) of recent requests, for recent_latencies().
         self._recent: collections.deque = collections.deque(maxlen=RECENT_MAX)
         self._recent_lock = threading.Lock()

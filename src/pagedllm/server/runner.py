@@ -81,7 +81,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def ready_message(engine: LLMEngine, host: str, port: int, served_name: str, scheme: str = "http",
-                  keys: int | None = None, key_file: str | None = None) -> str:
+                  keys: int | None = None, key_file: str | None = None,
+                  compute: str | None = None) -> str:
     """What an admin needs to see once: where, what model, how much fits, who may use it."""
     import torch
 
@@ -104,8 +105,8 @@ def ready_message(engine: LLMEngine, host: str, port: int, served_name: str, sch
         "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
         "off: ANYONE who can reach this address may use it"))
     cpu = capabilities()
-    lines.append(f"  CPU: {cpu.level} kernels, {torch.get_num_threads()} compute thread(s) "
-                 f"of {os.cpu_count()} cores (--threads)")
+    compute = compute or f"{torch.get_num_threads()} compute thread(s) (--threads)"
+    lines.append(f"  CPU: {cpu.level} kernels, {compute} of {os.cpu_count()} cores")
     return "\n".join(lines)
 
 

@@ -25,6 +25,17 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int],
     return digest.digest()
 
 
+def prefix_block_hashes(token_ids: Sequence[int], block_size: int,
+                        extra_key: str | None = None) -> list[BlockHash]:
+    """The hash chain of every full block of token_ids: the keys the prefix cache finds
+    them under (the replicas' router predicts cache hits with it)."""
+    hashes: list[BlockHash] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
+                                        token_ids[start:start + block_size], extra_key))
+    return hashes
+
+
 class KVBlock:
     __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
 

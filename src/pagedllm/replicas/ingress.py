@@ -1,0 +1,81 @@
+"""The ingress deployment: the single-process server's FastAPI app (every route, key check,
+limit and error), built over a front that sends each request to an engine replica."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import ray
+from ray import serve
+
+from pagedllm.config import ServerConfig
+from pagedllm.replicas.board import BOARD_NAME
+from pagedllm.replicas.front import EngineFront, ReplicaAsyncEngine
+from pagedllm.server.app import create_app
+from pagedllm.server.metrics import ServerMetrics
+from pagedllm.server.runner import ready_message
+
+logger = logging.getLogger("pagedllm.ingress")
+POLL_INTERVAL_S = 0.5
+
+
+@serve.ingress()
+class Ingress:
+    async def __init__(self, engine_handle, config: ServerConfig, num_replicas: int,
+                       namespace: str):
+        description = await engine_handle.describe.remote()
+        self.front = front = EngineFront(description, num_replicas)
+        self.board = ray.get_actor(BOARD_NAME, namespace=namespace)
+        name = config.served_model_name or front.model_config.name
+        # --max-queue is per replica, as max_num_seqs is: the deployment queues N times it.
+        if config.max_queue is not None:
+            config = dataclasses.replace(config, max_queue=config.max_queue * num_replicas)
+        metrics = ServerMetrics(front, name, figures=front.replica_figures,
+                                label_names=("replica",))
+        self.fastapi_app = create_app(front, name, config,
+                              async_engine=ReplicaAsyncEngine(engine_handle, self.board),
+                              metrics=metrics)
+        self.server_state = self.fastapi_app.state.pagedllm
+        self.server_config = config
+        self._poller = asyncio.get_running_loop().create_task(self._poll_figures())
+
+    def __serve_build_asgi_app__(self):
+        return self.fastapi_app
+
+    async def _poll_figures(self) -> None:
+        while True:
+            try:
+                self.front.figures = await self.board.live.remote()
+            except Exception:  # noqa: BLE001 - figures are best effort; serving goes on
+                logger.exception("could not read the replicas' figures")
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    def reload_keys(self) -> None:
+        self.server_state.reload_keys()
+
+    async def drain(self, grace_seconds: float) -> int:
+        """Refuse new work (503), give running requests the grace period, abort the rest;
+        answers how many were aborted."""
+        self.server_state.draining = True
+        engine = self.server_state.async_engine
+        deadline = asyncio.get_running_loop().time() + grace_seconds
+        while engine.num_in_flight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        left = engine.num_in_flight
+        engine.abort_all()
+        return left
+
+    def replica_pids(self) -> dict[str, int]:
+        """Replica id -> process id, of every replica heard from lately (tests, admins)."""
+        return {f.replica_id: f.pid for f in self.front.figures}
+
+    def requests_served(self) -> dict[str, int]:
+        return {f.replica_id: f.requests_served for f in self.front.figures}
+
+    def ready_message(self, scheme: str = "http") -> str:
+        front, config = self.front, self.server_config
+        compute = (f"{front.num_replicas} replica(s) x {front.threads_per_replica} compute "
+                   f"thread(s) (--threads-per-replica)")
+        return ready_message(front, config.host, config.port, self.server_state.served_model_name,
+                             scheme, len(self.server_state.keys.keys), config.api_key_file, compute)

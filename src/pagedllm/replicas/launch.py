@@ -1,0 +1,100 @@
+"""`pagedllm serve --replicas N`: start (or join) Ray, run the application, take signals.
+
+SIGHUP re-reads the API keys in the ingress; SIGTERM / SIGINT drain (503 for new work,
+running requests get --shutdown-grace) and shut the application down."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from pagedllm.config import EngineConfig, ServerConfig
+
+logger = logging.getLogger("pagedllm.replicas")
+NAMESPACE = "pagedllm"
+APP_NAME = "pagedllm"
+ROUTERS = ("prefix", "pow2")  # ours, or Ray Serve's default power-of-two-choices
+
+
+def default_threads_per_replica(replicas: int) -> int:
+    return max(1, (os.cpu_count() or 1) // replicas)
+
+
+def build_application(engine_config: EngineConfig, config: ServerConfig, replicas: int,
+                      threads_per_replica: int, router: str = "prefix",
+                      imbalance_threshold: int = 4):
+    """The Serve application: the ingress bound to N engine replicas."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from pagedllm.replicas.engine_replica import EngineReplica
+    from pagedllm.replicas.ingress import Ingress
+    from pagedllm.replicas.router import PrefixAffinityRouter
+
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+    options = {}
+    if router == "prefix":
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class=PrefixAffinityRouter,
+            request_router_kwargs={"block_size": engine_config.block_size,
+                                   "imbalance_threshold": imbalance_threshold})
+    # CPU threads are set by --threads-per-replica, not by Ray's CPU accounting, so a
+    # 2-core machine can hold two 1-thread replicas beside the ingress (num_cpus 0).
+    engine = serve.deployment(
+        EngineReplica, name="engine", num_replicas=replicas,
+        # The ingress bounds the queue (--max-queue, 429); Ray must not hold requests back.
+        max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0},
+        health_check_period_s=2, health_check_timeout_s=30, **options)
+    ingress = serve.deployment(Ingress, name="ingress", max_ongoing_requests=100_000,
+                               ray_actor_options={"num_cpus": 0})
+    return ingress.bind(engine.bind(engine_config, threads_per_replica, NAMESPACE), config,
+                        replicas, NAMESPACE)
+
+
+def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
+          threads_per_replica: int | None = None, ray_address: str | None = None,
+          router: str = "prefix"):
+    """Start Ray (or join ray_address), the board and the application; returns the ingress
+    handle once every replica is ready, and the board's (the board lives while it is held)."""
+    import ray
+    from ray import serve
+
+    from pagedllm.replicas.board import BOARD_NAME, ReplicaBoard
+
+    threads = threads_per_replica or default_threads_per_replica(replicas)
+    ray.init(address=ray_address, namespace=NAMESPACE, include_dashboard=False,
+             configure_logging=False, log_to_driver=True)
+    board = ReplicaBoard.options(name=BOARD_NAME, namespace=NAMESPACE,
+                                 get_if_exists=True).remote()
+    serve.start(http_options={"host": config.host, "port": config.port})
+    app = build_application(engine_config, config, replicas, threads, router)
+    return serve.run(app, name=APP_NAME, route_prefix="/"), board
+
+
+def serve_replicas(engine_config: EngineConfig, config: ServerConfig, replicas: int,
+                   threads_per_replica: int | None = None, ray_address: str | None = None,
+                   router: str = "prefix") -> int:
+    import ray
+    from ray import serve
+    from rich.console import Console
+
+    handle, _board = start(engine_config, config, replicas, threads_per_replica, ray_address, router)
+    Console(highlight=False).print(handle.ready_message.remote().result(), soft_wrap=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: handle.reload_keys.remote())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):  # a timed wait, so the signal handlers get to run
+        pass
+    try:
+        aborted = handle.drain.remote(config.shutdown_grace).result(
+            timeout_s=config.shutdown_grace + 10)
+        if aborted:
+            logger.info("grace period over: aborted %d request(s)", aborted)
+    finally:
+        serve.delete(APP_NAME)
+        serve.shutdown()
+        ray.shutdown()
+    return 0
