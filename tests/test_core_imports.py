@@ -62,3 +62,13 @@ def test_seeded_streams_live_with_the_runner_and_go_with_their_request(tiny_llam
     assert set(llm.engine.runner.generators) == {"r1"}
     llm.engine.abort_request("r1")
     assert llm.engine.runner.generators == {}
+
+
+def test_the_single_process_server_never_imports_ray():
+    """Ray is the optional extra of `serve --replicas` only."""
+    code = ("import sys\nimport pagedllm.cli.main, pagedllm.cli.serve, pagedllm.server.app, "
+            "pagedllm.server.runner\nprint(sorted(m for m in sys.modules if m == 'ray' "
+            "or m.startswith(('ray.', 'pagedllm.replicas'))))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

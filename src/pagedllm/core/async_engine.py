@@ -100,6 +100,29 @@ class RequestStream:
                 self._engine.abort(self.request_id)
 
 
+    async def batches(self) -> AsyncIterator[list[RequestOutput | QueuePosition]]:
+        """As iteration, but everything already delivered comes at once: a reader slower
+        than the engine (a replica's transport) takes several steps' outputs in one go."""
+        finished = False
+        try:
+            while True:
+                items = [await self._stream.queue.get()]
+                while not self._stream.queue.empty():
+                    items.append(self._stream.queue.get_nowait())
+                for i, item in enumerate(items):
+                    if isinstance(item, BaseException):
+                        if i:
+                            yield items[:i]
+                        raise item
+                yield items
+                if any(isinstance(item, RequestOutput) and item.finished for item in items):
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._engine.abort(self.request_id)
+
+
 class AsyncEngine:
     """With start_thread=True the loop runs in its own thread; the server instead calls
     run_loop() on the main thread, where torch's CPU kernels run ~1.4x faster per step than

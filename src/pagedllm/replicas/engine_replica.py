@@ -7,6 +7,7 @@ blocks are freed within one step, exactly as in the single-process server."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
@@ -20,6 +21,7 @@ from pagedllm.core.async_engine import AsyncEngine
 from pagedllm.core.engine import LLMEngine
 from pagedllm.core.request import Request
 from pagedllm.replicas.board import BOARD_NAME, ReplicaFigures
+from pagedllm.replicas.transport import pack
 
 logger = logging.getLogger("pagedllm.replica")
 POST_INTERVAL_S = 0.5
@@ -27,16 +29,16 @@ POST_INTERVAL_S = 0.5
 
 class EngineReplica:
     async def __init__(self, engine_config: EngineConfig, threads: int, namespace: str):
-        import torch
-
-        torch.set_num_threads(threads)
         self.threads = threads
-        self.engine = LLMEngine(engine_config)
-        self.async_engine = AsyncEngine(self.engine, start_thread=False)
-        # torch's thread count is per thread (OpenMP): set it where the steps run too.
-        self._loop_thread = threading.Thread(target=self._run_loop, name="pagedllm-engine",
-                                             daemon=True)
+        # The engine is built and stepped on one thread of its own: OpenMP keeps a team of
+        # workers per thread that starts parallel work, and a second team (the constructor's
+        # thread's, then the loop's) made decode steps ~3x slower here (BENCHMARKS.md).
+        built: concurrent.futures.Future = concurrent.futures.Future()
+        self._loop_thread = threading.Thread(target=self._build_and_run,
+                                             args=(engine_config, built),
+                                             name="pagedllm-engine", daemon=True)
         self._loop_thread.start()
+        self.engine, self.async_engine = await asyncio.wrap_future(built)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.requests_served = 0
         self._board = ray.get_actor(BOARD_NAME, namespace=namespace)
@@ -45,11 +47,18 @@ class EngineReplica:
         logger.info("replica %s (pid %d) ready: %d KV blocks, %d thread(s)", self.replica_id,
                     os.getpid(), self.engine.cache_config.num_blocks, threads)
 
-    def _run_loop(self) -> None:
+    def _build_and_run(self, engine_config: EngineConfig, built: concurrent.futures.Future) -> None:
         import torch
 
-        torch.set_num_threads(self.threads)
-        self.async_engine.run_loop()
+        torch.set_num_threads(self.threads)  # per thread under OpenMP: set where steps run
+        try:
+            engine = LLMEngine(engine_config)
+            async_engine = AsyncEngine(engine, start_thread=False)
+        except BaseException as exc:  # noqa: BLE001 - the constructor raises it: Serve retries
+            built.set_exception(exc)
+            return
+        built.set_result((engine, async_engine))
+        async_engine.run_loop()
 
     def describe(self) -> dict:
         """What the ingress needs to stand in for this engine (configs, not weights)."""
@@ -60,13 +69,14 @@ class EngineReplica:
                 "cpu": engine.cpu, "threads": self.threads, "replica_id": self.replica_id}
 
     async def generate(self, request: Request, report_position: bool = False):
-        """Stream the request's outputs; ends after the finished one."""
+        """Stream the request's outputs as packed deltas (transport.py), each item a list;
+        ends after the finished one."""
         request.arrival_time = time.monotonic()  # this process's clock
         if request.params.guided is not None:  # matchers do not travel: rebuilt from the spec
             request.grammar = self.engine.grammars.matcher(request.params.guided)
         try:
-            async for item in self.async_engine.submit(request, report_position):
-                yield item
+            async for items in self.async_engine.submit(request, report_position).batches():
+                yield pack(items)
         finally:
             self.requests_served += 1
 

@@ -21,6 +21,7 @@ from pagedllm.core.async_engine import EngineDeadError
 from pagedllm.core.engine import EngineStats
 from pagedllm.core.request import FinishReason, Request, RequestOutput
 from pagedllm.core.request_maker import RequestMaker
+from pagedllm.replicas.transport import unpack
 from pagedllm.server.errors import APIError
 from pagedllm.server.metrics import EngineFigures
 from pagedllm.structured.compiler import GrammarCompiler
@@ -183,13 +184,15 @@ class ReplicaStream:
                 if not self.aborted:
                     self._response = engine._handle.generate.remote(self.request,
                                                                     self._report_position)
-                    async for item in self._response:
-                        if isinstance(item, RequestOutput):
-                            self._last = item
-                            finished = item.finished
-                        yield item
-                        if finished:
-                            return
+                    async for items in self._response:
+                        for item in items:
+                            if isinstance(item, RequestOutput):
+                                item = unpack(item, self._last, self.request.prompt_token_ids)
+                                self._last = item
+                                finished = item.finished
+                            yield item
+                            if finished:
+                                return
                     if not self.aborted:
                         raise EngineDeadError("the replica ended this request's stream early")
             except (RequestCancelledError, asyncio.CancelledError):

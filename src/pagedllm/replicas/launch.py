@@ -23,7 +23,7 @@ def default_threads_per_replica(replicas: int) -> int:
 
 def build_application(engine_config: EngineConfig, config: ServerConfig, replicas: int,
                       threads_per_replica: int, router: str = "prefix",
-                      imbalance_threshold: int = 4):
+                      imbalance_threshold: int = 2):
     """The Serve application: the ingress bound to N engine replicas."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -64,6 +64,10 @@ def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
     from pagedllm.replicas.board import BOARD_NAME, ReplicaBoard
 
     threads = threads_per_replica or default_threads_per_replica(replicas)
+    if ray_address is None:
+        # Ray runs its workers at nice 15, as for background batch work; here they are the
+        # service (a cluster joined with --ray-address keeps what its `ray start` set).
+        os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address=ray_address, namespace=NAMESPACE, include_dashboard=False,
              configure_logging=False, log_to_driver=True)
     board = ReplicaBoard.options(name=BOARD_NAME, namespace=NAMESPACE,

@@ -22,7 +22,7 @@ from pagedllm.core.request import Request
 
 
 class PrefixAffinityRouter(RequestRouter):
-    def initialize_state(self, block_size: int = 16, imbalance_threshold: int = 4,
+    def initialize_state(self, block_size: int = 16, imbalance_threshold: int = 2,
                          max_blocks_per_replica: int = 65536, **_ignored):
         self._block_size = block_size
         self._imbalance_threshold = imbalance_threshold
@@ -54,14 +54,15 @@ class PrefixAffinityRouter(RequestRouter):
             return []
         two_random = random.sample(candidate_replicas, min(2, len(candidate_replicas)))
         hashes = self._hashes(pending_request)
-        best, best_run = None, 0
-        for replica in candidate_replicas:
-            run = self._leading_run(replica, hashes)
-            if run > best_run:
-                best, best_run = replica, run
-        if best is None:
+        runs = {r.replica_id: self._leading_run(r, hashes) for r in candidate_replicas}
+        best_run = max(runs.values())
+        if best_run == 0:
             return [two_random]
         queue = self._queue_lengths(candidate_replicas)
+        # Among the replicas holding the longest run (a shared system prompt may be on
+        # several), the least loaded.
+        best = min((r for r in candidate_replicas if runs[r.replica_id] == best_run),
+                   key=lambda r: queue[r.replica_id])
         if queue[best.replica_id] - min(queue.values()) > self._imbalance_threshold:
             return [two_random]
         # If the best one turns out full, Ray Serve tries the next rank.
