@@ -18,7 +18,7 @@ def metric(url, name):
     raise AssertionError(f"no metric {name}")
 
 
-def soak_round(url, rounds_seed, num_requests=208, wave=16):
+def soak_round(url, rounds_seed, num_requests=160, wave=16):
     """Waves of 16 streaming requests; about half are dropped by the client at a random
     moment (some before the first byte), the rest read to the end. With 8 slots and a queue
     of 2, each wave also meets 429s."""

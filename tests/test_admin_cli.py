@@ -117,7 +117,8 @@ NON_DEFAULTS = {
     "api-key-file": "/etc/keys.txt", "insecure-no-auth": True, "public-metrics": True,
     "shared-prefix-cache": True, "allowed-origins": "http://a.example,http://b.example",
     "max-queue": 9, "max-prompt-tokens": 1000, "max-tokens-limit": 500, "request-timeout": 12.5,
-    "bench-results": "/srv/bench",
+    "bench-results": "/srv/bench", "replicas": 3, "ray-address": "10.0.0.1:6379",
+    "threads-per-replica": 1, "router": "pow2",
 }
 
 

@@ -333,7 +333,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(hardened):
     command = [os.path.join(os.path.dirname(sys.executable), "schemathesis"), "run",
                hardened.url + "/openapi.json", "--checks", "all",
                "--exclude-checks", "positive_data_acceptance", "--max-examples", "6",
-               "--workers", "1", "--seed", "1", "--max-time", "50", "--request-timeout", "60"]
+               "--workers", "1", "--seed", "1", "--max-time", "35", "--request-timeout", "60"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-6000:]
     assert " passed" in done.stdout and "failed" not in done.stdout.split("Test cases:")[-1]
