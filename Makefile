@@ -1,6 +1,6 @@
 # Everything the project needs is installed from here: a fresh clone needs only python3.
 # `make install` is what serving needs (the Dockerfile runs it too); `make test` adds the
-# test tools.
+# test tools and the `ray` extra (`serve --replicas`), so CI runs the replica tests.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # How pagedllm itself is installed: editable in a checkout, `PACKAGE=.` in the image.
