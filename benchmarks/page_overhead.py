@@ -1,7 +1,7 @@
 """What the page's live view costs the engine: decode-heavy load with the state stream read
 (as the open page does, a snapshot every 0.5 s) against without, alternated in one run.
 
-    .venv/bin/python benchmarks/page_overhead.py [--rounds 3] [--concurrency 4] [--max-tokens 256]
+    .venv/bin/python benchmarks/page_overhead.py [--rounds 8] [--concurrency 4] [--max-tokens 256]
 
 Prints what one engine snapshot of a large pool costs the engine thread, then output
 tokens/s for each round of each variant, the medians and their ratio.
@@ -69,7 +69,7 @@ def snapshot_cost(num_blocks: int = 16384, block_size: int = 16) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--kv-cache-memory", default=str(256 << 20))
