@@ -30,7 +30,7 @@ def byte_level_alphabet() -> list[str]:
 def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra):
     """extra: more config fields (rope_scaling, sliding_window, ...)."""
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              Qwen2Config, Qwen2ForCausalLM)
+                              Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     torch.manual_seed(seed)
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -39,6 +39,8 @@ def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra)
                   bos_token_id=1, eos_token_id=0, **extra)
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif arch == "qwen3":  # an explicit head_dim, wider than hidden_size / heads, as Qwen3's
+        model = Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 64, **common}))
     elif arch == "mistral":
         model = MistralForCausalLM(MistralConfig(**common))
     else:
@@ -106,7 +108,11 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
     writer.add_head_count_kv(cfg.num_key_value_heads)
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_rope_dimension_count(head_dim)
+    if head_dim != cfg.hidden_size // cfg.num_attention_heads:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt2")
@@ -121,7 +127,8 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
     qt = getattr(gguf.GGMLQuantizationType, qtype)
     for name, tensor in model.state_dict().items():
         array = tensor.float().numpy()

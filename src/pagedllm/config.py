@@ -30,7 +30,7 @@ BENCH_MAX_TOKENS = 128  # `pagedllm bench`: long enough that decode dominates
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "llama", "mistral" or "qwen2"
+    architecture: str  # "llama", "mistral", "qwen2" or "qwen3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -43,6 +43,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool = False  # Qwen2 has q/k/v biases
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k, before RoPE
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "model"

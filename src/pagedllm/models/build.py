@@ -95,6 +95,8 @@ def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
         projections = [getattr(getattr(layer, part), name) for part, name in PROJECTIONS]
         if not all(isinstance(p, QuantLinear) and p.q4_ops is ops and p.bias is None for p in projections):
             return None
+        if attn.q_norm is not None:  # the C++ loop has no per-head q/k norm (Qwen3)
+            return None
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         if any(m.ops is not ops for m in (*norms, attn, mlp)):
             return None

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) in plain PyTorch.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM) in plain PyTorch.
 
 One flat batch of tokens from many sequences, no padding. Weights use the canonical names
 of pagedllm.weights; the KV cache and attention metadata are passed in, never global. The
@@ -54,16 +54,31 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size,
                                   bias=config.attention_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.q_size, self.kv_size = q_size, kv_size
+        # Qwen3 normalizes each head of q and k (over D) before RoPE.
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
         self.rotary = rotary
         self.ops = ops
         self.backend = BACKENDS[backend](self.num_heads, self.num_kv_heads, self.head_dim)
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata):
+        qkv = self.qkv_proj(hidden)
+        if self.q_norm is not None:
+            qkv = self._norm_heads(qkv)
         # RoPE on q and k, and this step's K/V stored at their slots, in one op.
-        q = self.ops.rope_write_kv(self.qkv_proj(hidden), positions, self.rotary.cos,
+        q = self.ops.rope_write_kv(qkv, positions, self.rotary.cos,
                                    self.rotary.sin, kv_cache.key, kv_cache.value, meta.slot_mapping,
                                    self.num_heads, kv_cache.key_scale, kv_cache.value_scale)
         return self.o_proj(self.backend.forward(q, kv_cache, meta))
+
+    def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """[T, (nh + 2 nkv) D]: q and k normed per head, v as it is."""
+        tokens, d = qkv.shape[0], self.head_dim
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(-1, d).contiguous()).reshape(tokens, self.q_size)
+        k = self.k_norm(k.reshape(-1, d).contiguous()).reshape(tokens, self.kv_size)
+        return torch.cat([q, k, v], dim=-1)
 
 
 class MLP(nn.Module):

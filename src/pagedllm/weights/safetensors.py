@@ -11,7 +11,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, hf_rope_factors
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def _read_json(path: str) -> dict:
@@ -25,7 +25,8 @@ def _read_json(path: str) -> dict:
 def _sliding_window(raw: dict) -> int | None:
     """Mistral's window; Qwen2 names one too but uses it only with use_sliding_window."""
     window = raw.get("sliding_window")
-    if window is None or (raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window")):
+    if window is None or (raw.get("model_type") in ("qwen2", "qwen3")
+                          and not raw.get("use_sliding_window")):
         return None
     window = int(window)
     return window if window < int(raw.get("max_position_embeddings", 2048)) else None
@@ -65,6 +66,7 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
+            qk_norm=model_type == "qwen3",
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []),
             name=os.path.basename(os.path.normpath(folder)),
