@@ -48,7 +48,7 @@ def test_gguf_logits_match_transformers_on_same_file(tiny_llama, tiny_llama_gguf
     assert torch.allclose(ours, hf_logits(tiny_llama), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_quantized_gguf_types_load_close_to_float(tmp_path, qtype):
     model = tiny_hf_model("llama", seed=2)
     path = write_gguf(model, tmp_path / "q.gguf", qtype)
@@ -66,7 +66,7 @@ def test_quantized_gguf_types_load_close_to_float(tmp_path, qtype):
         assert torch.equal(q4.dequantize(), checkpoint.weights[name]), name
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_k_quant_gguf_logits_match_transformers(tmp_path, qtype):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM as HFLlama
 

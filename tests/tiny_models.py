@@ -77,17 +77,20 @@ def _permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-# The gguf package cannot quantize to k-quants, so such tensors get random blocks with sane
-# scales: (bytes per 256-value block, byte offsets of the float16 scale fields).
-K_QUANT_LAYOUT = {"Q4_K": (144, (0, 2)), "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+# The gguf package cannot quantize to k-quants or i-quants, so such tensors get random blocks
+# with sane scales: the byte offsets of each block's float16 scale fields.
+RANDOM_BLOCK_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
+                       "IQ4_XS": (0,)}
 
 
 def random_k_quant_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    block_bytes, scale_offsets = K_QUANT_LAYOUT[qtype]
+    import gguf
+
+    values_per_block, block_bytes = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, qtype)]
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
+    blocks = rng.integers(0, 256, size=(rows, cols // values_per_block, block_bytes), dtype=np.uint8)
     scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
-    for offset in scale_offsets:
+    for offset in RANDOM_BLOCK_SCALES[qtype]:
         blocks[:, :, offset:offset + 2] = scale
     return blocks.reshape(rows, -1)
 
@@ -148,7 +151,7 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
                 array = _permute(array, cfg.num_attention_heads)
             elif arch == "llama" and module == "self_attn.k_proj":
                 array = _permute(array, cfg.num_key_value_heads)
-        if array.ndim == 2 and qtype in K_QUANT_LAYOUT:
+        if array.ndim == 2 and qtype in RANDOM_BLOCK_SCALES:
             writer.add_tensor(out, random_k_quant_blocks(qtype, *array.shape), raw_dtype=qt)
         elif array.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
             data = gguf.quants.quantize(array, qt)

@@ -19,7 +19,10 @@ from pagedllm.weights.q4 import Q4Weight, decode_q4
 from pagedllm.weights.q8 import decode_q8_0
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+# Read through the gguf package's dequantizers; only Q4_0/Q4_1 projections (4-bit kernels)
+# and a Q8_0 embedding/head (8-bit rows) stay in their own format, the rest become dense.
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
+                          "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 # Architectures whose q/k rows llama.cpp's converter permutes.
 PERMUTED_ARCHITECTURES = ("llama", "mistral")
 
