@@ -30,6 +30,9 @@ def observed(values: dict[str, float], name: str) -> float:
 def test_models(client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+    card = models.data[0].model_extra  # what is served, beyond OpenAI's fields
+    assert card["architecture"] == "llama" and card["quantization"] == "Q4_1"
+    assert card["context_length"] == card["max_model_len"] > 0 and card["dtype"]
 
 
 def test_completion(client):

@@ -30,7 +30,8 @@ def byte_level_alphabet() -> list[str]:
 def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra):
     """extra: more config fields (rope_scaling, sliding_window, ...)."""
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     torch.manual_seed(seed)
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -41,6 +42,13 @@ def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra)
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     elif arch == "qwen3":  # an explicit head_dim, wider than hidden_size / heads, as Qwen3's
         model = Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 64, **common}))
+    elif arch == "mixtral":  # 4 experts of 128, 2 a token
+        model = MixtralForCausalLM(MixtralConfig(**{"num_local_experts": 4,
+                                                    "num_experts_per_tok": 2, **common}))
+    elif arch == "qwen3_moe":  # 6 experts of 32, 2 a token, head_dim 32 (explicit)
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{
+            "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "head_dim": 32, **common}))
     elif arch == "mistral":
         model = MistralForCausalLM(MistralConfig(**common))
     else:

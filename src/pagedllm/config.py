@@ -30,7 +30,7 @@ BENCH_MAX_TOKENS = 128  # `pagedllm bench`: long enough that decode dominates
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "llama", "mistral", "qwen2" or "qwen3"
+    architecture: str  # "llama", "mistral", "qwen2", "qwen3", "mixtral" or "qwen3_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -44,6 +44,13 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False  # Qwen2 has q/k/v biases
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k, before RoPE
+    # Mixture of experts (Mixtral, Qwen3-MoE): every layer's MLP is num_experts experts of
+    # expert_intermediate_size, num_experts_per_tok of them per token, weighted by the
+    # router's softmax (renormalized over the chosen ones when norm_topk_prob). 0: dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "model"

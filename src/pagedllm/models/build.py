@@ -15,7 +15,7 @@ from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.llama import LlamaForCausalLM
 from pagedllm.models.output_head import output_head
 from pagedllm.models.quant_linear import QuantLinear
-from pagedllm.weights.fuse import fuse_projections, fuse_quantized
+from pagedllm.weights.fuse import fuse_experts, fuse_projections, fuse_quantized
 from pagedllm.weights.q8 import Q8Rows
 
 # Decoder layers at each end whose 4-bit projections never round activations to int8: there
@@ -39,7 +39,10 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], quantized
     head = weights.pop("lm_head.weight", None)
     tied = head is None or config.tie_word_embeddings
     model.lm_head_weight = model.embed_weight if tied else head.float().contiguous()
-    missing, unexpected = model.load_state_dict(fuse_projections(weights, config.num_layers), strict=False)
+    weights = fuse_projections(weights, config.num_layers)
+    if config.num_experts:
+        weights = fuse_experts(weights, config.num_layers, config.num_experts)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
@@ -87,8 +90,8 @@ def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
     bfloat16 path (4-bit projections on pagedllm's kernels without bias, the C++ layer ops and
     decode attention, one exact-row limit a layer); None elsewhere."""
     ops = kernel_ops()
-    if ops is None or model.dtype != torch.bfloat16:
-        return None
+    if ops is None or model.dtype != torch.bfloat16 or model.config.num_experts:
+        return None  # (the C++ loop runs dense MLPs only)
     weights, max_rows, exact_max_rows = [], [], []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp

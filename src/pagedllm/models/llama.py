@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM) in plain PyTorch.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM; Mixtral and Qwen3-MoE with the
+mixture-of-experts MLP of moe.py) in plain PyTorch.
 
 One flat batch of tokens from many sequences, no padding. Weights use the canonical names
 of pagedllm.weights; the KV cache and attention metadata are passed in, never global. The
@@ -14,6 +15,7 @@ from pagedllm.attention import BACKENDS, AttentionMetadata, LayerKVCache
 from pagedllm.config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.layer_ops import layer_ops
+from pagedllm.models.moe import MoE
 from pagedllm.weights.q8 import Q8Rows
 
 
@@ -99,7 +101,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.self_attn = Attention(config, rotary, backend, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = MLP(config, ops)
+        self.mlp = MoE(config, ops) if config.num_experts else MLP(config, ops)
 
     def forward(self, positions, hidden, residual, kv_cache, meta):
         """Pre-norm residual block. The residual stream is carried separately and the adds are

@@ -79,11 +79,13 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
             raise APIError(503, "server is shutting down", None, "shutting_down")
         return {"status": "ok"}
 
+    card = _model_card(engine)
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
-            "max_model_len": engine.scheduler_config.max_model_len}]}
+            "max_model_len": engine.scheduler_config.max_model_len, **card}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HTTPRequest):
@@ -138,3 +140,17 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
     install_openapi(app, name)
     install_docs(app)
     return app
+
+
+def _model_card(engine) -> dict:
+    """What /v1/models adds to OpenAI's fields: what is served, in what format and dtype."""
+    from pagedllm.weights.inspect import summarize_checkpoint
+
+    try:
+        file_type = summarize_checkpoint(engine.model_path).file_type
+    except Exception:  # noqa: BLE001 - a listing must not fail on a header it cannot read
+        file_type = None
+    return {"architecture": engine.model_config.architecture,
+            # the GGUF's file type ("Q4_1"); a Hugging Face folder's weights are not quantized
+            "quantization": file_type or "none", "dtype": engine.dtype,
+            "context_length": engine.scheduler_config.max_model_len}

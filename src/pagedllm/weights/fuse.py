@@ -23,6 +23,25 @@ def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[
     return fused
 
 
+def fuse_experts(weights: dict[str, torch.Tensor], num_layers: int,
+                 num_experts: int) -> dict[str, torch.Tensor]:
+    """Each layer's experts stacked: mlp.experts_gate_up [E, 2I, H] (gate rows, then up) and
+    mlp.experts_down [E, H, I], so the MoE layer indexes one tensor per expert."""
+    fused = dict(weights)
+    for i in range(num_layers):
+        prefix = f"layers.{i}.mlp.experts."
+        try:
+            gate_up = [torch.cat([fused.pop(f"{prefix}{e}.gate_proj.weight"),
+                                  fused.pop(f"{prefix}{e}.up_proj.weight")])
+                       for e in range(num_experts)]
+            down = [fused.pop(f"{prefix}{e}.down_proj.weight") for e in range(num_experts)]
+        except KeyError as exc:
+            raise ValueError(f"weights do not fit the model: missing {exc.args[0]}") from exc
+        fused[f"layers.{i}.mlp.experts_gate_up"] = torch.stack(gate_up)
+        fused[f"layers.{i}.mlp.experts_down"] = torch.stack(down)
+    return fused
+
+
 def fuse_quantized(quantized: dict, num_layers: int) -> dict:
     """4-bit q/k/v and gate/up weights -> fused, like fuse_projections (all parts or none)."""
     fused = dict(quantized)

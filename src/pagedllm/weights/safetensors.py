@@ -11,7 +11,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, hf_rope_factors
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
 
 def _read_json(path: str) -> dict:
@@ -25,7 +25,7 @@ def _read_json(path: str) -> dict:
 def _sliding_window(raw: dict) -> int | None:
     """Mistral's window; Qwen2 names one too but uses it only with use_sliding_window."""
     window = raw.get("sliding_window")
-    if window is None or (raw.get("model_type") in ("qwen2", "qwen3")
+    if window is None or (raw.get("model_type") in ("qwen2", "qwen3", "qwen3_moe")
                           and not raw.get("use_sliding_window")):
         return None
     window = int(window)
@@ -66,13 +66,46 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            **_experts(path, model_type, raw),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []),
             name=os.path.basename(os.path.normpath(folder)),
         )
     except KeyError as exc:
         raise ModelLoadError(path, f"required field {exc.args[0]!r} is missing") from exc
+
+
+def _experts(path: str, model_type: str, raw: dict) -> dict:
+    """ModelConfig's mixture-of-experts fields from config.json (none for dense models)."""
+    if model_type == "mixtral":
+        return {"num_experts": int(raw["num_local_experts"]),
+                "num_experts_per_tok": int(raw["num_experts_per_tok"]),
+                "expert_intermediate_size": int(raw["intermediate_size"]), "norm_topk_prob": True}
+    if model_type == "qwen3_moe":
+        if int(raw.get("decoder_sparse_step", 1)) != 1 or raw.get("mlp_only_layers"):
+            raise ModelLoadError(path, "Qwen3-MoE with dense layers between the expert layers "
+                                       "(decoder_sparse_step, mlp_only_layers) is not supported yet")
+        # Qwen's own files say num_experts; transformers 5 writes num_local_experts.
+        return {"num_experts": int(raw.get("num_experts") or raw["num_local_experts"]),
+                "num_experts_per_tok": int(raw["num_experts_per_tok"]),
+                "expert_intermediate_size": int(raw["moe_intermediate_size"]),
+                "norm_topk_prob": bool(raw.get("norm_topk_prob", False))}
+    return {}
+
+
+# Checkpoint names of a mixture of experts -> canonical ones (Qwen3-MoE's are canonical).
+_EXPERT_RENAMES = (("block_sparse_moe.gate.", "mlp.router."), ("mlp.gate.", "mlp.router."),
+                   ("block_sparse_moe.experts.", "mlp.experts."), (".w1.", ".gate_proj."),
+                   (".w3.", ".up_proj."), (".w2.", ".down_proj."))
+
+
+def canonical_expert_name(name: str) -> str:
+    if ".experts." not in name and ".gate.weight" not in name:
+        return name
+    for old, new in _EXPERT_RENAMES:
+        name = name.replace(old, new)
+    return name
 
 
 def load_hf_folder(folder: str, progress=None):
@@ -99,6 +132,8 @@ def load_hf_folder(folder: str, progress=None):
             raise ModelLoadError(file, f"not a readable safetensors file ({exc})") from exc
         for name, tensor in tensors.items():
             name = name.removeprefix("model.")
+            if config.num_experts:
+                name = canonical_expert_name(name)
             weights[name] = tensor.float()
     if "lm_head.weight" not in weights and not config.tie_word_embeddings:
         # Some tied checkpoints omit the flag; a missing head can only mean tied.

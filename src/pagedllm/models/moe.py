@@ -1,0 +1,57 @@
+"""A mixture-of-experts MLP (Mixtral, Qwen3-MoE) in plain PyTorch.
+
+The router scores every expert per token; each token goes to its top k, weighted by the
+softmax of the scores (renormalized over the k where the model says so). A step's tokens are
+grouped by expert, so each chosen expert runs one GEMM over all its tokens, whatever mix
+of prefill and decode the step holds. Shapes: T tokens, H hidden, E experts, I an expert's
+intermediate size, k experts per token.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedllm.config import ModelConfig
+
+
+class MoE(nn.Module):
+    def __init__(self, config: ModelConfig, ops):
+        super().__init__()
+        num_experts, inter, hidden = (config.num_experts, config.expert_intermediate_size,
+                                      config.hidden_size)
+        self.router = nn.Linear(hidden, num_experts, bias=False)
+        # Filled by the loader (weights/fuse.py: fuse_experts): gate rows then up rows.
+        self.experts_gate_up = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden),
+                                            requires_grad=False)
+        self.experts_down = nn.Parameter(torch.empty(num_experts, hidden, inter),
+                                         requires_grad=False)
+        self.top_k = config.num_experts_per_tok
+        self.renormalize = config.norm_topk_prob
+        self.ops = ops
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, H] -> (weights [T, k] in x's dtype, experts [T, k]); softmax in float32."""
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = self.route(x)
+        flat = experts.reshape(-1)
+        order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
+        counts = torch.bincount(flat, minlength=self.experts_down.shape[0]).tolist()
+        tokens = order // self.top_k
+        slot_weights = weights.reshape(-1)[order]
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            rows = tokens[start:start + count]
+            hidden = self.ops.silu_and_mul(x[rows] @ self.experts_gate_up[expert].T)
+            y = (hidden @ self.experts_down[expert].T) * slot_weights[start:start + count, None]
+            out.index_add_(0, rows, y)
+            start += count
+        return out
