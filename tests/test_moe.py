@@ -1,4 +1,5 @@
-"""Mixtures of experts (Mixtral, Qwen3-MoE) from Hugging Face folders: tiny random models
+"""Mixtures of experts (Mixtral, Qwen3-MoE) from Hugging Face folders and GGUF (llama.cpp's
+stacked expert tensors; a Mixtral GGUF says "llama"): tiny random models
 written by the tests match transformers through the paged, batched, chunked path, greedy
 tokens equal transformers' for 32 tokens, and a step's tokens are grouped by expert with
 the same result as routing each token alone."""
@@ -11,7 +12,7 @@ from conftest import ISA_LEVELS, isa_level
 from paged_helpers import run_paged
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
-from tiny_models import tiny_hf_model, write_hf_folder
+from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
 
 SEQS = [list(range(3, 60)), [7, 3, 9, 200, 15, 15, 16, 80, 81], [42], list(range(100, 140))]
 # Qwen3-MoE's norm_topk_prob (renormalize the chosen experts' weights) is off by default
@@ -98,3 +99,24 @@ def test_qwen3_moe_with_dense_layers_between_is_refused(tmp_path):
     folder = write_hf_folder(model, tmp_path)
     with pytest.raises(ModelLoadError, match="mlp_only_layers"):
         load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_gguf_matches_transformers(moe, qtype, tmp_path):
+    """The same weights through the gguf package's writer, as llama.cpp lays them out."""
+    arch, model, _ = moe
+    if arch == "qwen3_moe" and not model.config.norm_topk_prob:
+        pytest.skip("llama.cpp always renormalizes Qwen3-MoE's chosen experts")
+    path = write_gguf(model, tmp_path / "moe.gguf", qtype,
+                      arch={"mixtral": "llama", "qwen3_moe": "qwen3moe"}[arch])
+    checkpoint = load_checkpoint(path)
+    config = checkpoint.config
+    assert (config.architecture, config.num_experts, config.num_experts_per_tok) == (
+        ("llama", 4, 2) if arch == "mixtral" else ("qwen3_moe", 6, 2))
+    ours = build_model(checkpoint.config, checkpoint.weights)
+    together = run_paged(ours, SEQS[:2], chunk=5, block_size=4)
+    tolerance = 1e-4 if qtype == "F32" else 0.5  # Q8_0 rounds the weights themselves
+    for seq, logits in zip(SEQS[:2], together):
+        reference = reference_logits(model, seq)
+        assert (logits - reference).abs().max() < tolerance
+        assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.9

@@ -103,6 +103,20 @@ def random_k_quant_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> np
     return blocks.reshape(rows, -1)
 
 
+def _gguf_tensors(state_dict):
+    """The state dict with each layer's stacked experts as llama.cpp stores them: gate, up
+    and down apart ([E, I, H], [E, I, H], [E, H, I]), named so write_gguf maps them."""
+    for name, tensor in state_dict.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = tensor.chunk(2, dim=1)
+            yield name.replace("gate_up_proj", "gate.weight"), gate
+            yield name.replace("gate_up_proj", "up.weight"), up
+        elif name.endswith("mlp.experts.down_proj"):
+            yield name.replace("down_proj", "down.weight"), tensor
+        else:
+            yield name, tensor
+
+
 def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
                rope_freqs: list[float] | None = None) -> str:
     """Write an HF Llama model as llama.cpp would: GGUF names, permuted q/k, gpt2 tokenizer."""
@@ -139,9 +153,17 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate": "ffn_gate_inp", "mlp.experts.gate": "ffn_gate_exps",
+             "mlp.experts.up": "ffn_up_exps", "mlp.experts.down": "ffn_down_exps"}
+    num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if num_experts:
+        writer.add_expert_count(num_experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        if getattr(cfg, "moe_intermediate_size", None):
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
-    for name, tensor in model.state_dict().items():
+    for name, tensor in _gguf_tensors(model.state_dict()):
         array = tensor.float().numpy()
         if name == "model.embed_tokens.weight":
             out = "token_embd.weight"

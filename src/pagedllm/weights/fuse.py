@@ -29,7 +29,11 @@ def fuse_experts(weights: dict[str, torch.Tensor], num_layers: int,
     mlp.experts_down [E, H, I], so the MoE layer indexes one tensor per expert."""
     fused = dict(weights)
     for i in range(num_layers):
-        prefix = f"layers.{i}.mlp.experts."
+        mlp, prefix = f"layers.{i}.mlp.", f"layers.{i}.mlp.experts."
+        if f"{mlp}experts_gate" in fused:  # GGUF: already stacked, gate and up apart
+            fused[f"{mlp}experts_gate_up"] = torch.cat([fused.pop(f"{mlp}experts_gate"),
+                                                       fused.pop(f"{mlp}experts_up")], dim=1)
+            continue
         try:
             gate_up = [torch.cat([fused.pop(f"{prefix}{e}.gate_proj.weight"),
                                   fused.pop(f"{prefix}{e}.up_proj.weight")])

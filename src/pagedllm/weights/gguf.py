@@ -18,7 +18,10 @@ from pagedllm.weights.permute import row_order_unpermute, unpermute_rows
 from pagedllm.weights.q4 import Q4Weight, decode_q4
 from pagedllm.weights.q8 import decode_q8_0
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe")
+# llama.cpp's architecture names that differ from Hugging Face's (ModelConfig uses the latter;
+# a Mixtral GGUF says "llama", with experts).
+_ARCH_NAMES = {"qwen3moe": "qwen3_moe"}
 # Read through the gguf package's dequantizers; only Q4_0/Q4_1 projections (4-bit kernels)
 # and a Q8_0 embedding/head (8-bit rows) stay in their own format, the rest become dense.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -38,6 +41,11 @@ _LAYER_TENSORS = {
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3
     "attn_k_norm.weight": "self_attn.k_norm.weight",
+    # mixtures of experts: the router, and every expert's matrices stacked [E, rows, cols]
+    "ffn_gate_inp.weight": "mlp.router.weight",
+    "ffn_gate_exps.weight": "mlp.experts_gate",
+    "ffn_up_exps.weight": "mlp.experts_up",
+    "ffn_down_exps.weight": "mlp.experts_down",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
@@ -95,8 +103,17 @@ def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int
     num_heads = int(need("attention.head_count"))
     num_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", num_heads))
     eos = meta.get("tokenizer.ggml.eos_token_id")
+    experts = {}
+    if meta.get(f"{arch}.expert_count"):
+        # llama.cpp renormalizes the chosen experts' weights for Mixtral and Qwen3-MoE alike.
+        experts = {"num_experts": int(need("expert_count")),
+                   "num_experts_per_tok": int(need("expert_used_count")),
+                   "expert_intermediate_size": int(meta.get(f"{arch}.expert_feed_forward_length")
+                                                   or need("feed_forward_length")),
+                   "norm_topk_prob": True}
     return ModelConfig(
-        architecture=arch,
+        architecture=_ARCH_NAMES.get(arch, arch),
+        **experts,
         vocab_size=int(meta.get(f"{arch}.vocab_size", num_tokens)),
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
@@ -133,7 +150,7 @@ def read_gguf_header(path: str):
 def _rope_factors(path: str, meta: dict, reader, config: ModelConfig) -> tuple[float, ...] | None:
     """llama.cpp writes Llama 3's scaling as a `rope_freqs` tensor of divisors, and linear
     scaling as metadata; anything else that changes RoPE is refused, never ignored."""
-    arch = config.architecture
+    arch = meta.get("general.architecture")  # the file's name for it (keys are prefixed so)
     kind = meta.get(f"{arch}.rope.scaling.type")
     half = config.head_dim // 2
     for tensor in reader.tensors:
