@@ -30,7 +30,8 @@ def byte_level_alphabet() -> list[str]:
 def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra):
     """extra: more config fields (rope_scaling, sliding_window, ...)."""
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                              MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM,
                               Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
     torch.manual_seed(seed)
@@ -49,6 +50,8 @@ def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra)
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{
             "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
             "head_dim": 32, **common}))
+    elif arch == "phi3":  # q/k/v and gate/up fused in the checkpoint itself
+        model = Phi3ForCausalLM(Phi3Config(**{"pad_token_id": 3, **common}))
     elif arch == "mistral":
         model = MistralForCausalLM(MistralConfig(**common))
     else:
@@ -154,6 +157,7 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # Phi-3
              "mlp.gate": "ffn_gate_inp", "mlp.experts.gate": "ffn_gate_exps",
              "mlp.experts.up": "ffn_up_exps", "mlp.experts.down": "ffn_down_exps"}
     num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)

@@ -18,7 +18,7 @@ from pagedllm.weights.permute import row_order_unpermute, unpermute_rows
 from pagedllm.weights.q4 import Q4Weight, decode_q4
 from pagedllm.weights.q8 import decode_q8_0
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3")
 # llama.cpp's architecture names that differ from Hugging Face's (ModelConfig uses the latter;
 # a Mixtral GGUF says "llama", with experts).
 _ARCH_NAMES = {"qwen3moe": "qwen3_moe"}
@@ -39,6 +39,7 @@ _LAYER_TENSORS = {
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",  # Phi-3 stores q, k and v fused
     "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     # mixtures of experts: the router, and every expert's matrices stacked [E, rows, cols]
@@ -191,6 +192,8 @@ def load_gguf(path: str, progress=None):
         name = canonical_name(tensor.name)
         if name is None:
             continue
+        if config.architecture == "phi3" and name.endswith("mlp.up_proj.weight"):
+            name = name.replace("up_proj", "gate_up_proj")  # Phi-3's ffn_up is gate and up
         type_name = GGMLQuantizationType(tensor.tensor_type).name
         if type_name not in SUPPORTED_TENSOR_TYPES:
             raise ModelLoadError(

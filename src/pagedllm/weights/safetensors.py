@@ -11,7 +11,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, hf_rope_factors
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3")
 
 
 def _read_json(path: str) -> dict:
@@ -46,6 +46,10 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
         eos = raw.get("eos_token_id")
         head_dim = int(raw.get("head_dim") or hidden // num_heads)
         theta = float(raw.get("rope_theta", rope.get("rope_theta", 10000.0)))
+        partial = float(raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)))
+        if partial != 1.0:  # Phi-4-mini rotates 3/4 of each head
+            raise ModelLoadError(path, f"partial rotary embeddings (partial_rotary_factor "
+                                       f"{partial:g}) are not supported yet")
         try:
             rope_factors = hf_rope_factors(rope, head_dim, theta)
         except RopeScalingError as exc:
