@@ -30,7 +30,8 @@ def byte_level_alphabet() -> list[str]:
 def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra):
     """extra: more config fields (rope_scaling, sliding_window, ...)."""
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              MixtralConfig, MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                              Gemma2Config, Gemma2ForCausalLM, MixtralConfig, MixtralForCausalLM,
+                              Phi3Config, Phi3ForCausalLM,
                               Qwen2Config, Qwen2ForCausalLM,
                               Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
@@ -50,6 +51,9 @@ def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra)
         model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{
             "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
             "head_dim": 32, **common}))
+    elif arch == "gemma2":  # head_dim 32 (explicit), a 16-token window on every other layer
+        model = Gemma2ForCausalLM(Gemma2Config(**{"head_dim": 32, "sliding_window": 16,
+                                                  "pad_token_id": 3, **common}))
     elif arch == "phi3":  # q/k/v and gate/up fused in the checkpoint itself
         model = Phi3ForCausalLM(Phi3Config(**{"pad_token_id": 3, **common}))
     elif arch == "mistral":

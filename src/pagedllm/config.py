@@ -30,7 +30,7 @@ BENCH_MAX_TOKENS = 128  # `pagedllm bench`: long enough that decode dominates
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "llama", "mistral", "qwen2", "qwen3", "mixtral" or "qwen3_moe"
+    architecture: str  # "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3", "gemma2"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -47,6 +47,16 @@ class ModelConfig:
     # Mixture of experts (Mixtral, Qwen3-MoE): every layer's MLP is num_experts experts of
     # expert_intermediate_size, num_experts_per_tok of them per token, weighted by the
     # router's softmax (renormalized over the chosen ones when norm_topk_prob). 0: dense.
+    # Gemma 2: GeGLU (tanh gelu), embeddings times sqrt(hidden), norms around both the
+    # attention and the MLP ("sandwich"), attention scaled by query_pre_attn_scalar and
+    # soft-capped, final logits soft-capped; sliding_layers attend within sliding_window.
+    hidden_act: str = "silu"  # or "gelu_tanh"
+    embedding_scale: bool = False
+    sandwich_norms: bool = False
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    sliding_layers: tuple[int, ...] = ()  # () with a sliding_window: every layer slides
     num_experts: int = 0
     num_experts_per_tok: int = 0
     expert_intermediate_size: int = 0
@@ -63,9 +73,10 @@ class ModelConfig:
     @property
     def max_context(self) -> int:
         """The longest sequence served correctly: the model's context, or its attention window
-        where it has one (sliding-window attention is not implemented: within the window it
-        equals full attention, past it the answers would be wrong)."""
-        if self.sliding_window is not None:
+        where every layer slides (Mistral: the fast kernels have no window; within it they
+        equal windowed attention, past it the answers would be wrong). Gemma 2's per-layer
+        windows (sliding_layers) are applied by its attention backend: its full context."""
+        if self.sliding_window is not None and not self.sliding_layers:
             return min(self.sliding_window, self.max_position_embeddings)
         return self.max_position_embeddings
 

@@ -81,7 +81,7 @@ class LLMEngine(RequestMaker):
         capacity = num_blocks * block_size
         max_model_len = config.max_model_len
         longest = model_config.max_context
-        if model_config.sliding_window is not None:
+        if model_config.max_context < model_config.max_position_embeddings:
             logger.warning("%s attends to a sliding window of %d tokens, which pagedllm does not "
                            "implement yet: requests are kept within %d tokens, where full "
                            "attention gives the same answer", model_config.name,

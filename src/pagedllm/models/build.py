@@ -90,8 +90,9 @@ def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
     bfloat16 path (4-bit projections on pagedllm's kernels without bias, the C++ layer ops and
     decode attention, one exact-row limit a layer); None elsewhere."""
     ops = kernel_ops()
-    if ops is None or model.dtype != torch.bfloat16 or model.config.num_experts:
-        return None  # (the C++ loop runs dense MLPs only)
+    config = model.config
+    if ops is None or model.dtype != torch.bfloat16 or config.num_experts or config.sandwich_norms:
+        return None  # (the C++ loop runs Llama-shaped layers with dense MLPs only)
     weights, max_rows, exact_max_rows = [], [], []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp

@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from pagedllm.attention import BACKENDS, AttentionMetadata, LayerKVCache
+from pagedllm.attention.softcap import SoftcapBackend
 from pagedllm.config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.layer_ops import layer_ops
+from pagedllm.models.gemma import SandwichDecoderLayer
 from pagedllm.models.moe import MoE
 from pagedllm.weights.q8 import Q8Rows
 
@@ -47,7 +49,8 @@ class RotaryEmbedding:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops,
+                 layer_index: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_heads, config.num_kv_heads, config.head_dim)
@@ -62,7 +65,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
         self.rotary = rotary
         self.ops = ops
-        self.backend = BACKENDS[backend](self.num_heads, self.num_kv_heads, self.head_dim)
+        if config.attn_softcap is not None or config.attn_scale is not None:  # Gemma 2
+            window = config.sliding_window if layer_index in config.sliding_layers else None
+            self.backend = SoftcapBackend(self.num_heads, self.num_kv_heads, self.head_dim,
+                                          scale=config.attn_scale, softcap=config.attn_softcap,
+                                          window=window)
+        else:
+            self.backend = BACKENDS[backend](self.num_heads, self.num_kv_heads, self.head_dim)
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata):
         qkv = self.qkv_proj(hidden)
@@ -126,8 +135,8 @@ class LlamaForCausalLM(nn.Module):
                                  config.rope_freq_factors)
         # The reference attention backend runs with the torch layer ops too: a pure-torch oracle.
         ops = layer_ops(use_kernels=attention_backend != "torch-reference")
-        self.layers = nn.ModuleList(DecoderLayer(config, rotary, attention_backend, ops)
-                                    for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(self._layer(config, rotary, attention_backend, ops, i)
+                                    for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         # Embedding and output head stay exact (float32, or their 8-bit GGUF originals read
         # back row by row): bf16 logits flip greedy choices.
@@ -137,6 +146,14 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None  # bfloat16: the output head build.py picks (output_head.py)
         self.decode_loop: DecodeLoop | None = None  # set by build.py where it applies
 
+    @staticmethod
+    def _layer(config: ModelConfig, rotary, backend: str, ops, index: int) -> nn.Module:
+        if config.sandwich_norms:  # Gemma 2
+            return SandwichDecoderLayer(
+                config, Attention(config, rotary, backend, ops, index),
+                lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, ops))
+        return DecoderLayer(config, rotary, backend, ops)
+
     def _embedding_rows(self, index: torch.Tensor) -> torch.Tensor:
         return self.embed_q8.rows(index) if self.embed_q8 is not None else self.embed_weight[index]
 
@@ -145,6 +162,8 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, H] in the model dtype."""
         hidden = self._embedding_rows(input_ids).to(self.dtype)
+        if self.config.embedding_scale:  # Gemma: by sqrt(hidden), rounded to the dtype first
+            hidden = hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=self.dtype)
         if self.decode_loop is not None and self.decode_loop.applies(meta, hidden.shape[0]):
             hidden, residual = self.decode_loop(hidden, positions, kv_caches, meta)
         else:
@@ -158,5 +177,8 @@ class LlamaForCausalLM(nn.Module):
         """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled.
         In bfloat16, the output head (output_head.py) recomputes the top candidates exactly."""
         if self.dtype != torch.bfloat16:
-            return hidden.float() @ self.lm_head_weight.T
-        return self.lm_head(hidden)
+            logits = hidden.float() @ self.lm_head_weight.T
+        else:
+            logits = self.lm_head(hidden)
+        cap = self.config.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap  # Gemma 2

@@ -11,7 +11,8 @@ from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, hf_rope_factors
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3",
+                         "gemma2")
 
 
 def _read_json(path: str) -> dict:
@@ -72,12 +73,33 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
             attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             **_experts(path, model_type, raw),
+            **_gemma(path, model_type, raw),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [eos] if eos is not None else []),
             name=os.path.basename(os.path.normpath(folder)),
         )
     except KeyError as exc:
         raise ModelLoadError(path, f"required field {exc.args[0]!r} is missing") from exc
+
+
+def _gemma(path: str, model_type: str, raw: dict) -> dict:
+    """ModelConfig's Gemma 2 fields (none for other families)."""
+    if model_type != "gemma2":
+        return {}
+    if raw.get("hidden_activation", raw.get("hidden_act")) not in ("gelu_pytorch_tanh", None):
+        raise ModelLoadError(path, f"Gemma 2 activation {raw.get('hidden_activation')!r} is not "
+                                   f"supported (gelu_pytorch_tanh is)")
+    layer_types = raw.get("layer_types") or [
+        "sliding_attention" if i % 2 == 0 else "full_attention"
+        for i in range(int(raw["num_hidden_layers"]))]
+    softcap = raw.get("attn_logit_softcapping")
+    final = raw.get("final_logit_softcapping")
+    return {"hidden_act": "gelu_tanh", "embedding_scale": True, "sandwich_norms": True,
+            "attn_scale": float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+            "attn_softcap": float(softcap) if softcap else None,
+            "final_softcap": float(final) if final else None,
+            "sliding_layers": tuple(i for i, kind in enumerate(layer_types)
+                                    if kind == "sliding_attention")}
 
 
 def _experts(path: str, model_type: str, raw: dict) -> dict:
@@ -139,6 +161,9 @@ def load_hf_folder(folder: str, progress=None):
             if config.num_experts:
                 name = canonical_expert_name(name)
             weights[name] = tensor.float()
+            if config.sandwich_norms and name.endswith("norm.weight"):
+                # Gemma's norms scale by (1 + w); stored as such, as llama.cpp's GGUF does.
+                weights[name] = weights[name] + 1.0
     if "lm_head.weight" not in weights and not config.tie_word_embeddings:
         # Some tied checkpoints omit the flag; a missing head can only mean tied.
         config = ModelConfig(**{**config.__dict__, "tie_word_embeddings": True})

@@ -1,0 +1,48 @@
+"""Paged attention with the options Gemma 2 needs and the fast kernels lack: its own query
+scale, soft-capped scores (tanh(s / cap) * cap) and a sliding window per layer. Plain torch,
+one sequence at a time, like the reference backend it extends; correct, not fast.
+"""
+from __future__ import annotations
+
+import torch
+
+from pagedllm.attention.layer_cache import LayerKVCache
+from pagedllm.attention.metadata import AttentionMetadata
+
+
+class SoftcapBackend:
+    name = "softcap"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, *,
+                 scale: float | None = None, softcap: float | None = None,
+                 window: int | None = None):
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.softcap = softcap
+        self.window = window  # a query sees this many keys at most, itself included
+
+    def forward(self, query: torch.Tensor, kv_cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """query [T, heads, D]; the cache already holds this step's K/V. Returns [T, heads*D]."""
+        output = torch.empty_like(query)
+        for i in range(meta.num_seqs):
+            start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+            seq_len, num_queries = meta.seq_lens[i], end - start
+            blocks = meta.context_block_ids[i]
+            keys = kv_cache.keys(blocks).flatten(0, 1)[:seq_len].to(query.dtype)
+            values = kv_cache.values(blocks).flatten(0, 1)[:seq_len].to(query.dtype)
+            keys = keys.repeat_interleave(self.group, dim=1).transpose(0, 1)  # [heads, L, D]
+            values = values.repeat_interleave(self.group, dim=1).transpose(0, 1)
+            scores = query[start:end].transpose(0, 1) @ keys.transpose(1, 2) * self.scale
+            if self.softcap is not None:
+                scores = torch.tanh(scores / self.softcap) * self.softcap
+            query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
+            key_pos = torch.arange(seq_len).unsqueeze(0)
+            visible = key_pos <= query_pos
+            if self.window is not None:
+                visible &= key_pos > query_pos - self.window
+            scores = scores.masked_fill(~visible, float("-inf"))
+            weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+            output[start:end] = (weights @ values).transpose(0, 1)
+        return output.flatten(1)
