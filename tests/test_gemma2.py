@@ -2,7 +2,8 @@
 attention scaled by query_pre_attn_scalar and soft-capped, final logits soft-capped, and a
 sliding window on every other layer. A tiny random model written by the tests matches
 transformers over prompts longer than its 16-token window, through the paged, batched,
-chunked path; greedy 32 tokens equal transformers'."""
+chunked path, from a Hugging Face folder and from GGUF (llama.cpp's names, (1 + w) stored);
+greedy 32 tokens equal transformers'."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from paged_helpers import run_paged
 from pagedllm.models.build import build_model
 from pagedllm.weights import load_checkpoint
-from tiny_models import tiny_hf_model, write_hf_folder
+from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
 
 SEQS = [list(range(3, 60)), [7, 3, 9, 200, 15, 15, 16, 80, 81], [42], list(range(100, 140))]
 
@@ -81,3 +82,16 @@ def test_bfloat16_runs(gemma2, folder):
     logits = run_paged(model, [SEQS[0]], chunk=7)[0]
     reference = reference_logits(gemma2, SEQS[0])
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
+
+
+def test_gguf_matches_transformers(tmp_path):
+    """llama.cpp scales queries by head_dim (query_pre_attn_scalar = head_dim, as Gemma 2's
+    2B and 9B have it), so the tiny model here says the same."""
+    model = tiny_hf_model("gemma2", seed=9, query_pre_attn_scalar=32)
+    path = write_gguf(model, tmp_path / "gemma2.gguf", arch="gemma2")
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.config.architecture == "gemma2"
+    assert checkpoint.config.sliding_layers == (0,) and checkpoint.config.sliding_window == 16
+    ours = build_model(checkpoint.config, checkpoint.weights)
+    for seq, logits in zip(SEQS, run_paged(ours, SEQS, chunk=6, block_size=4)):
+        assert (logits - reference_logits(model, seq)).abs().max() < 1e-4

@@ -170,9 +170,18 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
         writer.add_expert_used_count(cfg.num_experts_per_tok)
         if getattr(cfg, "moe_intermediate_size", None):
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if arch == "gemma2":  # llama.cpp's names for the sandwich norms, and its settings
+        names = {**names, "post_attention_layernorm": "post_attention_norm",
+                 "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}
+        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        writer.add_sliding_window(cfg.sliding_window)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
     for name, tensor in _gguf_tensors(model.state_dict()):
         array = tensor.float().numpy()
+        if arch == "gemma2" and name.endswith("norm.weight"):
+            array = array + 1.0  # llama.cpp's converter stores Gemma's (1 + w)
         if name == "model.embed_tokens.weight":
             out = "token_embd.weight"
         elif name == "model.norm.weight":

@@ -18,7 +18,7 @@ from pagedllm.weights.permute import row_order_unpermute, unpermute_rows
 from pagedllm.weights.q4 import Q4Weight, decode_q4
 from pagedllm.weights.q8 import decode_q8_0
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2")
 # llama.cpp's architecture names that differ from Hugging Face's (ModelConfig uses the latter;
 # a Mixtral GGUF says "llama", with experts).
 _ARCH_NAMES = {"qwen3moe": "qwen3_moe"}
@@ -40,6 +40,8 @@ _LAYER_TENSORS = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_qkv.weight": "self_attn.qkv_proj.weight",  # Phi-3 stores q, k and v fused
+    "post_attention_norm.weight": "self_attn_output_norm",  # Gemma 2 (renamed in _gemma2_names)
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
     "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     # mixtures of experts: the router, and every expert's matrices stacked [E, rows, cols]
@@ -112,9 +114,10 @@ def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int
                    "expert_intermediate_size": int(meta.get(f"{arch}.expert_feed_forward_length")
                                                    or need("feed_forward_length")),
                    "norm_topk_prob": True}
+    gemma = _gemma2_fields(meta, hidden, num_heads) if arch == "gemma2" else {}
     return ModelConfig(
         architecture=_ARCH_NAMES.get(arch, arch),
-        **experts,
+        **experts, **gemma,
         vocab_size=int(meta.get(f"{arch}.vocab_size", num_tokens)),
         hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")),
@@ -132,6 +135,32 @@ def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int
         eos_token_ids=(int(eos),) if eos is not None else (),
         name=os.path.basename(path).removesuffix(".gguf"),
     )
+
+
+def _gemma2_fields(meta: dict, hidden: int, num_heads: int) -> dict:
+    """Gemma 2's settings as llama.cpp reads them (its GGUF has no query_pre_attn_scalar:
+    llama.cpp scales by head_dim, or by hidden / heads for the 46-layer 27B, as here)."""
+    head_dim = int(meta.get("gemma2.attention.key_length", hidden // num_heads))
+    layers = int(meta["gemma2.block_count"])
+    scalar = hidden // num_heads if layers == 46 else head_dim
+    softcap, final = (meta.get("gemma2.attn_logit_softcapping"),
+                      meta.get("gemma2.final_logit_softcapping"))
+    return {"hidden_act": "gelu_tanh", "embedding_scale": True, "sandwich_norms": True,
+            "attn_scale": float(scalar) ** -0.5,
+            "attn_softcap": float(softcap) if softcap else None,
+            "final_softcap": float(final) if final else None,
+            "sliding_window": meta.get("gemma2.attention.sliding_window"),
+            "sliding_layers": tuple(range(0, layers, 2))}
+
+
+def _gemma2_names(name: str) -> str:
+    """In Gemma 2's GGUF, ffn_norm is the norm before the MLP and post_attention_norm the one
+    on the attention's output (in Llama's naming, post_attention_layernorm is the former)."""
+    if name.endswith("post_attention_layernorm.weight"):
+        return name.replace("post_attention_layernorm", "pre_feedforward_layernorm")
+    if name.endswith("self_attn_output_norm"):
+        return name.replace("self_attn_output_norm", "post_attention_layernorm.weight")
+    return name
 
 
 def read_gguf_header(path: str):
@@ -192,6 +221,8 @@ def load_gguf(path: str, progress=None):
         name = canonical_name(tensor.name)
         if name is None:
             continue
+        if config.architecture == "gemma2":
+            name = _gemma2_names(name)
         if config.architecture == "phi3" and name.endswith("mlp.up_proj.weight"):
             name = name.replace("up_proj", "gate_up_proj")  # Phi-3's ffn_up is gate and up
         type_name = GGMLQuantizationType(tensor.tensor_type).name
