@@ -30,7 +30,8 @@ def byte_level_alphabet() -> list[str]:
 def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra):
     """extra: more config fields (rope_scaling, sliding_window, ...)."""
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                              Gemma2Config, Gemma2ForCausalLM, MixtralConfig, MixtralForCausalLM,
+                              Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                              MixtralConfig, MixtralForCausalLM,
                               Phi3Config, Phi3ForCausalLM,
                               Qwen2Config, Qwen2ForCausalLM,
                               Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
@@ -54,6 +55,10 @@ def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra)
     elif arch == "gemma2":  # head_dim 32 (explicit), a 16-token window on every other layer
         model = Gemma2ForCausalLM(Gemma2Config(**{"head_dim": 32, "sliding_window": 16,
                                                   "pad_token_id": 3, **common}))
+    elif arch == "gemma3_text":  # 6 layers: 5 sliding (16 tokens, base 10k), 1 global (1M)
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**{
+            "head_dim": 32, "sliding_window": 16, "pad_token_id": 3, "num_hidden_layers": 6,
+            **{k: v for k, v in common.items() if k not in ("num_hidden_layers", "rope_theta")}}))
     elif arch == "phi3":  # q/k/v and gate/up fused in the checkpoint itself
         model = Phi3ForCausalLM(Phi3Config(**{"pad_token_id": 3, **common}))
     elif arch == "mistral":

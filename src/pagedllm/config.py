@@ -30,7 +30,7 @@ BENCH_MAX_TOKENS = 128  # `pagedllm bench`: long enough that decode dominates
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3", "gemma2"
+    architecture: str  # "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3", "gemma2", "gemma3_text"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -57,6 +57,7 @@ class ModelConfig:
     attn_softcap: float | None = None
     final_softcap: float | None = None
     sliding_layers: tuple[int, ...] = ()  # () with a sliding_window: every layer slides
+    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base (no scaling)
     num_experts: int = 0
     num_experts_per_tok: int = 0
     expert_intermediate_size: int = 0

@@ -133,10 +133,15 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                  config.rope_freq_factors)
+        # Gemma 3's sliding layers rotate with their own base, unscaled.
+        local_rotary = rotary if config.local_rope_theta is None else RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.local_rope_theta)
         # The reference attention backend runs with the torch layer ops too: a pure-torch oracle.
         ops = layer_ops(use_kernels=attention_backend != "torch-reference")
-        self.layers = nn.ModuleList(self._layer(config, rotary, attention_backend, ops, i)
-                                    for i in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            self._layer(config, local_rotary if i in config.sliding_layers else rotary,
+                        attention_backend, ops, i)
+            for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         # Embedding and output head stay exact (float32, or their 8-bit GGUF originals read
         # back row by row): bf16 logits flip greedy choices.
@@ -148,7 +153,7 @@ class LlamaForCausalLM(nn.Module):
 
     @staticmethod
     def _layer(config: ModelConfig, rotary, backend: str, ops, index: int) -> nn.Module:
-        if config.sandwich_norms:  # Gemma 2
+        if config.sandwich_norms:  # Gemma 2 and 3
             return SandwichDecoderLayer(
                 config, Attention(config, rotary, backend, ops, index),
                 lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, ops))

@@ -12,7 +12,8 @@ from pagedllm.weights.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, hf_rope_factors
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3",
-                         "gemma2")
+                         "gemma2", "gemma3_text")
+GEMMAS = ("gemma2", "gemma3_text")
 
 
 def _read_json(path: str) -> dict:
@@ -36,11 +37,18 @@ def _sliding_window(raw: dict) -> int | None:
 def hf_model_config(folder: str, raw: dict) -> ModelConfig:
     path = os.path.join(folder, "config.json")
     model_type = raw.get("model_type")
+    if model_type == "gemma3" or "text_config" in raw:
+        raise ModelLoadError(path, "this is Gemma 3 with its vision tower; pagedllm serves the "
+                                   "text model (model_type gemma3_text) only")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
             path, f"unknown architecture {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    local_theta = raw.get("rope_local_base_freq")  # Gemma 3, transformers 4 form
+    if "full_attention" in rope:  # Gemma 3, transformers 5 form: RoPE per kind of layer
+        local_theta = rope.get("sliding_attention", {}).get("rope_theta", local_theta)
+        rope = rope["full_attention"]
     try:
         hidden = int(raw["hidden_size"])
         num_heads = int(raw["num_attention_heads"])
@@ -71,7 +79,8 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", model_type == "qwen2")),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
+            local_rope_theta=float(local_theta) if local_theta else None,
             **_experts(path, model_type, raw),
             **_gemma(path, model_type, raw),
             bos_token_id=raw.get("bos_token_id"),
@@ -83,14 +92,16 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
 
 
 def _gemma(path: str, model_type: str, raw: dict) -> dict:
-    """ModelConfig's Gemma 2 fields (none for other families)."""
-    if model_type != "gemma2":
+    """ModelConfig's Gemma 2 / Gemma 3 fields (none for other families)."""
+    if model_type not in GEMMAS:
         return {}
     if raw.get("hidden_activation", raw.get("hidden_act")) not in ("gelu_pytorch_tanh", None):
-        raise ModelLoadError(path, f"Gemma 2 activation {raw.get('hidden_activation')!r} is not "
+        raise ModelLoadError(path, f"Gemma activation {raw.get('hidden_activation')!r} is not "
                                    f"supported (gelu_pytorch_tanh is)")
+    # Gemma 2 alternates; Gemma 3 has 5 sliding layers to a global one.
+    pattern = 2 if model_type == "gemma2" else int(raw.get("sliding_window_pattern", 6))
     layer_types = raw.get("layer_types") or [
-        "sliding_attention" if i % 2 == 0 else "full_attention"
+        "sliding_attention" if (i + 1) % pattern else "full_attention"
         for i in range(int(raw["num_hidden_layers"]))]
     softcap = raw.get("attn_logit_softcapping")
     final = raw.get("final_logit_softcapping")
@@ -161,7 +172,7 @@ def load_hf_folder(folder: str, progress=None):
             if config.num_experts:
                 name = canonical_expert_name(name)
             weights[name] = tensor.float()
-            if config.sandwich_norms and name.endswith("norm.weight"):
+            if config.sandwich_norms and name.endswith("norm.weight"):  # q_norm, k_norm too
                 # Gemma's norms scale by (1 + w); stored as such, as llama.cpp's GGUF does.
                 weights[name] = weights[name] + 1.0
     if "lm_head.weight" not in weights and not config.tie_word_embeddings:
