@@ -52,3 +52,26 @@ def run_paged(model, seqs: list[list[int]], *, block_size: int = 4, chunk: int |
         for j, i in enumerate(owners):
             logits[i].append(out[qsl[j]:qsl[j + 1]])
     return [torch.cat(parts) for parts in logits]
+
+
+def assert_greedy_equals_transformers(reference_model, folder, prompts, max_tokens: int = 32):
+    """Greedy tokens of pagedllm's offline LLM on `folder` equal transformers' generate()."""
+    from pagedllm import LLM, SamplingParams
+
+    llm = LLM(folder, kv_cache_memory=4 << 20)
+    ours = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                ignore_eos=True))
+    for prompt, out in zip(prompts, ours):
+        with torch.no_grad():
+            reference = reference_model.generate(
+                torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
+                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert out.token_ids == reference, prompt
+
+
+def bfloat16_argmax_agreement(reference_model, model, seq, chunk: int = 7) -> float:
+    """Share of positions where a bfloat16 model's argmax equals transformers' float32 one."""
+    logits = run_paged(model, [seq], chunk=chunk)[0]
+    with torch.no_grad():
+        reference = reference_model(torch.tensor([seq])).logits[0]
+    return (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()

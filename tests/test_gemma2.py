@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged_helpers import run_paged
+from paged_helpers import (assert_greedy_equals_transformers, bfloat16_argmax_agreement,
+                           run_paged)
 from pagedllm.models.build import build_model
 from pagedllm.weights import load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -64,24 +65,14 @@ def test_the_window_and_the_caps_matter(gemma2, folder):
 
 
 def test_greedy_tokens_equal_transformers(gemma2, folder):
-    from pagedllm import LLM, SamplingParams
-
-    llm = LLM(folder, kv_cache_memory=4 << 20)
-    prompt = SEQS[0][:30]  # past the window, and generation goes further
-    ours = llm.generate([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
-    with torch.no_grad():
-        reference = gemma2.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
-                                    eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    assert ours.token_ids == reference
+    assert_greedy_equals_transformers(gemma2, folder, [SEQS[0][:30]])
 
 
 def test_bfloat16_runs(gemma2, folder):
     checkpoint = load_checkpoint(folder)
     model = build_model(checkpoint.config, checkpoint.weights, dtype=torch.bfloat16)
     assert model.decode_loop is None
-    logits = run_paged(model, [SEQS[0]], chunk=7)[0]
-    reference = reference_logits(gemma2, SEQS[0])
-    assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
+    assert bfloat16_argmax_agreement(gemma2, model, SEQS[0]) > 0.8
 
 
 def test_gguf_matches_transformers(tmp_path):

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from paged_helpers import run_paged
+from paged_helpers import assert_greedy_equals_transformers, run_paged
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
 from tiny_models import tiny_hf_model, write_hf_folder
@@ -51,16 +51,8 @@ def test_float32_logits_match_transformers_past_the_window(gemma3, chunk):
 
 
 def test_greedy_tokens_equal_transformers(gemma3):
-    from pagedllm import LLM, SamplingParams
-
     model, folder = gemma3
-    llm = LLM(folder, kv_cache_memory=4 << 20)
-    prompt = SEQS[0][:30]
-    ours = llm.generate([prompt], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
-    with torch.no_grad():
-        reference = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
-                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    assert ours.token_ids == reference
+    assert_greedy_equals_transformers(model, folder, [SEQS[0][:30]])
 
 
 def test_the_vision_checkpoint_is_refused(gemma3, tmp_path):

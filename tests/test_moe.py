@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import ISA_LEVELS, isa_level
-from paged_helpers import run_paged
+from paged_helpers import (assert_greedy_equals_transformers, bfloat16_argmax_agreement,
+                           run_paged)
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -56,17 +57,8 @@ def test_float32_logits_match_transformers_batched_and_chunked(moe, level):
 
 
 def test_greedy_tokens_equal_transformers(moe):
-    from pagedllm import LLM, SamplingParams
-
     _, model, folder = moe
-    llm = LLM(folder, kv_cache_memory=4 << 20)
-    prompts = [SEQS[0][:20], SEQS[1]]
-    ours = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
-    for prompt, out in zip(prompts, ours):
-        with torch.no_grad():
-            reference = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
-                                       eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-        assert out.token_ids == reference
+    assert_greedy_equals_transformers(model, folder, [SEQS[0][:20], SEQS[1]])
 
 
 def test_grouping_by_expert_equals_routing_each_token_alone(moe):
@@ -89,9 +81,7 @@ def test_bfloat16_runs_the_experts(moe):
     checkpoint = load_checkpoint(folder)
     ours = build_model(checkpoint.config, checkpoint.weights, dtype=torch.bfloat16)
     assert ours.decode_loop is None
-    logits = run_paged(ours, [SEQS[0]], chunk=7)[0]
-    reference = reference_logits(model, SEQS[0])
-    assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
+    assert bfloat16_argmax_agreement(model, ours, SEQS[0]) > 0.8
 
 
 def test_qwen3_moe_with_dense_layers_between_is_refused(tmp_path):

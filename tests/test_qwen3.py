@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import ISA_LEVELS, isa_level
-from paged_helpers import run_paged
+from paged_helpers import (assert_greedy_equals_transformers, bfloat16_argmax_agreement,
+                           run_paged)
 from pagedllm.models.build import build_model
 from pagedllm.weights import load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -57,22 +58,11 @@ def test_float32_logits_match_transformers_batched_and_chunked(source, level, qw
 
 
 def test_greedy_tokens_equal_transformers(qwen3, qwen3_folder):
-    from pagedllm import LLM, SamplingParams
-
-    llm = LLM(qwen3_folder, kv_cache_memory=4 << 20)
-    prompts = [SEQS[0][:20], SEQS[1]]
-    ours = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
-    for prompt, out in zip(prompts, ours):
-        with torch.no_grad():
-            reference = qwen3.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
-                                       eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-        assert out.token_ids == reference
+    assert_greedy_equals_transformers(qwen3, qwen3_folder, [SEQS[0][:20], SEQS[1]])
 
 
 def test_bfloat16_runs_without_the_fused_decode_loop(qwen3, qwen3_gguf):
     checkpoint = load_checkpoint(qwen3_gguf)
     model = build_model(checkpoint.config, checkpoint.weights, dtype=torch.bfloat16)
     assert model.decode_loop is None  # the C++ loop has no per-head norm: the layers run it
-    logits = run_paged(model, [SEQS[0]], chunk=7)[0]
-    reference = reference_logits(qwen3, SEQS[0])
-    assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
+    assert bfloat16_argmax_agreement(qwen3, model, SEQS[0]) > 0.8
