@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import ISA_LEVELS, isa_level
 from paged_helpers import (assert_greedy_equals_transformers, bfloat16_argmax_agreement,
                            run_paged)
 from pagedllm.models.build import build_model
@@ -41,11 +42,14 @@ def test_config(folder):
     assert config.max_context == 512  # the windows are applied, so the whole context serves
 
 
+@pytest.mark.parametrize("level", ISA_LEVELS)
 @pytest.mark.parametrize("chunk,block_size", [(None, 4), (5, 4), (1, 16)])
-def test_float32_logits_match_transformers_past_the_window(gemma2, folder, chunk, block_size):
-    checkpoint = load_checkpoint(folder)
-    model = build_model(checkpoint.config, checkpoint.weights)
-    together = run_paged(model, SEQS, chunk=chunk, block_size=block_size)
+def test_float32_logits_match_transformers_past_the_window(gemma2, folder, chunk, block_size,
+                                                           level):
+    with isa_level(level):  # the layer ops (norms, RoPE) run the kernels of each level
+        checkpoint = load_checkpoint(folder)
+        model = build_model(checkpoint.config, checkpoint.weights)
+        together = run_paged(model, SEQS, chunk=chunk, block_size=block_size)
     for seq, logits in zip(SEQS, together):
         assert (logits - reference_logits(gemma2, seq)).abs().max() < 1e-4, len(seq)
 

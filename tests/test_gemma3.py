@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from conftest import ISA_LEVELS, isa_level
 from paged_helpers import assert_greedy_equals_transformers, run_paged
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
@@ -41,12 +42,15 @@ def test_config(gemma3):
     assert config.attn_softcap is None and config.final_softcap is None
 
 
+@pytest.mark.parametrize("level", ISA_LEVELS)
 @pytest.mark.parametrize("chunk", [None, 5])
-def test_float32_logits_match_transformers_past_the_window(gemma3, chunk):
+def test_float32_logits_match_transformers_past_the_window(gemma3, chunk, level):
     model, folder = gemma3
-    checkpoint = load_checkpoint(folder)
-    ours = build_model(checkpoint.config, checkpoint.weights)
-    for seq, logits in zip(SEQS, run_paged(ours, SEQS, chunk=chunk, block_size=4)):
+    with isa_level(level):
+        checkpoint = load_checkpoint(folder)
+        ours = build_model(checkpoint.config, checkpoint.weights)
+        together = run_paged(ours, SEQS, chunk=chunk, block_size=4)
+    for seq, logits in zip(SEQS, together):
         assert (logits - reference_logits(model, seq)).abs().max() < 1e-4, len(seq)
 
 

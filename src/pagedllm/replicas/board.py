@@ -21,7 +21,6 @@ class ReplicaFigures:
     waiting_by_user: dict
     cache: object  # CacheConfig
     cpu: object  # kernels.Capabilities
-    requests_served: int  # requests this replica has finished, however they ended
     posted_at: float = field(default_factory=time.time)
 
 

@@ -40,7 +40,6 @@ class EngineReplica:
         self._loop_thread.start()
         self.engine, self.async_engine = await asyncio.wrap_future(built)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.requests_served = 0
         self._board = ray.get_actor(BOARD_NAME, namespace=namespace)
         self._weights_version = 0
         self._poster = asyncio.get_running_loop().create_task(self._post_figures())
@@ -74,14 +73,8 @@ class EngineReplica:
         request.arrival_time = time.monotonic()  # this process's clock
         if request.params.guided is not None:  # matchers do not travel: rebuilt from the spec
             request.grammar = self.engine.grammars.matcher(request.params.guided)
-        try:
-            async for items in self.async_engine.submit(request, report_position).batches():
-                yield pack(items)
-        finally:
-            self.requests_served += 1
-
-    def pid(self) -> int:
-        return os.getpid()
+        async for items in self.async_engine.submit(request, report_position).batches():
+            yield pack(items)
 
     def check_health(self) -> None:
         """Ray Serve calls this; raising makes it replace the replica."""
@@ -93,7 +86,7 @@ class EngineReplica:
             try:
                 figures = ReplicaFigures(self.replica_id, os.getpid(), self.engine.stats(),
                                          self.engine.waiting_by_user(), self.engine.cache_config,
-                                         self.engine.cpu, self.requests_served)
+                                         self.engine.cpu)
                 version, weights = await self._board.post.remote(figures)
                 if version != self._weights_version:
                     self._weights_version = version

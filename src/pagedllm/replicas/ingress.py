@@ -66,13 +66,6 @@ class Ingress:
         engine.abort_all()
         return left
 
-    def replica_pids(self) -> dict[str, int]:
-        """Replica id -> process id, of every replica heard from lately (tests, admins)."""
-        return {f.replica_id: f.pid for f in self.front.figures}
-
-    def requests_served(self) -> dict[str, int]:
-        return {f.replica_id: f.requests_served for f in self.front.figures}
-
     def ready_message(self, scheme: str = "http") -> str:
         front, config = self.front, self.server_config
         compute = (f"{front.num_replicas} replica(s) x {front.threads_per_replica} compute "
