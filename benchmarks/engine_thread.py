@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/engine_thread.py [--dtype bfloat16]
 
 One 400-token prompt, 64 greedy tokens, timed per step, first on a helper thread and then on
-the main thread of the same process; prints the ratio. This is why `pagedllm serve` runs
+the main thread of the same process; prints the ratio. `--built-on-helper`: instead, build
+the engine and step it on one helper thread (as a Ray replica does), main thread idle. This is why `pagedllm serve` runs
 the engine on the main thread and HTTP on a helper thread.
 """
 from __future__ import annotations
@@ -30,7 +31,22 @@ def decode_ms_per_step(engine: LLMEngine, prompt: list[int], result: list) -> No
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--built-on-helper", action="store_true")
     args = parser.parse_args()
+    if args.built_on_helper:
+        result: list = []
+
+        def build_and_step():
+            engine = LLMEngine(None, dtype=args.dtype, kv_cache_memory=256 << 20)
+            prompt = make_prompt_token_ids(engine.tokenizer, [400], seed=0)[0]
+            decode_ms_per_step(engine, prompt, [])  # warm-up
+            decode_ms_per_step(engine, prompt, result)
+
+        worker = threading.Thread(target=build_and_step)
+        worker.start()
+        worker.join()
+        print(f"dtype={args.dtype}: built and stepped on a helper thread {result[0]:.1f} ms/step")
+        return
     engine = LLMEngine(None, dtype=args.dtype, kv_cache_memory=256 << 20)
     prompt = make_prompt_token_ids(engine.tokenizer, [400], seed=0)[0]
     decode_ms_per_step(engine, prompt, [])  # warm-up
