@@ -220,13 +220,17 @@ def test_a_replica_killed_mid_stream_ends_that_stream_with_an_error(cluster):
     """Last in this module: it kills a replica (Ray then starts a new one)."""
     before = replica_pids(cluster)
     assert len(before) == 2
+    # Streams abandoned by earlier tests must be gone first, or the victim could be wrong.
+    wait_for(lambda: sum(replica_rows(cluster, "num_requests_running").values()) == 0, 30)
     stream = chat(cluster, [{"role": "user", "content": f"A long story {uuid.uuid4().hex}"}],
                   max_tokens=1500, stream=True, extra_body={"ignore_eos": True})
     chunks = iter(stream)
     for _ in range(3):
         next(chunks)
-    running = wait_for(lambda: [r for r, n in replica_rows(cluster, "num_requests_running").items()
-                                if n > 0], 10)
+    def only_ours():  # the figures lag up to a second: wait until ours is the one running
+        rows = replica_rows(cluster, "num_requests_running")
+        return [r for r, n in rows.items() if n > 0] if sum(rows.values()) == 1 else None
+    running = wait_for(only_ours, 20)
     victim = before[running[0]]
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(openai.APIError) as ended:
