@@ -8,6 +8,10 @@
    exactly 8 x 128 tokens and the ratio is the cost of the masks alone. Two schemas: strings
    as most schemas have them, and strings with maxLength, which llguidance's token-trie
    shortcuts ("slices") cannot serve, so each mask inside such a string walks the vocabulary.
+   At temperature 1 the sampler draws first and computes a mask only for a draw the grammar
+   refuses; with top_p 0.9 (a truncating sampler) every guided token is masked first. Each
+   sampler has its own unguided baseline, and the share of guided tokens that needed a full
+   mask is printed.
 2. Compile time of a 50-property schema through the server's GrammarCompiler (cold, cache
    off): grammar build plus the first token mask, which is where llguidance does its lazy work.
 3. Why it matters: 20 prompts asking for a JSON object of a given shape at temperature 1,
@@ -24,6 +28,7 @@ import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.structured.compiler import GrammarCompiler
+from pagedllm.structured import mask as mask_module
 from pagedllm.structured.mask import apply_grammar_masks
 from pagedllm.structured.spec import json_schema_spec
 from timing import parse_args
@@ -72,11 +77,24 @@ def run_together(llm: LLM, prompts: list[list[int]], params: list[SamplingParams
     return [finished[i] for i in ids]
 
 
-def decode_seconds(llm: LLM, schema: dict | None) -> float:
+class MaskCounter:
+    """Counts the rows whose full token mask was computed (wraps the mask module's filler)."""
+
+    def __init__(self):
+        self.rows = 0
+        self._fill = mask_module.fill_bitmasks
+        mask_module.fill_bitmasks = self
+
+    def __call__(self, matchers, ptr, row_bytes):
+        self.rows += len(matchers)
+        return self._fill(matchers, ptr, row_bytes)
+
+
+def decode_seconds(llm: LLM, schema: dict | None, top_p: float) -> float:
     """Seconds to run N requests of MAX_TOKENS each, all in one batch."""
     spec = json_schema_spec(schema, "guided_json") if schema else None
-    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=i, ignore_eos=True,
-                             guided=spec) for i in range(N)]
+    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, top_p=top_p, seed=i,
+                             ignore_eos=True, guided=spec) for i in range(N)]
     start = time.perf_counter()
     outs = run_together(llm, [chat_ids(llm, PROMPT)] * N, params)
     elapsed = time.perf_counter() - start
@@ -110,17 +128,25 @@ def main() -> None:
     llm = LLM(dtype="bfloat16", max_num_seqs=N)  # the server's fast path
     print(f"threads={args.threads}, default model in bfloat16, N={N}, {MAX_TOKENS} tokens each")
     variants = {"no schema": None, **SCHEMAS}
-    for schema in variants.values():
-        decode_seconds(llm, schema)  # warm-up: kernels, grammar cache
-    times = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, schema in variants.items():
-            times[name].append(decode_seconds(llm, schema))
-    free, tokens = statistics.median(times["no schema"]), N * MAX_TOKENS
-    print(f"decode N={N}, median of {args.rounds} alternated rounds:")
-    for name in variants:
-        seconds = statistics.median(times[name])
-        print(f"  {name:<28} {tokens / seconds:7.1f} tok/s   time vs no schema {seconds / free:.3f}x")
+    counter = MaskCounter()
+    for top_p, sampler in ((1.0, "temperature 1 (draw, then mask if refused)"),
+                           (0.9, "temperature 1, top_p 0.9 (mask every token)")):
+        for schema in variants.values():
+            decode_seconds(llm, schema, top_p)  # warm-up: kernels, grammar cache
+        times = {name: [] for name in variants}
+        masked = {name: 0 for name in variants}
+        for _ in range(args.rounds):
+            for name, schema in variants.items():
+                before = counter.rows
+                times[name].append(decode_seconds(llm, schema, top_p))
+                masked[name] += counter.rows - before
+        free, tokens = statistics.median(times["no schema"]), N * MAX_TOKENS
+        print(f"{sampler}: decode N={N}, median of {args.rounds} alternated rounds:")
+        for name in variants:
+            seconds = statistics.median(times[name])
+            share = f"{masked[name] / (tokens * args.rounds):6.1%} of tokens masked" if variants[name] else ""
+            print(f"  {name:<28} {tokens / seconds:7.1f} tok/s   time vs no schema "
+                  f"{seconds / free:.3f}x   {share}")
 
     cold = [compile_ms(llm, FIFTY) for _ in range(3)]
     print(f"50-property schema: compile + first mask {statistics.median(cold):.1f} ms "

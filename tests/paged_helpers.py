@@ -54,11 +54,13 @@ def run_paged(model, seqs: list[list[int]], *, block_size: int = 4, chunk: int |
     return [torch.cat(parts) for parts in logits]
 
 
-def assert_greedy_equals_transformers(reference_model, folder, prompts, max_tokens: int = 32):
-    """Greedy tokens of pagedllm's offline LLM on `folder` equal transformers' generate()."""
+def assert_greedy_equals_transformers(reference_model, folder, prompts, max_tokens: int = 32,
+                                      **settings):
+    """Greedy tokens of pagedllm's offline LLM on `folder` (EngineConfig `settings`) equal
+    transformers' generate()."""
     from pagedllm import LLM, SamplingParams
 
-    llm = LLM(folder, kv_cache_memory=4 << 20)
+    llm = LLM(folder, **{"kv_cache_memory": 4 << 20, **settings})
     ours = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0,
                                                 ignore_eos=True))
     for prompt, out in zip(prompts, ours):

@@ -59,6 +59,76 @@ def test_greedy_tokens_equal_transformers(gemma3):
     assert_greedy_equals_transformers(model, folder, [SEQS[0][:30]])
 
 
+def _transformers_greedy(model, prompt, max_tokens):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
+                             min_new_tokens=max_tokens)
+    return out[0, len(prompt):].tolist()
+
+
+def test_the_engine_gives_window_blocks_back_as_they_slide_out(gemma3):
+    """The sliding layers' pool (core/kv_cache/window.py) stays flat while a sequence grows
+    far past the 16-token window, the full layer's pool grows, and the tokens still equal
+    transformers'; a second request finds the first's prompt cached in both pools."""
+    from pagedllm import LLM, SamplingParams
+    from pagedllm.core.sizing import window_request_blocks
+
+    model, folder = gemma3
+    llm = LLM(folder, kv_cache_memory=4 << 20, block_size=4, max_num_batched_tokens=8)
+    engine = llm.engine
+    window = engine.kv_manager.window
+    assert window is not None and window.window == 16
+    prompt = SEQS[0][:30]
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    request = engine.add_request(None, prompt, params)
+    window_used, full_used, tokens = [], [], []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = out.token_ids
+        window_used.append(window.pool.num_used_blocks)
+        full_used.append(engine.kv_manager.pool.num_used_blocks)
+    assert tokens == _transformers_greedy(model, prompt, 60)
+    # Chunks of 8 tokens and then one a step: never more than the window's blocks plus a chunk.
+    assert max(window_used) <= window_request_blocks(16, 4) + 2
+    assert max(full_used) >= 22  # the full layer holds all 90 tokens: 23 blocks at the end
+    assert window.pool.num_used_blocks == 0  # all back once finished
+    del request
+    # The same prompt again: a prefix hit in both pools, and the same answer.
+    again = engine.add_request(None, prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = out.token_ids
+    assert tokens == _transformers_greedy(model, prompt, 60)
+    assert engine.scheduler.stats.prefix_cache_hits >= 24
+    del again
+
+
+def test_plan_counts_the_window_and_its_serve_command_fits(gemma3):
+    """`plan` sizes five window layers by their window and one by the context; the engine
+    started with the serve flags it prints holds that many full-context requests."""
+    from pagedllm import LLM
+    from pagedllm.core import sizing
+    from pagedllm.tools.plan import make_plan, serve_command
+
+    folder = gemma3[1]
+    probe = make_plan(folder, dtype="float32", context=512, parallels=[1], memory=1 << 30)
+    per_layer_token = probe.kv_bytes_per_token // 6
+    assert probe.kv_bytes_per_request == per_layer_token * 16 * (
+        512 // 16 + 5 * sizing.window_request_blocks(16, 16))
+    assert probe.kv_bytes_per_request < probe.kv_bytes_per_token * 512 / 3
+    plan = make_plan(folder, dtype="float32", context=512, parallels=[1, 4],
+                     memory=probe.weight_bytes + 6 * probe.kv_bytes_per_request + probe.kv_bytes_per_step)
+    assert plan.max_parallel == 6
+    flags = serve_command(plan).split()
+    value = {name: int(flags[flags.index(name) + 1])
+             for name in ("--max-num-seqs", "--max-model-len", "--kv-cache-memory")}
+    engine = LLM(folder, dtype="float32", max_num_seqs=value["--max-num-seqs"],
+                 max_model_len=value["--max-model-len"],
+                 kv_cache_memory=value["--kv-cache-memory"]).engine
+    assert engine.capacity_tokens >= 6 * 512
+    assert engine.kv_manager.window.pool.num_blocks >= 6 * sizing.window_request_blocks(16, 16)
+
+
 def test_the_vision_checkpoint_is_refused(gemma3, tmp_path):
     _, folder = gemma3
     raw = json.load(open(os.path.join(folder, "config.json")))

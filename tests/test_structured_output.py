@@ -93,6 +93,101 @@ def test_masks_forbid_exactly_what_the_grammar_forbids_and_leave_free_rows_alone
     assert torch.isfinite(every).sum(dim=1).tolist() == [len(expected)] * 2
 
 
+def _mask_allows(matcher, vocab):
+    from pagedllm.structured.mask import apply_grammar_masks
+
+    logits = torch.zeros(1, vocab)
+    apply_grammar_masks(logits, [matcher])
+    return torch.isfinite(logits[0])
+
+
+def test_allows_answers_what_the_mask_would_at_every_step(compiler):
+    """The sampler's draw-first path asks allows(token) instead of computing the mask: the
+    two must agree on every token, inside a bounded string, at its end, and once complete."""
+    tokenizer = compiler._tokenizer
+    vocab = compiler.lltokenizer.vocab_size
+    schema = {"type": "object", "additionalProperties": False, "required": ["a"],
+              "properties": {"a": {"type": "string", "maxLength": 3}}}
+    matcher = compiler.matcher(json_schema_spec(schema, "guided_json"))
+    text = tokenizer.encode('{"a": "xyz"}', add_special_tokens=False)
+    generator = torch.Generator().manual_seed(0)
+    for step, token in enumerate([*text, None]):
+        allowed = _mask_allows(matcher, vocab)
+        probe = torch.cat([allowed.nonzero().flatten(),
+                           torch.randint(vocab, (300,), generator=generator)]).tolist()
+        assert [matcher.allows(t) for t in probe] == [bool(allowed[t]) for t in probe], step
+        if token is not None:
+            assert matcher.allows(token)
+            matcher.accept(token)
+    assert allowed.nonzero().flatten().tolist() == list(matcher.eos_token_ids)  # complete
+
+
+def _one_hot_logits(rows: int, vocab: int, weights: dict[int, float]) -> torch.Tensor:
+    logits = torch.full((rows, vocab), float("-inf"))
+    for token, weight in weights.items():
+        logits[:, token] = torch.tensor(weight).log()
+    return logits
+
+
+@pytest.fixture
+def yes_no(compiler):
+    """A yes/no grammar, its allowed first tokens for "yes" and "no", and a refused one."""
+    tokenizer = compiler._tokenizer
+    matcher = compiler.matcher(GrammarSpec("regex", "(yes|no)", "guided_regex"))
+    yes, no, hello = (tokenizer.encode(w, add_special_tokens=False)[0] for w in ("yes", "no", "hello"))
+    assert matcher.allows(yes) and matcher.allows(no) and not matcher.allows(hello)
+    return matcher, yes, no, hello
+
+
+def test_a_draw_the_grammar_allows_costs_no_mask(compiler, yes_no, monkeypatch):
+    import pagedllm.sampler as sampler_module
+    from pagedllm.sampler import Sampler, SamplingRow
+
+    matcher, yes, no, hello = yes_no
+    masks = []
+    real_apply = sampler_module.apply_grammar_masks
+    monkeypatch.setattr(sampler_module, "apply_grammar_masks",
+                        lambda logits, ms: masks.append(len(ms)) or real_apply(logits, ms))
+    vocab = compiler.lltokenizer.vocab_size
+
+    def sample(params, weights):
+        masks.clear()
+        row = SamplingRow(params, [1], [], grammar=matcher)
+        return Sampler()(_one_hot_logits(1, vocab, weights), [row])[0][0]
+
+    greedy = SamplingParams(temperature=0)
+    assert sample(greedy, {yes: 0.7, no: 0.2, hello: 0.1}) == yes and masks == []
+    # Refused: one mask, for that row, and the masked argmax.
+    assert sample(greedy, {hello: 0.7, no: 0.2, yes: 0.1}) == no and masks == [1]
+    # A truncating row is masked before its draw (top-p of the masked distribution).
+    assert sample(SamplingParams(top_p=0.5), {hello: 0.7, no: 0.2, yes: 0.1}) == no and masks == [1]
+
+
+def test_drawing_first_keeps_the_distribution_of_masked_sampling(compiler, yes_no):
+    """p(hello) = 0.6 is refused; kept or redrawn, yes must come 0.3 / 0.4 of the time."""
+    from pagedllm.sampler import Sampler, SamplingRow
+
+    matcher, yes, no, hello = yes_no
+    vocab = compiler.lltokenizer.vocab_size
+    torch.manual_seed(0)
+    counts = {yes: 0, no: 0, hello: 0}
+    draws, batch = 4000, 200
+    for _ in range(draws // batch):
+        rows = [SamplingRow(SamplingParams(temperature=1.0), [1], [], grammar=matcher)
+                for _ in range(batch)]
+        tokens, _ = Sampler()(_one_hot_logits(batch, vocab, {hello: 0.6, yes: 0.3, no: 0.1}), rows)
+        for t in tokens:
+            counts[t] += 1
+    assert counts[hello] == 0
+    assert abs(counts[yes] / draws - 0.75) < 0.03  # binomial sd ~0.007
+    # Seeded rows stay reproducible on this path too (one draw, or two when refused).
+    seeded = [SamplingRow(SamplingParams(temperature=1.0, seed=7), [1], [], grammar=matcher,
+                          generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    first = Sampler()(_one_hot_logits(1, vocab, {hello: 0.6, yes: 0.3, no: 0.1}), seeded[:1])[0]
+    again = Sampler()(_one_hot_logits(1, vocab, {hello: 0.6, yes: 0.3, no: 0.1}), seeded[1:])[0]
+    assert first == again
+
+
 # -- the engine (real model, in process) -----------------------------------------------------
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pets"],

@@ -130,12 +130,15 @@ def _gguf_tensors(state_dict):
 
 
 def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
-               rope_freqs: list[float] | None = None) -> str:
-    """Write an HF Llama model as llama.cpp would: GGUF names, permuted q/k, gpt2 tokenizer."""
+               rope_freqs: list[float] | None = None, omit: tuple[str, ...] = ()) -> str:
+    """Write an HF Llama model as llama.cpp would: GGUF names, permuted q/k, gpt2 tokenizer.
+    omit: GGUF tensor names left out (to test what a broken file gets)."""
     import gguf
 
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), arch)
+    add_tensor = writer.add_tensor
+    writer.add_tensor = lambda name, *a, **k: None if name in omit else add_tensor(name, *a, **k)
     writer.add_name("tiny")
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -146,7 +149,14 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    writer.add_rope_dimension_count(head_dim)
+    rope = cfg.rope_parameters
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    if rope.get("rope_type") == "longrope":  # Phi-3.5 / Phi-4-mini, as llama.cpp writes them
+        original = rope["original_max_position_embeddings"]
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_rope_scaling_attn_factors(model.model.rotary_emb.attention_scaling)
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
     if head_dim != cfg.hidden_size // cfg.num_attention_heads:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)

@@ -67,6 +67,16 @@ class ModelConfig:
     name: str = "model"
     # RoPE scaling as a divisor per inverse frequency (weights/rope.py); None: plain RoPE.
     rope_freq_factors: tuple[float, ...] | None = None
+    # LongRoPE (Phi-3.5, Phi-4-mini): rope_freq_factors are its short factors; these long
+    # ones replace them where the served context is longer than rope_original_context
+    # (chosen once, for every request, as llama.cpp does); cos and sin are scaled by
+    # rope_attention_factor.
+    rope_long_freq_factors: tuple[float, ...] | None = None
+    rope_original_context: int | None = None
+    rope_attention_factor: float = 1.0
+    # Partial rotary embedding (Phi-4-mini: 3/4 of each head): the leading rotary_dim
+    # dimensions of each q and k head rotate, the rest pass through. None: all of them.
+    rotary_dim: int | None = None
     # Attention looks back at most this many tokens (Mistral); the engine keeps the context
     # within it, where full attention gives the same answer. None: full attention.
     sliding_window: int | None = None

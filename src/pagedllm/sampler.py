@@ -4,6 +4,14 @@ Order (as in vLLM): grammar masks (structured output) -> penalties on raw logits
 top-k / top-p / min-p masks -> sample. Sampling inverts the cumulative distribution at one
 uniform draw from the row's own generator when seeded, so a seed gives the same tokens
 whatever else is in the batch. Logprobs are of the raw model distribution.
+
+A grammar row that is greedy or samples at a plain temperature (no top-k/top-p/min-p) draws
+first and asks its grammar afterwards (as llama.cpp does): a token the grammar allows is
+kept, and only a refused one costs the full mask and a second draw from the masked logits.
+That is exact, not an approximation: the argmax that the grammar allows is the masked argmax,
+and a draw from p kept when it falls in the allowed set A, else redrawn from p restricted to
+A, gives every t in A the probability p(t) + (1 - p(A)) p(t) / p(A) = p(t) / p(A). Truncated
+rows are masked first, since top-p of the masked distribution is not top-p of p.
 """
 from __future__ import annotations
 
@@ -133,25 +141,45 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
         """logits [N, vocab] float32 -> (token ids [N] list, logprobs list of TokenLogprob|None)."""
         raw = logits
-        if any(r.grammar is not None for r in rows):
-            logits = apply_grammar_masks(logits.clone(), [r.grammar for r in rows])
+        draw_first = [r.grammar is not None and _draws_before_mask(r.params) for r in rows]
+        mask_first = [r.grammar if r.grammar is not None and not first else None
+                      for r, first in zip(rows, draw_first)]
+        if any(m is not None for m in mask_first):
+            logits = apply_grammar_masks(logits.clone(), mask_first)
         logits = apply_penalties(logits.clone(), rows) if _any_penalty(rows) else logits
-        token_ids = logits.argmax(dim=-1)
-        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if sampled:
-            sub_rows = [rows[i] for i in sampled]
-            sub = logits[sampled] / torch.tensor([r.params.temperature for r in sub_rows]).unsqueeze(1)
-            # The mask costs a top-1024 (or a sort of the vocabulary): only when a row truncates.
-            if any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0 for r in sub_rows):
-                keep = truncation_mask(
-                    sub,
-                    torch.tensor([r.params.top_k for r in sub_rows]),
-                    torch.tensor([r.params.top_p for r in sub_rows]),
-                    torch.tensor([r.params.min_p for r in sub_rows]),
-                )
-                sub = sub.masked_fill(~keep, float("-inf"))
-            token_ids[sampled] = sample_from_probs(sub.softmax(dim=-1), sub_rows)
+        token_ids = _draw(logits, rows)
+        refused = [i for i, first in enumerate(draw_first)
+                   if first and not rows[i].grammar.allows(int(token_ids[i]))]
+        if refused:  # masking commutes with the penalties: the penalised logits are reused
+            again = [rows[i] for i in refused]
+            masked = apply_grammar_masks(logits[refused], [r.grammar for r in again])
+            token_ids[refused] = _draw(masked, again)
         return token_ids.tolist(), compute_logprobs(raw, token_ids, rows)
+
+
+def _draws_before_mask(params: SamplingParams) -> bool:
+    return params.greedy or not (params.top_k > 0 or params.top_p < 1.0 or params.min_p > 0)
+
+
+def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """One token per row: greedy rows the argmax, the others a draw at their temperature
+    from what their top-k / top-p / min-p keep."""
+    token_ids = logits.argmax(dim=-1)
+    sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if sampled:
+        sub_rows = [rows[i] for i in sampled]
+        sub = logits[sampled] / torch.tensor([r.params.temperature for r in sub_rows]).unsqueeze(1)
+        # The mask costs a top-1024 (or a sort of the vocabulary): only when a row truncates.
+        if any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0 for r in sub_rows):
+            keep = truncation_mask(
+                sub,
+                torch.tensor([r.params.top_k for r in sub_rows]),
+                torch.tensor([r.params.top_p for r in sub_rows]),
+                torch.tensor([r.params.min_p for r in sub_rows]),
+            )
+            sub = sub.masked_fill(~keep, float("-inf"))
+        token_ids[sampled] = sample_from_probs(sub.softmax(dim=-1), sub_rows)
+    return token_ids
 
 
 def _any_penalty(rows: list[SamplingRow]) -> bool:

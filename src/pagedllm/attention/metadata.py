@@ -32,6 +32,9 @@ class AttentionMetadata:
     seq_lens: list[int]  # [num_seqs] context length of each sequence after this step
     block_size: int
     context_block_ids: list[torch.Tensor]  # per sequence: its blocks covering seq_lens[i]
+    # The same tokens in the sliding-window layers' own blocks, where the model keeps them
+    # apart (core/kv_cache/window.py); those layers read and write through it.
+    window: AttentionMetadata | None = None
     _prefill_masks: dict = field(default_factory=dict, repr=False)
 
     @classmethod

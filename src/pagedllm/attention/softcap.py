@@ -29,16 +29,22 @@ class SoftcapBackend:
         for i in range(meta.num_seqs):
             start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
             seq_len, num_queries = meta.seq_lens[i], end - start
-            blocks = meta.context_block_ids[i]
-            keys = kv_cache.keys(blocks).flatten(0, 1)[:seq_len].to(query.dtype)
-            values = kv_cache.values(blocks).flatten(0, 1)[:seq_len].to(query.dtype)
+            # From the first block the first query sees: with a window, the blocks before it
+            # may already be back in the pool (their table entries point at a null block).
+            first_block = 0
+            if self.window is not None:
+                first_block = max(0, seq_len - num_queries - self.window + 1) // meta.block_size
+            first_key = first_block * meta.block_size
+            blocks = meta.context_block_ids[i][first_block:]
+            keys = kv_cache.keys(blocks).flatten(0, 1)[:seq_len - first_key].to(query.dtype)
+            values = kv_cache.values(blocks).flatten(0, 1)[:seq_len - first_key].to(query.dtype)
             keys = keys.repeat_interleave(self.group, dim=1).transpose(0, 1)  # [heads, L, D]
             values = values.repeat_interleave(self.group, dim=1).transpose(0, 1)
             scores = query[start:end].transpose(0, 1) @ keys.transpose(1, 2) * self.scale
             if self.softcap is not None:
                 scores = torch.tanh(scores / self.softcap) * self.softcap
             query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
-            key_pos = torch.arange(seq_len).unsqueeze(0)
+            key_pos = torch.arange(first_key, seq_len).unsqueeze(0)
             visible = key_pos <= query_pos
             if self.window is not None:
                 visible &= key_pos > query_pos - self.window

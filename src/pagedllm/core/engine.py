@@ -11,7 +11,7 @@ import torch
 from pagedllm.core import sizing
 from pagedllm.config import CacheConfig, EngineConfig, SchedulerConfig
 from pagedllm.kernels import capabilities, kernel_ops
-from pagedllm.core.kv_cache import KVCacheManager
+from pagedllm.core.kv_cache import KVCacheManager, WindowBlocks
 from pagedllm.core.memory_guard import MemoryGuard
 from pagedllm.core.model_runner import ModelRunner
 from pagedllm.models.build import build_model
@@ -78,9 +78,16 @@ class LLMEngine(RequestMaker):
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory of {self.kv_memory_bytes} bytes holds no block of "
                              f"{block_size} tokens")
+        longest = model_config.max_context
+        # Sliding-window layers next to full ones keep their own, smaller pool; the full
+        # layers get the memory that saves (sizing.pool_sizes).
+        pools = sizing.pool_sizes(
+            self.kv_memory_bytes, model_config, element_size, block_size, kv_cache_dtype,
+            config.max_num_seqs, min(config.max_model_len or longest, num_blocks * block_size),
+            config.max_num_batched_tokens)
+        num_blocks = pools.num_blocks
         capacity = num_blocks * block_size
         max_model_len = config.max_model_len
-        longest = model_config.max_context
         if model_config.max_context < model_config.max_position_embeddings:
             logger.warning("%s attends to a sliding window of %d tokens, which pagedllm does not "
                            "implement yet: requests are kept within %d tokens, where full "
@@ -95,17 +102,32 @@ class LLMEngine(RequestMaker):
         if max_model_len > capacity:
             raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache capacity of "
                              f"{capacity} tokens; raise kv_cache_memory or lower max_model_len")
+        if net.serve_context(max_model_len):
+            logger.info("LongRoPE: the served context (%d tokens) is longer than the model's "
+                        "original %d, so every request rotates with the long factors",
+                        max_model_len, model_config.rope_original_context)
         max_num_seqs = config.max_num_seqs
         if max_num_seqs == "auto":
             max_num_seqs = sizing.auto_max_num_seqs(num_blocks, block_size, max_model_len)
+            if pools.max_num_seqs is not None:  # what the window pool was sized for
+                max_num_seqs = min(max_num_seqs, pools.max_num_seqs)
         self.cache_config = CacheConfig(block_size, num_blocks, config.enable_prefix_caching,
                                         kv_cache_dtype)
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=max_model_len)
-        self.kv_manager = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
+        window = None if pools.window_num_blocks is None else WindowBlocks(
+            pools.window_num_blocks, block_size, model_config.sliding_window,
+            config.enable_prefix_caching)
+        self.kv_manager = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, window)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_manager)
-        self.runner = ModelRunner(net, model_config, num_blocks, block_size, torch_dtype, kv_cache_dtype)
+        self.runner = ModelRunner(net, model_config, num_blocks, block_size, torch_dtype,
+                                  kv_cache_dtype, pools.window_num_blocks)
+        if window is not None:
+            logger.info("sliding-window layers (%d of %d, window %d tokens): a pool of their own, "
+                        "%d blocks, freed as tokens slide out", len(model_config.sliding_layers),
+                        model_config.num_layers, model_config.sliding_window,
+                        pools.window_num_blocks)
         self.memory_guard = MemoryGuard(config.max_memory)
         self._paused_logged = False
         self._text_states: dict[str, RequestTextState] = {}

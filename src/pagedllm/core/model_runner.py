@@ -17,7 +17,11 @@ from pagedllm.sampler import Sampler, SamplingRow
 
 class ModelRunner:
     def __init__(self, model, config: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, kv_cache_dtype: str = "auto"):
+                 dtype: torch.dtype, kv_cache_dtype: str = "auto",
+                 window_num_blocks: int | None = None):
+        """window_num_blocks: the sliding-window layers' own pool (KVCacheManager.window),
+        where the model keeps them apart; those layers' tensors get one block more, the
+        zeroed null block that freed table entries point at."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -27,6 +31,15 @@ class ModelRunner:
         self.kv_caches = allocate_layer_caches(config.num_layers, num_blocks, block_size,
                                                config.num_kv_heads, config.head_dim, dtype,
                                                kv_cache_dtype)
+        if window_num_blocks is not None:
+            window_caches = allocate_layer_caches(
+                len(config.sliding_layers), window_num_blocks + 1, block_size,
+                config.num_kv_heads, config.head_dim, dtype, kv_cache_dtype)
+            for layer, cache in zip(config.sliding_layers, window_caches):
+                for tensor in cache:
+                    if tensor is not None:
+                        tensor[window_num_blocks].zero_()
+                self.kv_caches[layer] = cache
         self.sampler = Sampler()
         # What sampling needs of each request, by request id: registered when the engine
         # accepts it, its output grown by the tokens sampled here, dropped by forget(). A
@@ -59,6 +72,7 @@ class ModelRunner:
             return RunnerOutput()
         input_ids, positions, slot_mapping = [], [], []
         query_start_loc, seq_lens, block_tables = [0], [], []
+        window_slots, window_tables = [], []
         sample_indices, sampled_ids = [], []
         bs = self.block_size
         for item in plan.scheduled:
@@ -66,6 +80,10 @@ class ModelRunner:
             input_ids.extend(item.token_ids)
             positions.extend(range(start, end))
             slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if item.window_block_table is not None:
+                window = item.window_block_table
+                window_slots.extend(window[p // bs] * bs + p % bs for p in range(start, end))
+                window_tables.append(list(window))
             query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
             seq_lens.append(end)
             block_tables.append(list(table))
@@ -74,6 +92,9 @@ class ModelRunner:
                 sampled_ids.append(item.request_id)
 
         meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs)
+        if window_tables:
+            meta.window = AttentionMetadata.build(window_slots, query_start_loc, seq_lens,
+                                                  window_tables, bs)
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long),
                             torch.tensor(positions, dtype=torch.long), self.kv_caches, meta)
         if not sample_indices:

@@ -121,10 +121,12 @@ class Scheduler:
     def _plan(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
+        window_table = self.kv.window_block_table(request.request_id)
         return ScheduledRequest(
             request.request_id, FairQueue.user_of(request), start,
             tuple(request.all_token_ids[start:end]),
-            tuple(self.kv.block_table(request.request_id)), end == request.num_tokens)
+            tuple(self.kv.block_table(request.request_id)), end == request.num_tokens,
+            None if window_table is None else tuple(window_table))
 
     def _user_may_run(self, user: str) -> bool:
         cap = self.max_running_per_user.get(user)

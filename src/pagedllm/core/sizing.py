@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedllm.config import DEFAULT_BLOCK_SIZE, ModelConfig
+from pagedllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, ModelConfig
 
 # `max_num_seqs="auto"` assumes requests use up to this many tokens on average when the
 # context is longer; preemption covers the rare request that needs more.
@@ -66,6 +66,75 @@ def auto_max_num_seqs(num_blocks: int, block_size: int, max_model_len: int) -> i
     return max(1, min(AUTO_MAX_NUM_SEQS, max_full_context_requests(num_blocks, block_size, typical)))
 
 
+# -- sliding-window layers in their own pool (Gemma 2 and 3: core/kv_cache/window.py) --------
+
+def keeps_window_pool(config: ModelConfig) -> bool:
+    """Whether the model's sliding-window layers get blocks of their own: layers with a window
+    next to layers without one. (Where every layer slides, as in Mistral, the window caps
+    the context instead: ModelConfig.max_context.)"""
+    return config.sliding_window is not None and bool(config.sliding_layers)
+
+
+def window_request_blocks(window: int, block_size: int) -> int:
+    """The most blocks a decoding request holds in the window layers' pool: the window, and
+    the block its next token starts."""
+    return blocks_for_tokens(window, block_size) + 1
+
+
+def window_pool_blocks(config: ModelConfig, block_size: int, max_num_seqs: int,
+                       max_num_batched_tokens: int) -> int:
+    """The window pool that never runs out first: every running request at its most, plus
+    the blocks a step's prefill chunks add (they share the step's token budget)."""
+    return (max_num_seqs * window_request_blocks(config.sliding_window, block_size)
+            + blocks_for_tokens(max_num_batched_tokens, block_size))
+
+
+def kv_bytes_per_request(config: ModelConfig, element_size: int, kv_cache_dtype: str,
+                         context: int, block_size: int) -> int:
+    """One request of `context` tokens, whole blocks: every layer's K/V for the context, but
+    in a window pool only the window's blocks."""
+    blocks = blocks_for_tokens(context, block_size)
+    per_token = kv_bytes_per_token(config, element_size, kv_cache_dtype)
+    if not keeps_window_pool(config):
+        return blocks * block_size * per_token
+    per_layer = per_token // config.num_layers
+    window_layers = len(config.sliding_layers)
+    window_blocks = min(blocks, window_request_blocks(config.sliding_window, block_size))
+    return block_size * per_layer * ((config.num_layers - window_layers) * blocks
+                                     + window_layers * window_blocks)
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    num_blocks: int  # the full-attention layers' pool (every layer's, without a window pool)
+    window_num_blocks: int | None  # the sliding-window layers' pool; None: no such pool
+    max_num_seqs: int | None  # what the window pool was sized for (None: not limited by it)
+
+
+def pool_sizes(memory_bytes: int, config: ModelConfig, element_size: int, block_size: int,
+               kv_cache_dtype: str, max_num_seqs: int | str, max_model_len: int,
+               max_num_batched_tokens: int) -> PoolSizes:
+    """Blocks for a memory budget. With a window pool, that pool gets what max_num_seqs
+    requests can hold (window_pool_blocks, at most the other pool's size: a request never
+    holds more window blocks than full ones) and the full-attention layers the rest; an
+    `auto` max_num_seqs is settled on the way, from the full pool as it grows."""
+    num_blocks = num_blocks_for_memory(memory_bytes, config, element_size, block_size, kv_cache_dtype)
+    if not keeps_window_pool(config) or num_blocks < 1:
+        return PoolSizes(num_blocks, None, None)
+    per_layer_block = kv_bytes_per_token(config, element_size, kv_cache_dtype) // config.num_layers * block_size
+    window_layers = len(config.sliding_layers)
+    full_layers = config.num_layers - window_layers
+    full_blocks, window_blocks, seqs = num_blocks, num_blocks, 1
+    for _ in range(4):  # settles in two or three rounds: more full blocks, more auto seqs
+        seqs = (max_num_seqs if max_num_seqs != "auto"
+                else auto_max_num_seqs(full_blocks, block_size, max_model_len))
+        window_blocks = min(full_blocks, window_pool_blocks(config, block_size, seqs,
+                                                            max_num_batched_tokens))
+        full_blocks = ((memory_bytes - window_blocks * window_layers * per_layer_block)
+                       // (full_layers * per_layer_block)) if full_layers else num_blocks
+    return PoolSizes(full_blocks, window_blocks, seqs)
+
+
 class ContextTooLongError(ValueError):
     """A context the model cannot serve (the server would refuse it as --max-model-len)."""
 
@@ -87,6 +156,7 @@ class CapacityPlan:
     block_size: int
     kv_bytes_per_token: int
     kv_bytes_per_request: int  # one full-context request, whole blocks
+    kv_bytes_per_step: int  # sliding-window layers: a step's prefill chunks (0 without them)
     weight_bytes: int
     memory_bytes: int
     kv_budget_bytes: int  # memory - weights
@@ -97,14 +167,20 @@ class CapacityPlan:
 
 def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
                   memory_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_cache_dtype: str = "auto") -> CapacityPlan:
-    """Memory = weights + parallel x context x KV bytes per token (whole blocks)."""
+    """Memory = weights + parallel x context x KV bytes per token (whole blocks; sliding-window
+    layers of a model that keeps them apart count their window, not the context)."""
     config = summary.config
     per_token = kv_bytes_per_token(config, element_size, kv_cache_dtype)
-    per_request = blocks_for_tokens(context, block_size) * block_size * per_token
+    per_request = kv_bytes_per_request(config, element_size, kv_cache_dtype, context, block_size)
+    per_step = 0
+    if keeps_window_pool(config):  # the window pool's room for a step's chunks (pool_sizes)
+        per_step = (per_token // config.num_layers * len(config.sliding_layers) * block_size
+                    * blocks_for_tokens(DEFAULT_MAX_NUM_BATCHED_TOKENS, block_size))
     weight_bytes = summary.weight_bytes(element_size)
     budget = max(0, memory_bytes - weight_bytes)
-    rows = [ParallelFit(n, n * per_request, weight_bytes + n * per_request,
-                        weight_bytes + n * per_request <= memory_bytes) for n in parallels]
+    rows = [ParallelFit(n, n * per_request + per_step, weight_bytes + n * per_request + per_step,
+                        weight_bytes + n * per_request + per_step <= memory_bytes)
+            for n in parallels]
     if context > config.max_context:
         raise ContextTooLongError(f"a context of {context} tokens is longer than {config.name}'s "
                                   f"{config.max_context}; plan for at most that")
@@ -116,8 +192,9 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
             warnings.append(f"{row.parallel} x {context} tokens needs {gib(row.total_bytes)} "
                             f"(weights {gib(weight_bytes)} + KV {gib(row.kv_bytes)}), "
                             f"more than the {gib(memory_bytes)} given")
-    return CapacityPlan(config.name, dtype, kv_cache_dtype, context, block_size, per_token, per_request, weight_bytes,
-                        memory_bytes, budget, budget // per_request if per_request else 0, rows,
+    return CapacityPlan(config.name, dtype, kv_cache_dtype, context, block_size, per_token,
+                        per_request, per_step, weight_bytes, memory_bytes, budget,
+                        max(0, budget - per_step) // per_request if per_request else 0, rows,
                         warnings)
 
 

@@ -23,6 +23,8 @@ class ScheduledRequest:
     token_ids: tuple[int, ...]
     block_table: tuple[int, ...]
     samples: bool
+    # The sliding-window layers' blocks (their own group), where the model has such layers.
+    window_block_table: tuple[int, ...] | None = None
 
     @property
     def num_new_tokens(self) -> int:

@@ -40,6 +40,8 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], quantized
     tied = head is None or config.tie_word_embeddings
     model.lm_head_weight = model.embed_weight if tied else head.float().contiguous()
     weights = fuse_projections(weights, config.num_layers)
+    if config.rotary_dim:
+        weights = _permute_for_partial_rotary(weights, config)
     if config.num_experts:
         weights = fuse_experts(weights, config.num_layers, config.num_experts)
     missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -62,11 +64,44 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], quantized
     return model
 
 
+def rotary_permutation(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """The order of a head's dimensions that puts partial RoPE in rotate-half form over the
+    whole head: each half is (its half of the rotated dimensions, then half of the passing
+    ones), so dimension d pairs with d + head_dim / 2 as the kernels rotate, and the passing
+    pairs meet cos 1, sin 0 (RotaryEmbedding). q and k get the same order, so q.k is
+    unchanged."""
+    half_rot, half_pass = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    first = list(range(half_rot)) + list(range(rotary_dim, rotary_dim + half_pass))
+    second = list(range(half_rot, rotary_dim)) + list(range(rotary_dim + half_pass, head_dim))
+    return torch.tensor(first + second)
+
+
+def _permute_for_partial_rotary(weights: dict, config: ModelConfig) -> dict:
+    order = rotary_permutation(config.head_dim, config.rotary_dim)
+    d, q_heads, kv_heads = config.head_dim, config.num_heads, config.num_kv_heads
+    # Rows of the fused qkv: q heads, k heads (permuted within each head), then v (as is).
+    rows = torch.cat([(h * d + order) for h in range(q_heads + kv_heads)]
+                     + [torch.arange((q_heads + kv_heads) * d, (q_heads + 2 * kv_heads) * d)])
+    out = dict(weights)
+    for i in range(config.num_layers):
+        for kind in ("weight", "bias"):
+            name = f"layers.{i}.self_attn.qkv_proj.{kind}"
+            if name in out:
+                out[name] = out[name][rows].contiguous()
+        for norm in ("q_norm", "k_norm"):
+            name = f"layers.{i}.self_attn.{norm}.weight"
+            if name in out:
+                out[name] = out[name][order].contiguous()
+    return out
+
+
 def _use_4bit(model: LlamaForCausalLM, quantized: dict, int8_activations: bool) -> None:
     last = len(model.layers) - 1
     for i, layer in enumerate(model.layers):
         int8 = int8_activations and EXACT_EDGE_LAYERS <= i <= last - EXACT_EDGE_LAYERS
         for part, name in PROJECTIONS:
+            if name == "qkv_proj" and model.config.rotary_dim:
+                continue  # its rows were permuted (partial rotary): the dense copy runs
             q4 = quantized.get(f"layers.{i}.{part}.{name}.weight")
             if q4 is not None:
                 parent = getattr(layer, part)
@@ -91,8 +126,9 @@ def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
     decode attention, one exact-row limit a layer); None elsewhere."""
     ops = kernel_ops()
     config = model.config
-    if ops is None or model.dtype != torch.bfloat16 or config.num_experts or config.sandwich_norms:
-        return None  # (the C++ loop runs Llama-shaped layers with dense MLPs only)
+    if (ops is None or model.dtype != torch.bfloat16 or config.num_experts
+            or config.sandwich_norms or config.sliding_layers):
+        return None  # (the C++ loop runs Llama-shaped layers with dense MLPs, no window, only)
     weights, max_rows, exact_max_rows = [], [], []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp

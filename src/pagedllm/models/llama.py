@@ -35,17 +35,35 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding:
     """Rotate-half RoPE tables: float32 cos/sin [max_positions, D], indexed by position.
-    A plain object, not a module: model.to(bfloat16) must leave the tables float32."""
+    A plain object, not a module: model.to(bfloat16) must leave the tables float32.
+
+    Partial rotary (rotary_dim < D, Phi-4-mini): the q/k weights are permuted at build time
+    (models/build.py, rotary_permutation) so that the dimensions that pass through sit at
+    the end of each half of the head, where these tables hold cos 1 and sin 0: the kernels
+    rotate whole heads as before. attention_factor scales the rotated part (LongRoPE)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float,
-                 freq_factors: tuple[float, ...] | None = None):
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        if freq_factors is not None:  # RoPE scaling (Llama 3, linear): weights/rope.py
+                 freq_factors: tuple[float, ...] | None = None, *, rotary_dim: int | None = None,
+                 attention_factor: float = 1.0):
+        rotary_dim = rotary_dim or head_dim
+        inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+        if freq_factors is not None:  # RoPE scaling (Llama 3, linear, LongRoPE): weights/rope.py
             inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float32)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, D]
-        self.cos = emb.cos()
-        self.sin = emb.sin()
+        cos, sin = freqs.cos() * attention_factor, freqs.sin() * attention_factor
+        passing = (head_dim - rotary_dim) // 2
+        if passing:
+            cos = torch.cat([cos, torch.ones(max_positions, passing)], dim=-1)
+            sin = torch.cat([sin, torch.zeros(max_positions, passing)], dim=-1)
+        self.cos = torch.cat([cos, cos], dim=-1)  # [max_positions, D]
+        self.sin = torch.cat([sin, sin], dim=-1)
+
+    @classmethod
+    def for_config(cls, config: ModelConfig, long: bool = False) -> RotaryEmbedding:
+        """The full-attention layers' tables; long: LongRoPE's long factors."""
+        factors = config.rope_long_freq_factors if long else config.rope_freq_factors
+        return cls(config.head_dim, config.max_position_embeddings, config.rope_theta, factors,
+                   rotary_dim=config.rotary_dim, attention_factor=config.rope_attention_factor)
 
 
 class Attention(nn.Module):
@@ -65,15 +83,20 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
         self.rotary = rotary
         self.ops = ops
-        if config.attn_softcap is not None or config.attn_scale is not None:  # Gemma 2
-            window = config.sliding_window if layer_index in config.sliding_layers else None
+        # Interleaved sliding-window layers (Gemma 2, 3): the window applies here, and these
+        # layers read their own block tables (meta.window) when the cache keeps them apart.
+        self.window = config.sliding_window if layer_index in config.sliding_layers else None
+        if (config.attn_softcap is not None or config.attn_scale is not None
+                or self.window is not None):
             self.backend = SoftcapBackend(self.num_heads, self.num_kv_heads, self.head_dim,
                                           scale=config.attn_scale, softcap=config.attn_softcap,
-                                          window=window)
+                                          window=self.window)
         else:
             self.backend = BACKENDS[backend](self.num_heads, self.num_kv_heads, self.head_dim)
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata):
+        if self.window is not None and meta.window is not None:
+            meta = meta.window
         qkv = self.qkv_proj(hidden)
         if self.q_norm is not None:
             qkv = self._norm_heads(qkv)
@@ -131,8 +154,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
-                                 config.rope_freq_factors)
+        rotary = self.rotary = RotaryEmbedding.for_config(config)
         # Gemma 3's sliding layers rotate with their own base, unscaled.
         local_rotary = rotary if config.local_rope_theta is None else RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.local_rope_theta)
@@ -150,6 +172,20 @@ class LlamaForCausalLM(nn.Module):
         self.embed_q8: Q8Rows | None = None
         self.lm_head = None  # bfloat16: the output head build.py picks (output_head.py)
         self.decode_loop: DecodeLoop | None = None  # set by build.py where it applies
+
+    def serve_context(self, max_model_len: int) -> bool:
+        """LongRoPE: rotate with the long factors when the served context is longer than the
+        original one, for every request alike (as llama.cpp picks by its context size;
+        transformers switches per forward pass, and a KV cache cannot follow that). The
+        tables change in place: every layer and the decode loop hold these tensors.
+        True when the long factors were chosen."""
+        config = self.config
+        if config.rope_long_freq_factors is None or max_model_len <= config.rope_original_context:
+            return False
+        long = RotaryEmbedding.for_config(config, long=True)
+        self.rotary.cos.copy_(long.cos)
+        self.rotary.sin.copy_(long.sin)
+        return True
 
     @staticmethod
     def _layer(config: ModelConfig, rotary, backend: str, ops, index: int) -> nn.Module:

@@ -35,6 +35,13 @@ class GrammarMatcher:
         if not self._matcher.is_stopped():
             self._matcher.consume_token(token_id)
 
+    def allows(self, token_id: int) -> bool:
+        """Whether this step's mask would allow token_id, without computing the mask: one
+        token through the grammar (about a microsecond) against a walk over the vocabulary."""
+        if self.failed or self._matcher.is_stopped():
+            return token_id in self._eos  # the mask of a finished or failed walk: EOS only
+        return self._matcher.validate_tokens([token_id]) == 1
+
     @property
     def failed(self) -> bool:
         return self._matcher.is_error()

@@ -35,6 +35,9 @@ def print_plan(plan: sizing.CapacityPlan, as_json: bool, console: Console | None
                if plan.kv_cache_dtype == "int8" else "2 x layers x kv_heads x head_dim x bytes")
     console.print(f"KV cache ({plan.kv_cache_dtype}): {plan.kv_bytes_per_token:,} bytes per token = "
                   f"{formula}; {g(plan.kv_bytes_per_request)} per full-context request")
+    if plan.kv_bytes_per_step:
+        console.print(f"sliding-window layers hold a request's window, not its context "
+                      f"(counted above), plus {g(plan.kv_bytes_per_step)} for a step's prefill chunks")
     console.print(f"weights: {g(plan.weight_bytes)}; memory: {g(plan.memory_bytes)}; "
                   f"left for KV: {g(plan.kv_budget_bytes)}")
     table = Table("parallel", "KV memory", "weights + KV", "fits")
@@ -52,7 +55,7 @@ def serve_command(plan: sizing.CapacityPlan) -> str:
     """The `serve` flags that run what this plan sized."""
     words = ["pagedllm serve", f"--max-num-seqs {max(plan.max_parallel, 1)}",
              f"--max-model-len {plan.context}",
-             f"--kv-cache-memory {max(plan.max_parallel, 1) * plan.kv_bytes_per_request}"]
+             f"--kv-cache-memory {max(plan.max_parallel, 1) * plan.kv_bytes_per_request + plan.kv_bytes_per_step}"]
     if plan.dtype != DEFAULT_DTYPE:
         words.append(f"--dtype {plan.dtype}")
     if plan.kv_cache_dtype != "auto":

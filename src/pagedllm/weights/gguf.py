@@ -17,6 +17,7 @@ from pagedllm.weights.errors import ModelLoadError
 from pagedllm.weights.permute import row_order_unpermute, unpermute_rows
 from pagedllm.weights.q4 import Q4Weight, decode_q4
 from pagedllm.weights.q8 import decode_q8_0
+from pagedllm.weights.rope import RopeScalingError, longrope_attention_factor, longrope_fields
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2")
 # llama.cpp's architecture names that differ from Hugging Face's (ModelConfig uses the latter;
@@ -171,24 +172,65 @@ def read_gguf_header(path: str):
             if not name.startswith("GGUF.")}
     tokens = meta.get("tokenizer.ggml.tokens") or []
     config = _model_config(path, meta, {t.name for t in reader.tensors}, len(tokens))
-    factors = _rope_factors(path, meta, reader, config)
-    if factors is not None:
-        config = dataclasses.replace(config, rope_freq_factors=factors)
+    config = dataclasses.replace(config, **_rope_fields(path, meta, reader, config))
     return reader, meta, config
 
 
-def _rope_factors(path: str, meta: dict, reader, config: ModelConfig) -> tuple[float, ...] | None:
+def _tensor_values(reader, name: str) -> np.ndarray | None:
+    for tensor in reader.tensors:
+        if tensor.name == name:
+            return np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+    return None
+
+
+def _rope_fields(path: str, meta: dict, reader, config: ModelConfig) -> dict:
+    """ModelConfig's RoPE fields beyond the base: the rotated dimensions (`rope.dimension_count`,
+    Phi-4-mini rotates 3/4 of each head), LongRoPE's two factor tables (llama.cpp's
+    `rope_factors_short` / `rope_factors_long` tensors, the original context and attention
+    factor in metadata), or the divisors of _rope_factors."""
+    arch = meta.get("general.architecture")
+    fields = {}
+    rotary_dim = int(meta.get(f"{arch}.rope.dimension_count") or config.head_dim)
+    if rotary_dim % 2 or not 0 < rotary_dim <= config.head_dim:
+        raise ModelLoadError(path, f"{arch}.rope.dimension_count {rotary_dim} does not fit "
+                                   f"head_dim {config.head_dim}")
+    if rotary_dim != config.head_dim:
+        fields["rotary_dim"] = rotary_dim
+    short = _tensor_values(reader, "rope_factors_short.weight")
+    long = _tensor_values(reader, "rope_factors_long.weight")
+    if short is not None or long is not None:
+        original = meta.get(f"{arch}.rope.scaling.original_context_length")
+        if short is None or long is None or original is None:
+            raise ModelLoadError(path, "LongRoPE needs rope_factors_short, rope_factors_long and "
+                                       f"{arch}.rope.scaling.original_context_length")
+        attention = meta.get(f"{arch}.rope.scaling.attn_factor")
+        if attention is None:
+            attention = longrope_attention_factor(config.max_position_embeddings / int(original),
+                                                  int(original))
+        try:
+            return {**fields, **longrope_fields(list(short), list(long), rotary_dim, int(original),
+                                                float(attention))}
+        except RopeScalingError as exc:
+            raise ModelLoadError(path, str(exc)) from exc
+    factors = _rope_factors(path, meta, reader, config, rotary_dim)
+    if factors is not None:
+        fields["rope_freq_factors"] = factors
+    return fields
+
+
+def _rope_factors(path: str, meta: dict, reader, config: ModelConfig,
+                  rotary_dim: int) -> tuple[float, ...] | None:
     """llama.cpp writes Llama 3's scaling as a `rope_freqs` tensor of divisors, and linear
     scaling as metadata; anything else that changes RoPE is refused, never ignored."""
     arch = meta.get("general.architecture")  # the file's name for it (keys are prefixed so)
     kind = meta.get(f"{arch}.rope.scaling.type")
-    half = config.head_dim // 2
+    half = rotary_dim // 2
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":
             values = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
             if values.shape[0] != half:
                 raise ModelLoadError(path, f"rope_freqs has {values.shape[0]} values, expected "
-                                           f"{half} (head_dim / 2)")
+                                           f"{half} (rotated dimensions / 2)")
             return tuple(float(v) for v in values)
     if kind in (None, "none"):
         return None

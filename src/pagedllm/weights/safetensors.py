@@ -9,7 +9,7 @@ import torch
 
 from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
-from pagedllm.weights.rope import RopeScalingError, hf_rope_factors
+from pagedllm.weights.rope import RopeScalingError, hf_longrope, hf_rope_factors, rope_kind
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3",
                          "gemma2", "gemma3_text")
@@ -56,11 +56,13 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
         head_dim = int(raw.get("head_dim") or hidden // num_heads)
         theta = float(raw.get("rope_theta", rope.get("rope_theta", 10000.0)))
         partial = float(raw.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)))
-        if partial != 1.0:  # Phi-4-mini rotates 3/4 of each head
-            raise ModelLoadError(path, f"partial rotary embeddings (partial_rotary_factor "
-                                       f"{partial:g}) are not supported yet")
+        rotary_dim = int(head_dim * partial)  # Phi-4-mini rotates 3/4 of each head
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            raise ModelLoadError(path, f"partial_rotary_factor {partial:g} of head_dim "
+                                       f"{head_dim} rotates no even number of dimensions")
         try:
-            rope_factors = hf_rope_factors(rope, head_dim, theta)
+            rope_factors = hf_rope_factors(rope, rotary_dim, theta)
+            longrope = hf_longrope(rope, raw, rotary_dim) if rope_kind(rope) == "longrope" else {}
         except RopeScalingError as exc:
             raise ModelLoadError(path, str(exc)) from exc
         return ModelConfig(
@@ -74,7 +76,8 @@ def hf_model_config(folder: str, raw: dict) -> ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
-            rope_freq_factors=rope_factors,
+            rotary_dim=rotary_dim if rotary_dim != head_dim else None,
+            **(longrope or {"rope_freq_factors": rope_factors}),
             sliding_window=_sliding_window(raw),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
