@@ -14,7 +14,7 @@ from conftest import ISA_LEVELS, isa_level
 from paged_helpers import assert_greedy_equals_transformers, run_paged
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
-from tiny_models import tiny_hf_model, write_hf_folder
+from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
 
 SEQS = [list(range(3, 60)), [7, 3, 9, 200, 15, 15, 16, 80, 81], [42]]
 
@@ -127,6 +127,29 @@ def test_plan_counts_the_window_and_its_serve_command_fits(gemma3):
                  kv_cache_memory=value["--kv-cache-memory"]).engine
     assert engine.capacity_tokens >= 6 * 512
     assert engine.kv_manager.window.pool.num_blocks >= 6 * sizing.window_request_blocks(16, 16)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_gguf_matches_transformers(tmp_path, scaled):
+    """As llama.cpp writes Gemma 3: (1 + w) norms, no layer pattern and no local RoPE base in
+    the file (llama.cpp fixes both: five sliding layers of six, base 10,000), queries scaled
+    by head_dim (query_pre_attn_scalar = head_dim, as the 1B-12B models have it); the global
+    layers' linear RoPE scaling (4B and up) as metadata."""
+    extra = {"query_pre_attn_scalar": 32}
+    if scaled:
+        extra["rope_parameters"] = {
+            "full_attention": {"rope_theta": 1000000.0, "rope_type": "linear", "factor": 8.0},
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}
+    model = tiny_hf_model("gemma3_text", seed=11, **extra)
+    checkpoint = load_checkpoint(write_gguf(model, tmp_path / "gemma3.gguf", arch="gemma3"))
+    config = checkpoint.config
+    assert config.architecture == "gemma3_text" and config.qk_norm
+    assert config.sliding_layers == (0, 1, 2, 3, 4) and config.sliding_window == 16
+    assert (config.rope_theta, config.local_rope_theta) == (1000000.0, 10000.0)
+    assert (config.rope_freq_factors is not None) == scaled
+    ours = build_model(config, checkpoint.weights)
+    for seq, logits in zip(SEQS, run_paged(ours, SEQS, chunk=6, block_size=4)):
+        assert (logits - reference_logits(model, seq)).abs().max() < 1e-4
 
 
 def test_the_vision_checkpoint_is_refused(gemma3, tmp_path):

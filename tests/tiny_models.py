@@ -146,10 +146,15 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rope = cfg.rope_parameters
+    if "full_attention" in rope:  # Gemma 3: the global layers' RoPE is the file's
+        rope = rope["full_attention"]
+        if rope.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(rope["factor"])
+    writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    rope = cfg.rope_parameters
     writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     if rope.get("rope_type") == "longrope":  # Phi-3.5 / Phi-4-mini, as llama.cpp writes them
         original = rope["original_max_position_embeddings"]
@@ -185,17 +190,18 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
         writer.add_expert_used_count(cfg.num_experts_per_tok)
         if getattr(cfg, "moe_intermediate_size", None):
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-    if arch == "gemma2":  # llama.cpp's names for the sandwich norms, and its settings
+    if arch in ("gemma2", "gemma3"):  # llama.cpp's names for the sandwich norms, its settings
         names = {**names, "post_attention_layernorm": "post_attention_norm",
                  "pre_feedforward_layernorm": "ffn_norm",
                  "post_feedforward_layernorm": "post_ffw_norm"}
-        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
-        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        if arch == "gemma2":
+            writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
         writer.add_sliding_window(cfg.sliding_window)
     qt = getattr(gguf.GGMLQuantizationType, qtype)
     for name, tensor in _gguf_tensors(model.state_dict()):
         array = tensor.float().numpy()
-        if arch == "gemma2" and name.endswith("norm.weight"):
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             array = array + 1.0  # llama.cpp's converter stores Gemma's (1 + w)
         if name == "model.embed_tokens.weight":
             out = "token_embd.weight"

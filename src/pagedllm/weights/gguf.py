@@ -19,10 +19,11 @@ from pagedllm.weights.q4 import Q4Weight, decode_q4
 from pagedllm.weights.q8 import decode_q8_0
 from pagedllm.weights.rope import RopeScalingError, longrope_attention_factor, longrope_fields
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2",
+                           "gemma3")
 # llama.cpp's architecture names that differ from Hugging Face's (ModelConfig uses the latter;
 # a Mixtral GGUF says "llama", with experts).
-_ARCH_NAMES = {"qwen3moe": "qwen3_moe"}
+_ARCH_NAMES = {"qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
 # Read through the gguf package's dequantizers; only Q4_0/Q4_1 projections (4-bit kernels)
 # and a Q8_0 embedding/head (8-bit rows) stay in their own format, the rest become dense.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
@@ -115,7 +116,7 @@ def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int
                    "expert_intermediate_size": int(meta.get(f"{arch}.expert_feed_forward_length")
                                                    or need("feed_forward_length")),
                    "norm_topk_prob": True}
-    gemma = _gemma2_fields(meta, hidden, num_heads) if arch == "gemma2" else {}
+    gemma = _gemma_fields(meta, arch, hidden, num_heads) if arch in ("gemma2", "gemma3") else {}
     return ModelConfig(
         architecture=_ARCH_NAMES.get(arch, arch),
         **experts, **gemma,
@@ -138,24 +139,31 @@ def _model_config(path: str, meta: dict, tensor_names: set[str], num_tokens: int
     )
 
 
-def _gemma2_fields(meta: dict, hidden: int, num_heads: int) -> dict:
-    """Gemma 2's settings as llama.cpp reads them (its GGUF has no query_pre_attn_scalar:
-    llama.cpp scales by head_dim, or by hidden / heads for the 46-layer 27B, as here)."""
-    head_dim = int(meta.get("gemma2.attention.key_length", hidden // num_heads))
-    layers = int(meta["gemma2.block_count"])
-    scalar = hidden // num_heads if layers == 46 else head_dim
-    softcap, final = (meta.get("gemma2.attn_logit_softcapping"),
-                      meta.get("gemma2.final_logit_softcapping"))
+def _gemma_fields(meta: dict, arch: str, hidden: int, num_heads: int) -> dict:
+    """Gemma 2 and 3's settings as llama.cpp reads them. Their GGUF has no
+    query_pre_attn_scalar: llama.cpp scales by head_dim, or by hidden / heads for the 27B
+    models (46 layers in Gemma 2, 62 in Gemma 3), as here. Gemma 2 slides on every other
+    layer; Gemma 3 on five of every six, with its own RoPE base of 10,000 (unscaled) there,
+    both fixed in llama.cpp rather than written to the file."""
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // num_heads))
+    layers = int(meta[f"{arch}.block_count"])
+    scalar = hidden // num_heads if layers in (46, 62) else head_dim
+    softcap, final = (meta.get(f"{arch}.attn_logit_softcapping"),
+                      meta.get(f"{arch}.final_logit_softcapping"))
+    if arch == "gemma2":
+        sliding, local_theta = tuple(range(0, layers, 2)), None
+    else:
+        sliding, local_theta = tuple(i for i in range(layers) if i % 6 < 5), 10000.0
     return {"hidden_act": "gelu_tanh", "embedding_scale": True, "sandwich_norms": True,
             "attn_scale": float(scalar) ** -0.5,
             "attn_softcap": float(softcap) if softcap else None,
             "final_softcap": float(final) if final else None,
-            "sliding_window": meta.get("gemma2.attention.sliding_window"),
-            "sliding_layers": tuple(range(0, layers, 2))}
+            "sliding_window": meta.get(f"{arch}.attention.sliding_window"),
+            "sliding_layers": sliding, "local_rope_theta": local_theta}
 
 
 def _gemma2_names(name: str) -> str:
-    """In Gemma 2's GGUF, ffn_norm is the norm before the MLP and post_attention_norm the one
+    """In Gemma 2 and 3's GGUF, ffn_norm is the norm before the MLP and post_attention_norm the one
     on the attention's output (in Llama's naming, post_attention_layernorm is the former)."""
     if name.endswith("post_attention_layernorm.weight"):
         return name.replace("post_attention_layernorm", "pre_feedforward_layernorm")
@@ -263,7 +271,7 @@ def load_gguf(path: str, progress=None):
         name = canonical_name(tensor.name)
         if name is None:
             continue
-        if config.architecture == "gemma2":
+        if config.architecture in ("gemma2", "gemma3_text"):
             name = _gemma2_names(name)
         if config.architecture == "phi3" and name.endswith("mlp.up_proj.weight"):
             name = name.replace("up_proj", "gate_up_proj")  # Phi-3's ffn_up is gate and up
