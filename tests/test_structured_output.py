@@ -304,33 +304,48 @@ SCHEMA = {"type": "object", "additionalProperties": False,
 
 
 def test_json_schema_answers_validate_on_both_endpoints_streamed_or_not(client):
+    """All requests at once (the server batches them; each is checked on its own)."""
     fmt = {"type": "json_schema", "json_schema": {"name": "book", "schema": SCHEMA, "strict": True}}
-    for seed in range(3):
-        r = client.chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "Review a book."}],
-            response_format=fmt, temperature=1.0, seed=seed, max_tokens=150)
-        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
-    stream = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Review a book."}],
-        response_format=fmt, temperature=1.0, max_tokens=150, stream=True)
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    jsonschema.validate(json.loads(text), SCHEMA)
-    r = client.completions.create(model="smollm2", prompt="A book review as JSON:",
-                                  max_tokens=150, temperature=1.0,
-                                  extra_body={"guided_json": SCHEMA})
-    jsonschema.validate(json.loads(r.choices[0].text), SCHEMA)
-    # json_object bounds nothing (the small model can list numbers until max_tokens), so every
-    # answer must be an object and every finished one must parse
-    stopped = 0
-    for seed in range(4):
+    review = [{"role": "user", "content": "Review a book."}]
+
+    def chat(seed):
+        r = client.chat.completions.create(model="smollm2", messages=review, response_format=fmt,
+                                           temperature=1.0, seed=seed, max_tokens=150)
+        return r.choices[0].message.content
+
+    def streamed(_):
+        stream = client.chat.completions.create(model="smollm2", messages=review,
+                                                response_format=fmt, temperature=1.0,
+                                                max_tokens=150, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    def completion(_):
+        r = client.completions.create(model="smollm2", prompt="A book review as JSON:",
+                                      max_tokens=150, temperature=1.0,
+                                      extra_body={"guided_json": SCHEMA})
+        return r.choices[0].text
+
+    def json_object(seed):
         r = client.chat.completions.create(
             model="smollm2", messages=[{"role": "user", "content": "A tiny JSON object, please."}],
             response_format={"type": "json_object"}, max_tokens=200, temperature=1.0, seed=seed)
-        text = r.choices[0].message.content
-        assert text.startswith("{"), text
-        if r.choices[0].finish_reason == "stop":
-            stopped += 1
-            assert isinstance(json.loads(text), dict)
+        return r.choices[0].message.content, r.choices[0].finish_reason
+
+    with ThreadPoolExecutor(9) as pool:
+        guided = [pool.submit(chat, seed) for seed in range(3)]
+        guided += [pool.submit(streamed, None), pool.submit(completion, None)]
+        objects = [pool.submit(json_object, seed) for seed in range(4)]
+        for future in guided:
+            jsonschema.validate(json.loads(future.result()), SCHEMA)
+        # json_object bounds nothing (the small model can list numbers until max_tokens), so
+        # every answer must be an object and every finished one must parse
+        stopped = 0
+        for future in objects:
+            text, finish = future.result()
+            assert text.startswith("{"), text
+            if finish == "stop":
+                stopped += 1
+                assert isinstance(json.loads(text), dict)
     assert stopped
 
 

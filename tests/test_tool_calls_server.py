@@ -3,6 +3,7 @@ forced choices always give calls whose arguments validate, streamed calls reasse
 non-streamed ones, "auto" reads the model's own syntax back into tool_calls, a conversation
 with earlier calls and results renders, and bad tools get a 400 naming the field."""
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import jsonschema
@@ -36,27 +37,36 @@ def test_required_always_gives_calls_whose_arguments_validate(client):
     """One call (parallel_tool_calls off) always completes. With parallel calls the grammar
     lets the model go on calling, and at temperature 1 it sometimes does until max_tokens
     cuts it: the calls it finished still validate."""
-    for seed in range(4):
-        for parallel in (False, True):
-            r = client.chat.completions.create(
-                model="smollm2", messages=ASK, tools=TOOLS, tool_choice="required",
-                temperature=1.0, seed=seed, max_tokens=200, parallel_tool_calls=parallel)
-            choice = r.choices[0]
-            if parallel and choice.finish_reason == "length":
-                _check_calls(choice.message.tool_calls)
-                continue
-            assert choice.finish_reason == "tool_calls", choice.message
-            assert choice.message.content is None
+    def ask(seed_and_parallel):
+        seed, parallel = seed_and_parallel
+        return parallel, client.chat.completions.create(
+            model="smollm2", messages=ASK, tools=TOOLS, tool_choice="required",
+            temperature=1.0, seed=seed, max_tokens=200, parallel_tool_calls=parallel)
+
+    cases = [(seed, parallel) for seed in range(3) for parallel in (False, True)]
+    with ThreadPoolExecutor(len(cases)) as pool:  # one batch on the server
+        answers = list(pool.map(ask, cases))
+    for parallel, r in answers:
+        choice = r.choices[0]
+        if parallel and choice.finish_reason == "length":
             _check_calls(choice.message.tool_calls)
-            assert parallel or len(choice.message.tool_calls) == 1
+            continue
+        assert choice.finish_reason == "tool_calls", choice.message
+        assert choice.message.content is None
+        _check_calls(choice.message.tool_calls)
+        assert parallel or len(choice.message.tool_calls) == 1
 
 
 def test_a_named_function_and_no_parallel_calls_give_exactly_that_one_call(client):
-    for seed in range(3):
-        r = client.chat.completions.create(
+    def ask(seed):
+        return client.chat.completions.create(
             model="smollm2", messages=ASK, tools=TOOLS, temperature=1.0, seed=seed,
             tool_choice={"type": "function", "function": {"name": "get_time"}},
             parallel_tool_calls=False, max_tokens=120)
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(ask, range(3)))
+    for r in answers:
         calls = r.choices[0].message.tool_calls
         assert len(calls) == 1 and calls[0].function.name == "get_time"
         _check_calls(calls)
