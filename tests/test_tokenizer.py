@@ -169,3 +169,67 @@ def test_encode_within_refuses_long_texts_early_and_leaves_short_ones_alone():
     assert far.value.num_tokens == 10_000_000 // tok.max_token_chars
     short = "The capital of France is"
     assert tok.encode_within(short, 10) == tok.encode(short)
+
+
+# -- GGUF pre-tokenizers against transformers' own definitions --------------------------------
+
+MIXED = ("Prices: 1234567 and 3.14159; café and cafe\u0301 (decomposed), 你好世界，こんにちは "
+         "🎉🚀 👩‍👩‍👧\n\n\tdef f(x):\n        return x ** 2  # it's fine, we'll see\r\n   end   ")
+
+
+@pytest.fixture(scope="module")
+def smollm_meta():
+    from pagedllm.weights.gguf import read_gguf_header
+
+    return read_gguf_header(default_model_path())[1]
+
+
+def _reference(pre, meta):
+    """The family's tokenizer as transformers defines it, on the default model's vocabulary:
+    Qwen2's converter (NFC, its split regex), or the tiktoken converter's default pattern,
+    Llama 3's (digits in threes)."""
+    from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import Qwen2Converter, TikTokenConverter
+
+    tokens = meta["tokenizer.ggml.tokens"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    if pre == "qwen2":
+        return Qwen2Converter(None).converted(vocab, merges)
+    tok = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(TikTokenConverter().pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return tok
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2"])
+def test_gguf_pre_tokenizer_equals_the_familys(smollm_meta, pre):
+    ours = Tokenizer.from_gguf_metadata(default_model_path(),
+                                        {**smollm_meta, "tokenizer.ggml.pre": pre})
+    reference = _reference(pre, smollm_meta)
+    for text in [MIXED, *TEXTS[:4]]:
+        assert ours.encode(text, add_special_tokens=False) == reference.encode(text).ids, text
+
+
+def test_the_pre_tokenizer_name_changes_the_split(smollm_meta):
+    """Guards the test above: the names are not read past (digits in threes, one by one,
+    and NFC for Qwen2 only)."""
+    encode = {pre: Tokenizer.from_gguf_metadata(default_model_path(),
+                                                {**smollm_meta, "tokenizer.ggml.pre": pre})
+              for pre in ("llama-bpe", "qwen2", "smollm")}
+    pieces = {pre: [p for p, _ in tok.backend.pre_tokenizer.pre_tokenize_str("1234567")]
+              for pre, tok in encode.items()}
+    assert pieces["llama-bpe"] == ["123", "456", "7"]
+    assert pieces["qwen2"] == pieces["smollm"] == list("1234567")
+    nfc = {pre: tok.encode("cafe\u0301", add_special_tokens=False) for pre, tok in encode.items()}
+    assert nfc["qwen2"] == encode["qwen2"].encode("caf\u00e9", add_special_tokens=False)
+    assert nfc["qwen2"] != nfc["llama-bpe"]
+
+
+def test_an_unknown_pre_tokenizer_is_refused_by_name(smollm_meta):
+    from pagedllm.weights import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="tokenizer.ggml.pre 'tekken'.*qwen2"):
+        Tokenizer.from_gguf_metadata(default_model_path(),
+                                     {**smollm_meta, "tokenizer.ggml.pre": "tekken"})

@@ -20,9 +20,13 @@ _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_SPLIT_REGEXES = {"llama-bpe": _LLAMA3_REGEX, "llama3": _LLAMA3_REGEX, "qwen2": _QWEN2_REGEX}
+_SPLIT_REGEXES = {"llama-bpe": _LLAMA3_REGEX, "llama3": _LLAMA3_REGEX, "smaug-bpe": _LLAMA3_REGEX,
+                  "qwen2": _QWEN2_REGEX}
+_NFC = ("qwen2",)  # Qwen2's tokenizer.json normalizes to NFC first
 # Pre-tokenizers that split digits one by one before GPT-2's byte-level regex.
 _DIGIT_SPLIT = ("smollm", "starcoder", "refact")
+_GPT2 = (None, "default", "gpt2", "gpt-2")  # GPT-2's byte-level regex as it is
+SUPPORTED_PRE_TOKENIZERS = tuple(sorted([*_SPLIT_REGEXES, *_DIGIT_SPLIT, "default", "gpt-2"]))
 
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
@@ -83,7 +87,15 @@ def _tokenizer_from_gguf(path: str, meta: dict) -> HFTokenizer:
     if kind == "gpt2":
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
         tok = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False))
-        tok.pre_tokenizer = _byte_level_pre_tokenizer(meta.get("tokenizer.ggml.pre"))
+        pre = meta.get("tokenizer.ggml.pre")
+        if pre not in (*_SPLIT_REGEXES, *_DIGIT_SPLIT, *_GPT2):
+            # Another split would give other tokens than the model was trained on: refused,
+            # never guessed.
+            raise ModelLoadError(path, f"tokenizer.ggml.pre {pre!r} is not supported yet "
+                                       f"(supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)})")
+        if pre in _NFC:
+            tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = _byte_level_pre_tokenizer(pre)
         tok.decoder = decoders.ByteLevel()
     elif kind == "llama":
         scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
