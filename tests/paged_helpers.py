@@ -64,11 +64,15 @@ def assert_greedy_equals_transformers(reference_model, folder, prompts, max_toke
     ours = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0,
                                                 ignore_eos=True))
     for prompt, out in zip(prompts, ours):
-        with torch.no_grad():
-            reference = reference_model.generate(
-                torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
-                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-        assert out.token_ids == reference, prompt
+        assert out.token_ids == transformers_greedy(reference_model, prompt, max_tokens), prompt
+
+
+def transformers_greedy(reference_model, prompt: list[int], max_tokens: int) -> list[int]:
+    """transformers' greedy continuation of `prompt`, exactly max_tokens long (no EOS stop)."""
+    with torch.no_grad():
+        out = reference_model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens,
+                                       do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
 
 
 def bfloat16_argmax_agreement(reference_model, model, seq, chunk: int = 7) -> float:

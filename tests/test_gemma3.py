@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ISA_LEVELS, isa_level
-from paged_helpers import assert_greedy_equals_transformers, run_paged
+from paged_helpers import assert_greedy_equals_transformers, run_paged, transformers_greedy
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -59,13 +59,6 @@ def test_greedy_tokens_equal_transformers(gemma3):
     assert_greedy_equals_transformers(model, folder, [SEQS[0][:30]])
 
 
-def _transformers_greedy(model, prompt, max_tokens):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
-                             min_new_tokens=max_tokens)
-    return out[0, len(prompt):].tolist()
-
-
 def test_the_engine_gives_window_blocks_back_as_they_slide_out(gemma3):
     """The sliding layers' pool (core/kv_cache/window.py) stays flat while a sequence grows
     far past the 16-token window, the full layer's pool grows, and the tokens still equal
@@ -87,7 +80,7 @@ def test_the_engine_gives_window_blocks_back_as_they_slide_out(gemma3):
             tokens = out.token_ids
         window_used.append(window.pool.num_used_blocks)
         full_used.append(engine.kv_manager.pool.num_used_blocks)
-    assert tokens == _transformers_greedy(model, prompt, 60)
+    assert tokens == transformers_greedy(model, prompt, 60)
     # Chunks of 8 tokens and then one a step: never more than the window's blocks plus a chunk.
     assert max(window_used) <= window_request_blocks(16, 4) + 2
     assert max(full_used) >= 22  # the full layer holds all 90 tokens: 23 blocks at the end
@@ -98,7 +91,7 @@ def test_the_engine_gives_window_blocks_back_as_they_slide_out(gemma3):
     while engine.has_unfinished_requests():
         for out in engine.step():
             tokens = out.token_ids
-    assert tokens == _transformers_greedy(model, prompt, 60)
+    assert tokens == transformers_greedy(model, prompt, 60)
     assert engine.scheduler.stats.prefix_cache_hits >= 24
     del again
 
@@ -129,8 +122,9 @@ def test_plan_counts_the_window_and_its_serve_command_fits(gemma3):
     assert engine.kv_manager.window.pool.num_blocks >= 6 * sizing.window_request_blocks(16, 16)
 
 
+@pytest.mark.parametrize("level", ISA_LEVELS)
 @pytest.mark.parametrize("scaled", [False, True])
-def test_gguf_matches_transformers(tmp_path, scaled):
+def test_gguf_matches_transformers(tmp_path, scaled, level):
     """As llama.cpp writes Gemma 3: (1 + w) norms, no layer pattern and no local RoPE base in
     the file (llama.cpp fixes both: five sliding layers of six, base 10,000), queries scaled
     by head_dim (query_pre_attn_scalar = head_dim, as the 1B-12B models have it); the global
@@ -147,8 +141,10 @@ def test_gguf_matches_transformers(tmp_path, scaled):
     assert config.sliding_layers == (0, 1, 2, 3, 4) and config.sliding_window == 16
     assert (config.rope_theta, config.local_rope_theta) == (1000000.0, 10000.0)
     assert (config.rope_freq_factors is not None) == scaled
-    ours = build_model(config, checkpoint.weights)
-    for seq, logits in zip(SEQS, run_paged(ours, SEQS, chunk=6, block_size=4)):
+    with isa_level(level):
+        ours = build_model(config, checkpoint.weights)
+        together = run_paged(ours, SEQS, chunk=6, block_size=4)
+    for seq, logits in zip(SEQS, together):
         assert (logits - reference_logits(model, seq)).abs().max() < 1e-4
 
 

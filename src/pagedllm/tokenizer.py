@@ -1,5 +1,6 @@
-"""Tokenizer built with the `tokenizers` package from GGUF metadata or tokenizer.json,
-chat templates rendered in jinja2's sandbox, and incremental detokenization for streaming.
+"""Tokenizer built with the `tokenizers` package from GGUF metadata (tokenizer_gguf.py) or
+tokenizer.json, chat templates rendered in jinja2's sandbox, and incremental detokenization
+for streaming.
 """
 from __future__ import annotations
 
@@ -10,27 +11,11 @@ from collections.abc import Sequence
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders
 
+from pagedllm.tokenizer_gguf import tokenizer_from_gguf
 from pagedllm.weights.errors import ModelLoadError
-
-# Pre-tokenizer regexes by llama.cpp's `tokenizer.ggml.pre` name.
-_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_SPLIT_REGEXES = {"llama-bpe": _LLAMA3_REGEX, "llama3": _LLAMA3_REGEX, "smaug-bpe": _LLAMA3_REGEX,
-                  "qwen2": _QWEN2_REGEX}
-_NFC = ("qwen2",)  # Qwen2's tokenizer.json normalizes to NFC first
-# Pre-tokenizers that split digits one by one before GPT-2's byte-level regex.
-_DIGIT_SPLIT = ("smollm", "starcoder", "refact")
-_GPT2 = (None, "default", "gpt2", "gpt-2")  # GPT-2's byte-level regex as it is
-SUPPORTED_PRE_TOKENIZERS = tuple(sorted([*_SPLIT_REGEXES, *_DIGIT_SPLIT, "default", "gpt-2"]))
-
-_TOKEN_TYPE_CONTROL = 3
-_TOKEN_TYPE_USER_DEFINED = 4
-
 
 # encode_within: pieces of this many characters, each counted with this many tokens less
 # (tokenizing pieces apart can split what the whole text would merge at their edges).
@@ -49,74 +34,6 @@ class TokenLimitError(ValueError):
 
 class ChatTemplateError(ValueError):
     """The chat template failed to render for these messages."""
-
-
-def _byte_level_pre_tokenizer(pre: str | None):
-    if pre in _SPLIT_REGEXES:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_SPLIT_REGEXES[pre]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _DIGIT_SPLIT:
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    return byte_level
-
-
-def _merges_from_scores(tokens: list[str], scores: Sequence[float]) -> list[tuple[str, str]]:
-    """SentencePiece BPE stores scores, not merges: a merge a+b exists when a, b and ab are
-    all tokens, ranked by the score of ab (higher merges first)."""
-    vocab = {t: i for i, t in enumerate(tokens)}
-    merges = []
-    for token, score in zip(tokens, scores):
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                merges.append((score, vocab[left], vocab[right], left, right))
-    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
-    return [(left, right) for _, _, _, left, right in merges]
-
-
-def _tokenizer_from_gguf(path: str, meta: dict) -> HFTokenizer:
-    kind = meta.get("tokenizer.ggml.model")
-    tokens = list(meta.get("tokenizer.ggml.tokens") or [])
-    if not tokens:
-        raise ModelLoadError(path, "GGUF has no tokenizer.ggml.tokens")
-    vocab = {token: i for i, token in enumerate(tokens)}
-    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
-    if kind == "gpt2":
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-        tok = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False))
-        pre = meta.get("tokenizer.ggml.pre")
-        if pre not in (*_SPLIT_REGEXES, *_DIGIT_SPLIT, *_GPT2):
-            # Another split would give other tokens than the model was trained on: refused,
-            # never guessed.
-            raise ModelLoadError(path, f"tokenizer.ggml.pre {pre!r} is not supported yet "
-                                       f"(supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)})")
-        if pre in _NFC:
-            tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = _byte_level_pre_tokenizer(pre)
-        tok.decoder = decoders.ByteLevel()
-    elif kind == "llama":
-        scores = meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
-        unk = tokens[unk_id] if unk_id is not None else None
-        tok = HFTokenizer(models.BPE(vocab, _merges_from_scores(tokens, scores),
-                                     unk_token=unk, byte_fallback=True, fuse_unk=True))
-        steps = [normalizers.Replace(" ", "▁")]
-        if meta.get("tokenizer.ggml.add_space_prefix", True):
-            steps.insert(0, normalizers.Prepend("▁"))
-        tok.normalizer = normalizers.Sequence(steps)
-        dec = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        if meta.get("tokenizer.ggml.add_space_prefix", True):
-            dec.append(decoders.Strip(" ", 1, 0))
-        tok.decoder = decoders.Sequence(dec)
-    else:
-        raise ModelLoadError(path, f"unknown tokenizer model {kind!r}; supported: gpt2, llama")
-    types = meta.get("tokenizer.ggml.token_type") or []
-    special = [AddedToken(tokens[i], special=True, normalized=False)
-               for i, t in enumerate(types) if t in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED)]
-    tok.add_special_tokens(special)
-    return tok
 
 
 def _token_text(value) -> str | None:
@@ -168,7 +85,7 @@ class Tokenizer:
         eot = meta.get("tokenizer.ggml.eot_token_id")
         if eot is not None and eot not in eos_ids:
             eos_ids.append(eot)
-        return cls(_tokenizer_from_gguf(path, meta),
+        return cls(tokenizer_from_gguf(path, meta),
                    bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
                    add_bos=bool(meta.get("tokenizer.ggml.add_bos_token",
                                          meta.get("tokenizer.ggml.model") == "llama")),
