@@ -90,3 +90,19 @@ def test_gguf_matches_transformers(tmp_path):
     ours = build_model(checkpoint.config, checkpoint.weights)
     for seq, logits in zip(SEQS, run_paged(ours, SEQS, chunk=6, block_size=4)):
         assert (logits - reference_logits(model, seq)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_kernels_apply_the_caps_scale_and_window(tmp_path, level):
+    """head_dim 64: attention runs in the C++ kernels (the tests above, head_dim 32, take the
+    plain-torch path), soft-capped, scaled by query_pre_attn_scalar, windowed every other
+    layer: float32 logits still equal transformers' past the window, in chunks and whole."""
+    model = tiny_hf_model("gemma2", seed=12, head_dim=64, query_pre_attn_scalar=48)
+    folder = write_hf_folder(model, tmp_path)
+    with isa_level(level):
+        checkpoint = load_checkpoint(folder)
+        net = build_model(checkpoint.config, checkpoint.weights)
+        assert all(layer.self_attn.backend.kernel is not None for layer in net.layers)
+        for chunk in (None, 7):
+            for seq, logits in zip(SEQS, run_paged(net, SEQS, chunk=chunk)):
+                assert (logits - reference_logits(model, seq)).abs().max() < 1e-4, (chunk, len(seq))

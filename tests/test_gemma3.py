@@ -155,3 +155,14 @@ def test_the_vision_checkpoint_is_refused(gemma3, tmp_path):
     json.dump({"model_type": "gemma3", "text_config": raw}, open(tmp_path / "vision" / "config.json", "w"))
     with pytest.raises(ModelLoadError, match="vision tower"):
         load_checkpoint(str(tmp_path / "vision"))
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_kernels_at_head_dim_256_through_the_window_pool(tmp_path, level):
+    """Gemma 3's real head size, 256: attention in the C++ kernels, the sliding layers on
+    their own pool whose blocks go back as they slide out (a 57-token prompt, a 16-token
+    window, blocks of 4), greedy tokens still transformers'."""
+    model = tiny_hf_model("gemma3_text", seed=13, head_dim=256)
+    folder = write_hf_folder(model, tmp_path)
+    with isa_level(level):
+        assert_greedy_equals_transformers(model, folder, [SEQS[0]], max_tokens=16, block_size=4)

@@ -137,6 +137,20 @@ def test_pool_sizes_give_the_full_layers_what_the_window_saves():
             sizing.PoolSizes(sizing.num_blocks_for_memory(memory, other, 2, 16), None, None)
 
 
+def test_pool_sizes_stay_positive_when_memory_is_tight():
+    """A budget smaller than what the window pool would want for its requests: both pools
+    get blocks, the full one at least as many, and together they fit the budget (this once
+    gave the full pool a negative count)."""
+    config = _gemma_like(window=4096)
+    memory = 2 << 20
+    plain = sizing.num_blocks_for_memory(memory, config, 2, 16)
+    pools = sizing.pool_sizes(memory, config, 2, 16, "auto", 8192, 8192, 2048)
+    assert 1 <= pools.window_num_blocks <= plain <= pools.num_blocks
+    used = (pools.num_blocks * 1 + pools.window_num_blocks * 5) * sizing.kv_bytes_per_token(
+        config, 2) // 6 * 16
+    assert used <= memory
+
+
 def test_a_request_costs_its_window_not_its_context_in_window_layers():
     config = _gemma_like()
     per_layer_token = sizing.kv_bytes_per_token(config, 2) // 6

@@ -1,7 +1,7 @@
 """RoPE scaling (Llama 3.x's "llama3", "linear") from config.json and from a GGUF's
 rope_freqs tensor, against transformers on the same weights; scalings not implemented are
-refused by name; a model with a sliding window is kept within it (where it answers as
-transformers does) instead of answering wrongly past it."""
+refused by name; Mistral's sliding window (every layer) is applied past the window, in the
+torch path and in the C++ kernels, as transformers applies it."""
 from __future__ import annotations
 
 import json
@@ -77,25 +77,25 @@ def test_unsupported_rope_scaling_is_refused_with_the_file(tmp_path, scaling, me
     assert "config.json" in str(refused.value)
 
 
-def test_sliding_window_model_is_kept_within_its_window(tmp_path, caplog):
-    """A Mistral with a 32-token window: served within 32 tokens, where full attention is
-    what it computes, so greedy tokens equal transformers'; longer requests are refused."""
+@pytest.mark.parametrize("head_dim", [16, 64])  # 16: the plain-torch path; 64: the kernels
+def test_mistral_window_is_applied_past_it(tmp_path, head_dim, at_isa):
+    """A Mistral with a 32-token window, an 80-token prompt: float32 logits of every position
+    equal transformers', and 16 greedy tokens are transformers'; without the window they
+    would not be (the issue's report: 0 of 16)."""
     from pagedllm import LLM, SamplingParams
 
-    model = tiny_hf_model("mistral", seed=4, sliding_window=32)
+    model = tiny_hf_model("mistral", seed=4, sliding_window=32, head_dim=head_dim)
     folder = write_hf_folder(model, tmp_path)
     assert load_checkpoint(folder).config.sliding_window == 32
-    with caplog.at_level("WARNING"):
-        llm = LLM(folder, kv_cache_memory=4 << 20)
-    assert llm.engine.scheduler_config.max_model_len == 32 and "sliding window of 32" in caplog.text
-    prompt = LONG_PROMPT[:20]
-    ours = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    prompt = LONG_PROMPT[:80]
+    assert (our_logits(folder, prompt) - hf_logits(model, prompt)).abs().max() < 1e-4
+    llm = LLM(folder, kv_cache_memory=4 << 20)
+    assert llm.engine.scheduler_config.max_model_len == 512  # the whole context is served
+    ours = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
     with torch.no_grad():
-        reference = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
                                    eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert ours.token_ids == reference
-    with pytest.raises(ValueError, match="sliding window of 32"):
-        LLM(folder, kv_cache_memory=4 << 20, max_model_len=64)
 
 
 def test_qwen2_window_is_ignored_unless_used(tmp_path):

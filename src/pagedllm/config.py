@@ -77,19 +77,20 @@ class ModelConfig:
     # Partial rotary embedding (Phi-4-mini: 3/4 of each head): the leading rotary_dim
     # dimensions of each q and k head rotate, the rest pass through. None: all of them.
     rotary_dim: int | None = None
-    # Attention looks back at most this many tokens (Mistral); the engine keeps the context
-    # within it, where full attention gives the same answer. None: full attention.
+    # Attention looks back at most this many tokens (Mistral: every layer; Gemma: the
+    # sliding_layers). None: full attention.
     sliding_window: int | None = None
 
     @property
     def max_context(self) -> int:
-        """The longest sequence served correctly: the model's context, or its attention window
-        where every layer slides (Mistral: the fast kernels have no window; within it they
-        equal windowed attention, past it the answers would be wrong). Gemma 2's per-layer
-        windows (sliding_layers) are applied by its attention backend: its full context."""
-        if self.sliding_window is not None and not self.sliding_layers:
-            return min(self.sliding_window, self.max_position_embeddings)
+        """The longest sequence served: the model's context (windows are applied by the
+        attention backends, so past a window the answers stay right)."""
         return self.max_position_embeddings
+
+    def slides(self, layer: int) -> bool:
+        """Whether this layer attends within sliding_window."""
+        return self.sliding_window is not None and (not self.sliding_layers
+                                                    or layer in self.sliding_layers)
 
     @property
     def kv_bytes_per_token_per_element(self) -> int:

@@ -7,7 +7,9 @@ chunks (several queries) take one kernel call per sequence, each token attending
 causal context; without the kernel, one SDPA call per sequence (fused causal kernel when
 the chunk is the whole sequence). Per-step index
 tensors are built once in AttentionMetadata, never per layer. The torch reference backend
-is the oracle this one is tested against.
+is the oracle this one is tested against. Gemma's and Mistral's options (a query scale of
+their own, soft-capped scores, a sliding window) go to the kernel too; without it, to the
+plain-torch SoftcapBackend.
 """
 from __future__ import annotations
 
@@ -16,26 +18,40 @@ import torch.nn.functional as F
 
 from pagedllm.attention.layer_cache import LayerKVCache
 from pagedllm.attention.metadata import AttentionMetadata
+from pagedllm.attention.softcap import SoftcapBackend
+
+# The head sizes the kernels are built for (kernels/dtype.h); any group of query heads.
+KERNEL_HEAD_DIMS = (64, 80, 96, 128, 256)
 
 
 class BatchedBackend:
     name = "batched"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, use_kernel: bool = True):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, use_kernel: bool = True,
+                 *, scale: float | None = None, softcap: float | None = None,
+                 window: int | None = None):
         from pagedllm.kernels import kernel_ops
 
         # The kernel is specialised for these shapes; others take the torch path.
-        supported = head_dim in (64, 128) and num_heads // num_kv_heads <= 8
+        supported = head_dim in KERNEL_HEAD_DIMS
         self.kernel = kernel_ops() if use_kernel and supported else None
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.group = num_heads // num_kv_heads
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.softcap = softcap or 0.0  # the kernels' "none"
+        self.window = window or 0
+        self.fallback = None
+        if self.kernel is None and (scale is not None or softcap or window):
+            self.fallback = SoftcapBackend(num_heads, num_kv_heads, head_dim, scale=scale,
+                                           softcap=softcap, window=window)
 
     def forward(self, query: torch.Tensor, kv_cache: LayerKVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
         """query [T, heads, D]; this step's K/V are already in the cache. Returns [T, heads * D]."""
+        if self.fallback is not None:
+            return self.fallback.forward(query, kv_cache, meta)
         batch = meta.decode_batch()
         if batch is not None and len(batch.rows) == query.shape[0]:
             return self._decode(query, kv_cache, batch).flatten(1)
@@ -52,7 +68,7 @@ class BatchedBackend:
         if self.kernel is not None:
             return self.kernel.paged_decode_attention(query, kv.key, kv.value, batch.block_tables,
                                                       batch.seq_lens, self.scale, kv.key_scale,
-                                                      kv.value_scale)
+                                                      kv.value_scale, self.softcap, self.window)
         num_seqs = query.shape[0]
         # float32 math: CPU bf16 kernels are slow for these small, oddly shaped products.
         keys = kv.keys(batch.block_tables).flatten(1, 2).float()  # [S, L, kv_heads, D]
@@ -74,7 +90,8 @@ class BatchedBackend:
             # no expanded KV heads (4.6x SDPA at 450 tokens, benchmarks/attention_kernels.py).
             return self.kernel.paged_prefill_attention(query, kv.key, kv.value, blocks,
                                                        seq_len - query.shape[0], self.scale,
-                                                       kv.key_scale, kv.value_scale)
+                                                       kv.key_scale, kv.value_scale,
+                                                       self.softcap, self.window)
         keys = kv.keys(blocks).flatten(0, 1)[:seq_len].transpose(0, 1).to(query.dtype)  # [kv_heads, L, D]
         values = kv.values(blocks).flatten(0, 1)[:seq_len].transpose(0, 1).to(query.dtype)
         if self.group > 1:

@@ -1,6 +1,8 @@
-"""Paged attention with the options Gemma 2 needs and the fast kernels lack: its own query
-scale, soft-capped scores (tanh(s / cap) * cap) and a sliding window per layer. Plain torch,
-one sequence at a time, like the reference backend it extends; correct, not fast.
+"""Paged attention with Gemma's and Mistral's options in plain torch: its own query scale,
+soft-capped scores (tanh(s / cap) * cap) and a sliding window per layer. One sequence at a
+time, like the reference backend it extends; correct, not fast. The C++ kernels take the same
+options (BatchedBackend); this runs where they cannot (no compiler, a head size they lack)
+and is the oracle they are tested against (tests/test_attention_shapes.py).
 """
 from __future__ import annotations
 

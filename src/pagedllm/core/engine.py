@@ -88,17 +88,10 @@ class LLMEngine(RequestMaker):
         num_blocks = pools.num_blocks
         capacity = num_blocks * block_size
         max_model_len = config.max_model_len
-        if model_config.max_context < model_config.max_position_embeddings:
-            logger.warning("%s attends to a sliding window of %d tokens, which pagedllm does not "
-                           "implement yet: requests are kept within %d tokens, where full "
-                           "attention gives the same answer", model_config.name,
-                           model_config.sliding_window, longest)
         if max_model_len is None:
             max_model_len = min(longest, capacity)
         if not 1 <= max_model_len <= longest:
-            window = (f" (the model's sliding window of {model_config.sliding_window} tokens)"
-                      if longest < model_config.max_position_embeddings else "")
-            raise ValueError(f"max_model_len must be 1-{longest}{window}, got {max_model_len}")
+            raise ValueError(f"max_model_len must be 1-{longest}, got {max_model_len}")
         if max_model_len > capacity:
             raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache capacity of "
                              f"{capacity} tokens; raise kv_cache_memory or lower max_model_len")

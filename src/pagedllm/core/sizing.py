@@ -70,8 +70,8 @@ def auto_max_num_seqs(num_blocks: int, block_size: int, max_model_len: int) -> i
 
 def keeps_window_pool(config: ModelConfig) -> bool:
     """Whether the model's sliding-window layers get blocks of their own: layers with a window
-    next to layers without one. (Where every layer slides, as in Mistral, the window caps
-    the context instead: ModelConfig.max_context.)"""
+    next to layers without one. (Where every layer slides, as in Mistral, every layer keeps
+    its blocks in the one pool: the window is applied, but nothing is given back early.)"""
     return config.sliding_window is not None and bool(config.sliding_layers)
 
 
@@ -115,8 +115,8 @@ def pool_sizes(memory_bytes: int, config: ModelConfig, element_size: int, block_
                kv_cache_dtype: str, max_num_seqs: int | str, max_model_len: int,
                max_num_batched_tokens: int) -> PoolSizes:
     """Blocks for a memory budget. With a window pool, that pool gets what max_num_seqs
-    requests can hold (window_pool_blocks, at most the other pool's size: a request never
-    holds more window blocks than full ones) and the full-attention layers the rest; an
+    requests can hold (window_pool_blocks, at most num_blocks, which leaves the other pool at
+    least as large: a request never holds more window blocks than full ones) and the full-attention layers the rest; an
     `auto` max_num_seqs is settled on the way, from the full pool as it grows."""
     num_blocks = num_blocks_for_memory(memory_bytes, config, element_size, block_size, kv_cache_dtype)
     if not keeps_window_pool(config) or num_blocks < 1:
@@ -128,8 +128,10 @@ def pool_sizes(memory_bytes: int, config: ModelConfig, element_size: int, block_
     for _ in range(4):  # settles in two or three rounds: more full blocks, more auto seqs
         seqs = (max_num_seqs if max_num_seqs != "auto"
                 else auto_max_num_seqs(full_blocks, block_size, max_model_len))
-        window_blocks = min(full_blocks, window_pool_blocks(config, block_size, seqs,
-                                                            max_num_batched_tokens))
+        # At most num_blocks (every layer the same blocks): the full pool then keeps at least
+        # as many, never a negative count when memory is tight.
+        window_blocks = min(num_blocks, window_pool_blocks(config, block_size, seqs,
+                                                           max_num_batched_tokens))
         full_blocks = ((memory_bytes - window_blocks * window_layers * per_layer_block)
                        // (full_layers * per_layer_block)) if full_layers else num_blocks
     return PoolSizes(full_blocks, window_blocks, seqs)

@@ -11,11 +11,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
   m.def("paged_decode_attention", &paged_decode_attention, NoGil(), "paged decode attention (CPU)",
         arg("query"), arg("key_cache"), arg("value_cache"), arg("block_tables"), arg("seq_lens"),
-        arg("scale"), arg("key_scales") = pybind11::none(), arg("value_scales") = pybind11::none());
+        arg("scale"), arg("key_scales") = pybind11::none(), arg("value_scales") = pybind11::none(),
+        arg("softcap") = 0.0, arg("window") = 0);
   m.def("paged_prefill_attention", &paged_prefill_attention, NoGil(),
         "causal attention of one sequence's prefill chunk over the paged cache (CPU)",
         arg("query"), arg("key_cache"), arg("value_cache"), arg("block_table"), arg("start"),
-        arg("scale"), arg("key_scales") = pybind11::none(), arg("value_scales") = pybind11::none());
+        arg("scale"), arg("key_scales") = pybind11::none(), arg("value_scales") = pybind11::none(),
+        arg("softcap") = 0.0, arg("window") = 0);
   m.def("rms_norm", &rms_norm, NoGil(), "RMSNorm, optionally adding x into residual first (in place)",
         arg("x"), arg("residual"), arg("weight"), arg("eps"));
   m.def("rope_write_kv", &rope_write_kv, NoGil(), "RoPE on q and k; k and v written to the paged cache",

@@ -4,6 +4,7 @@
 // since torch's extension builder only watches the .cpp sources.
 #pragma once
 #include <torch/extension.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -49,12 +50,26 @@ void dispatch(at::ScalarType type, Fn fn) {
   else fn(float{});
 }
 
-// Calls fn(integral_constant D, integral_constant G) for head_dim D (64 or 128) and G query
-// heads per KV head (1 to 8), which the attention kernels take as template constants so
-// that their loops unroll; callers have checked both ranges.
+// The head sizes the attention kernels are built for (Llama/Qwen 128, SmolLM 64, Phi-2 80,
+// Phi-3-small 96, Gemma 256), and the most query heads one task holds.
+inline bool supported_head_dim(int64_t d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+constexpr int64_t kMaxTaskGroup = 8;
+
+// The query heads of a KV head that one attention task takes together: the whole group up
+// to 8; a larger group (16 query heads on 1 KV head, say) is split into equal parts, the
+// largest that divides it, each part a task that reads the same keys.
+inline int64_t task_group(int64_t group) {
+  for (int64_t g = std::min(group, kMaxTaskGroup); g > 1; --g)
+    if (group % g == 0) return g;
+  return 1;
+}
+
+// Calls fn(integral_constant D, integral_constant G) for head_dim D (supported_head_dim) and
+// G = task_group(query heads per KV head), which the attention kernels take as template
+// constants so that their loops unroll; callers have checked the head size.
 template <int G = 1, typename Fn>
 void dispatch_group(int64_t group, const Fn& fn) {
-  if constexpr (G <= 8) {
+  if constexpr (G <= kMaxTaskGroup) {
     if (group == G) fn(std::integral_constant<int, G>{});
     else dispatch_group<G + 1>(group, fn);
   }
@@ -62,9 +77,14 @@ void dispatch_group(int64_t group, const Fn& fn) {
 
 template <typename Fn>
 void dispatch_head_shape(int64_t head_dim, int64_t group, const Fn& fn) {
-  const auto with_dim = [&](auto dim) { dispatch_group(group, [&](auto g) { fn(dim, g); }); };
-  if (head_dim == 64) with_dim(std::integral_constant<int, 64>{});
-  else with_dim(std::integral_constant<int, 128>{});
+  const auto with_dim = [&](auto dim) { dispatch_group(task_group(group), [&](auto g) { fn(dim, g); }); };
+  switch (head_dim) {
+    case 64: with_dim(std::integral_constant<int, 64>{}); break;
+    case 80: with_dim(std::integral_constant<int, 80>{}); break;
+    case 96: with_dim(std::integral_constant<int, 96>{}); break;
+    case 128: with_dim(std::integral_constant<int, 128>{}); break;
+    default: with_dim(std::integral_constant<int, 256>{}); break;
+  }
 }
 
 }  // namespace pagedllm

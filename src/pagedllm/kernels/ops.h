@@ -14,17 +14,20 @@ inline const char* built_isa() {
 #endif
 }
 
-// Caches in the query's dtype, or int8 with float32 scales (paged_cache.h).
+// Caches in the query's dtype, or int8 with float32 scales (paged_cache.h). softcap,
+// window: AttentionOptions (paged_cache.h), 0 for none.
 torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor key_cache,
                                      torch::Tensor value_cache, torch::Tensor block_tables,
                                      torch::Tensor seq_lens, double scale,
                                      c10::optional<torch::Tensor> key_scales,
-                                     c10::optional<torch::Tensor> value_scales);
+                                     c10::optional<torch::Tensor> value_scales,
+                                     double softcap = 0.0, int64_t window = 0);
 torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
                                       torch::Tensor value_cache, torch::Tensor block_table,
                                       int64_t start, double scale,
                                       c10::optional<torch::Tensor> key_scales,
-                                      c10::optional<torch::Tensor> value_scales);
+                                      c10::optional<torch::Tensor> value_scales,
+                                      double softcap = 0.0, int64_t window = 0);
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
                        torch::Tensor weight, double eps);
 torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos,
@@ -54,9 +57,10 @@ torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::T
 
 // Used by paged_prefill_attention: the tiled bfloat16 prefill kernel (prefill_attention.cpp),
 // given checked arguments. Its output where it applies (bfloat16, built with AVX512-BF16),
-// nothing otherwise.
+// nothing otherwise (head sizes not a multiple of 32 included).
 struct PagedCache;
+struct AttentionOptions;
 c10::optional<torch::Tensor> tiled_prefill_attention(const torch::Tensor& query,
                                                      const PagedCache& cache,
                                                      const torch::Tensor& block_table,
-                                                     int64_t start, double scale);
+                                                     int64_t start, const AttentionOptions& options);

@@ -6,6 +6,17 @@
 #include <torch/extension.h>
 #include <cstdint>
 
+// What a layer's attention adds to softmax(q.k * scale) v: soft-capped scores
+// (cap * tanh(s / cap), Gemma 2), and a sliding window (a query at position p sees p - window
+// + 1 .. p, Mistral and Gemma's local layers). 0: none.
+struct AttentionOptions {
+  float scale;
+  float softcap = 0.f;
+  int64_t window = 0;
+  // The first position a query sees, when its context is positions 0 .. len - 1.
+  int64_t first_visible(int64_t len) const { return window > 0 && len > window ? len - window : 0; }
+};
+
 // One KV head's rows: the cache and its scales offset to the head.
 template <typename cache_t>
 struct HeadRows {

@@ -37,23 +37,28 @@ static inline void prefetch_block(const cache_t* block, int64_t block_size, int6
       __builtin_prefetch(base + (r * token_stride) * static_cast<int64_t>(sizeof(cache_t)) + c);
 }
 
-// Walks one KV head's context block by block: fn(rows, scales, start, n) gets the block's
-// first row (the next rows token_stride apart), its scales (kv_heads apart; null when not
-// quantized), that row's position and how many of the block's rows are in the context,
-// while the rows kPrefetchAhead blocks ahead are asked for.
+// Walks one KV head's context, positions first .. len - 1, block by block: fn(rows, scales,
+// index, n) gets the first row of the block's part in the context (the next rows
+// token_stride apart), its scales (kv_heads apart; null when not quantized), that row's
+// index counted from `first`, and how many rows follow, while the rows kPrefetchAhead
+// blocks ahead are asked for. first > 0 for a sliding window: the blocks before it may be
+// back in the pool already, and are never read.
 template <typename cache_t, typename Fn>
-static inline void for_each_block(const HeadRows<cache_t>& h, const int64_t* table, int64_t len,
-                                  int64_t head_dim, const Fn& fn) {
+static inline void for_each_block(const HeadRows<cache_t>& h, const int64_t* table, int64_t first,
+                                  int64_t len, int64_t head_dim, const Fn& fn) {
   const int64_t block_stride = h.block_size * h.token_stride;
   const int64_t scale_stride = h.block_size * h.kv_heads;
-  for (int64_t start = 0, b = 0; start < len; start += h.block_size, ++b) {
-    if (start + kPrefetchAhead * h.block_size < len) {
+  for (int64_t b = first / h.block_size, pos = first; pos < len; ++b) {
+    const int64_t block_start = b * h.block_size, skip = pos - block_start;
+    if (block_start + kPrefetchAhead * h.block_size < len) {
       const int64_t ahead = table[b + kPrefetchAhead];
       prefetch_block(h.cache + ahead * block_stride, h.block_size, h.token_stride, head_dim);
       if (h.scales)
         for (int64_t c = 0; c < scale_stride; c += 16) __builtin_prefetch(h.scales + ahead * scale_stride + c);
     }
-    fn(h.cache + table[b] * block_stride, h.scales ? h.scales + table[b] * scale_stride : nullptr,
-       start, std::min(h.block_size, len - start));
+    const int64_t n = std::min(h.block_size, len - block_start) - skip;
+    fn(h.cache + table[b] * block_stride + skip * h.token_stride,
+       h.scales ? h.scales + table[b] * scale_stride + skip * h.kv_heads : nullptr, pos - first, n);
+    pos += n;
   }
 }

@@ -13,6 +13,10 @@
 // A token's GROUP query rows are processed together: they see the same keys, and their
 // independent dot-product chains hide the instruction's latency. An int8 cache's rows are
 // dequantized to bfloat16 as they are laid out, so the products are the same code.
+// AttentionOptions (paged_cache.h): soft-capped scores go through a vector tanh before the
+// softmax; under a sliding window a tile lays out only the keys its tokens see, and each
+// token masks the keys before its window as it masks those after itself. Head sizes that
+// are a multiple of 32 (64, 96, 128, 256) take this path; 80 takes the per-token one.
 #include "ops.h"
 #include "paged_cache.h"
 
@@ -45,7 +49,9 @@ struct Chunk {
   const int64_t* table;
   c10::BFloat16* out;  // [T, H, D]
   int64_t heads, start;  // kv_heads and block_size: the cache's
-  float scale;
+  AttentionOptions options;
+  // The first position the token at `position` sees.
+  int64_t first_visible(int64_t position) const { return options.first_visible(position + 1); }
 };
 
 // std::vector storage aligned for 512-bit loads (the key groups hold __m512i).
@@ -83,6 +89,14 @@ inline __m512 exp512(__m512 x) {
   return _mm512_maskz_scalef_ps(live, p, n);
 }
 
+// tanh for 16 floats, from exp512: (e^2x - 1) / (e^2x + 1), x clamped to +-9 where tanh is
+// 1 to float precision (and e^2x stays finite).
+inline __m512 tanh512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-9.f)), _mm512_set1_ps(9.f));
+  const __m512 e = exp512(_mm512_add_ps(x, x));
+  return _mm512_div_ps(_mm512_sub_ps(e, _mm512_set1_ps(1.f)), _mm512_add_ps(e, _mm512_set1_ps(1.f)));
+}
+
 // A cache row as bfloat16 bits: copied, or int8 codes times their scale, rounded to
 // bfloat16 (once per tile, so the products below are the same for both caches).
 template <int D>
@@ -105,11 +119,11 @@ int value_dim(int v, int i) {
   return half * 32 + quarter * 8 + high * 4 + within;
 }
 
-// Tokens t0 .. t0 + nt - 1, the query heads of KV head kv. The tile's keys are laid out once
-// (kt, vp: thread-local buffers, one group of 16 keys after another); then each token walks
-// its groups with its rows' running maximum, sum and output in registers.
+// Tokens t0 .. t0 + nt - 1, query heads head0 .. head0 + G - 1 of KV head kv. The tile's keys
+// are laid out once (kt, vp: thread-local buffers, one group of 16 keys after another); then
+// each token walks its groups with its rows' running maximum, sum and output in registers.
 template <typename cache_t, int D, int G>
-void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
+void attend_tile(const Chunk& c, int64_t kv, int64_t head0, int64_t t0, int64_t nt) {
   constexpr int P = D / 2;   // bf16 pairs in a key row
   constexpr int V = D / 16;  // float32 vectors in an output row
   struct KeyGroup {
@@ -119,16 +133,20 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
   const HeadRows<cache_t> key_rows = c.cache.head_rows<cache_t>(c.cache.key, c.cache.key_scales, kv);
   const HeadRows<cache_t> value_rows = c.cache.head_rows<cache_t>(c.cache.value, c.cache.value_scales, kv);
   const int64_t last = c.start + t0 + nt - 1;   // the last position any row sees
-  const int64_t groups = last / kKeys + 1;
+  const int64_t first_seen = c.first_visible(c.start + t0);  // the first position any row sees
+  const int64_t first_group = first_seen / kKeys;
+  const int64_t groups = last / kKeys + 1 - first_group;
   thread_local std::vector<KeyGroup, AlignedAllocator<KeyGroup>> buffer;
   if (static_cast<int64_t>(buffer.size()) < groups) buffer.resize(groups);
   for (int64_t gi = 0; gi < groups; ++gi) {
     KeyGroup& kg = buffer[gi];
-    const int64_t k0 = gi * kKeys;
+    const int64_t k0 = (first_group + gi) * kKeys;
     const int nk = static_cast<int>(std::min<int64_t>(kKeys, last + 1 - k0));
     alignas(64) uint16_t values[kKeys][D];
     for (int k = 0; k < kKeys; ++k) {
-      if (k < nk) {
+      // Keys before the window are laid out as zeros, like those past the context: their
+      // blocks may be back in the pool, and a weight of 0 times NaN is still NaN.
+      if (k < nk && k0 + k >= first_seen) {
         const int64_t pos = k0 + k;
         const int64_t block_size = c.cache.block_size;
         const int64_t slot = c.table[pos / block_size] * block_size + pos % block_size;
@@ -156,7 +174,8 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
   }
   for (int64_t t = 0; t < nt; ++t) {
     const int64_t position = c.start + t0 + t;
-    const auto* q = reinterpret_cast<const uint32_t*>(c.query + (t0 + t) * c.heads * D + kv * G * D);
+    const int64_t first = c.first_visible(position);
+    const auto* q = reinterpret_cast<const uint32_t*>(c.query + (t0 + t) * c.heads * D + head0 * D);
     float row_max[G], row_sum[G];
     __m512 out[G][V];
     for (int g = 0; g < G; ++g) {
@@ -164,9 +183,10 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
       row_sum[g] = 0.f;
       for (int v = 0; v < V; ++v) out[g][v] = _mm512_setzero_ps();
     }
-    for (int64_t gi = 0; gi * kKeys <= position; ++gi) {
-      const KeyGroup& kg = buffer[gi];
+    for (int64_t gi = first / kKeys; gi * kKeys <= position; ++gi) {
+      const KeyGroup& kg = buffer[gi - first_group];
       const int visible = static_cast<int>(std::min<int64_t>(position - gi * kKeys + 1, kKeys));
+      const int hidden = static_cast<int>(std::max<int64_t>(first - gi * kKeys, 0));  // before the window
       // S chains of dot products per row: with G rows, enough in flight for the latency.
       constexpr int S = G >= 4 ? 2 : 4;
       __m512 s[G][S];
@@ -180,11 +200,15 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
         }
       for (int g = 0; g < G; ++g)
         for (int i = 1; i < S; ++i) s[g][0] = _mm512_add_ps(s[g][0], s[g][i]);
-      // Keys after this token (and past the context) are masked out: probability 0.
-      const __mmask16 keep = static_cast<__mmask16>((1u << visible) - 1u);
+      // Keys after this token (and past the context), and before its window, are masked
+      // out: probability 0.
+      const __mmask16 keep = static_cast<__mmask16>(((1u << visible) - 1u) & ~((1u << hidden) - 1u));
       alignas(64) uint32_t prob_pairs[G][kKeys / 2];
       for (int g = 0; g < G; ++g) {
-        __m512 sg = _mm512_mul_ps(s[g][0], _mm512_set1_ps(c.scale));
+        __m512 sg = _mm512_mul_ps(s[g][0], _mm512_set1_ps(c.options.scale));
+        if (c.options.softcap > 0.f)
+          sg = _mm512_mul_ps(tanh512(_mm512_mul_ps(sg, _mm512_set1_ps(1.f / c.options.softcap))),
+                             _mm512_set1_ps(c.options.softcap));
         sg = _mm512_mask_blend_ps(keep, _mm512_set1_ps(kMasked), sg);
         const float group_max = _mm512_reduce_max_ps(sg);
         if (group_max > row_max[g]) {  // a new maximum: rescale what was summed so far
@@ -206,7 +230,7 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
                                          (__m512bh)_mm512_set1_epi32(prob_pairs[g][j]));
     }
     for (int g = 0; g < G; ++g) {
-      c10::BFloat16* o = c.out + (t0 + t) * c.heads * D + (kv * G + g) * D;
+      c10::BFloat16* o = c.out + (t0 + t) * c.heads * D + (head0 + g) * D;
       const float inv = 1.f / row_sum[g];
       alignas(64) float row[D];
       for (int v = 0; v < V; ++v) _mm512_store_ps(row + 16 * v, out[g][v]);
@@ -220,15 +244,17 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t t0, int64_t nt) {
 template <typename cache_t, int D, int G>
 void run_tiles(const Chunk& c, int64_t tokens) {
   const int64_t tiles = (tokens + kTileTokens - 1) / kTileTokens;
-  const int64_t tasks = tiles * c.cache.kv_heads;
+  const int64_t group = c.heads / c.cache.kv_heads, parts = group / G;  // pagedllm::task_group
+  const int64_t tasks = tiles * c.cache.kv_heads * parts;
   // One task at a time, longest (latest tile) first, so that the threads end together.
   const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), tasks));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < tasks; ++i) {
     const int64_t task = tasks - 1 - i;
-    const int64_t tile = task / c.cache.kv_heads, kv = task % c.cache.kv_heads;
+    const int64_t tile = task / (c.cache.kv_heads * parts), kv = task / parts % c.cache.kv_heads;
     const int64_t t0 = tile * kTileTokens;
-    attend_tile<cache_t, D, G>(c, kv, t0, std::min(kTileTokens, tokens - t0));
+    attend_tile<cache_t, D, G>(c, kv, kv * group + task % parts * G, t0,
+                               std::min(kTileTokens, tokens - t0));
   }
 }
 
@@ -239,18 +265,20 @@ void run_tiles(const Chunk& c, int64_t tokens) {
 c10::optional<torch::Tensor> tiled_prefill_attention(const torch::Tensor& query,
                                                      const PagedCache& cache,
                                                      const torch::Tensor& block_table,
-                                                     int64_t start, double scale) {
+                                                     int64_t start, const AttentionOptions& options) {
 #if defined(__AVX512BF16__)
-  if (query.scalar_type() != at::kBFloat16) return c10::nullopt;
+  if (query.scalar_type() != at::kBFloat16 || query.size(2) % 32 != 0) return c10::nullopt;
   auto out = torch::empty_like(query);
   const int64_t tokens = query.size(0), heads = query.size(1), kv_heads = cache.kv_heads;
   if (tokens == 0) return out;  // nothing to attend (and no thread team of 0)
   const Chunk c{query.data_ptr<c10::BFloat16>(), cache, block_table.data_ptr<int64_t>(),
-                out.data_ptr<c10::BFloat16>(), heads, start, static_cast<float>(scale)};
+                out.data_ptr<c10::BFloat16>(), heads, start, options};
   pagedllm::dispatch_head_shape(query.size(2), heads / kv_heads, [&](auto dim, auto group) {
     constexpr int D = decltype(dim)::value, G = decltype(group)::value;
-    if (cache.quantized) run_tiles<int8_t, D, G>(c, tokens);
-    else run_tiles<c10::BFloat16, D, G>(c, tokens);
+    if constexpr (D % 32 == 0) {  // checked above; no code for the other sizes
+      if (cache.quantized) run_tiles<int8_t, D, G>(c, tokens);
+      else run_tiles<c10::BFloat16, D, G>(c, tokens);
+    }
   });
   return out;
 #else

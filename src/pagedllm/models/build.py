@@ -127,7 +127,7 @@ def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
     ops = kernel_ops()
     config = model.config
     if (ops is None or model.dtype != torch.bfloat16 or config.num_experts
-            or config.sandwich_norms or config.sliding_layers):
+            or config.sandwich_norms or config.sliding_window is not None):
         return None  # (the C++ loop runs Llama-shaped layers with dense MLPs, no window, only)
     weights, max_rows, exact_max_rows = [], [], []
     for layer in model.layers:

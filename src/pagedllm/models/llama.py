@@ -83,16 +83,19 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops) if config.qk_norm else None
         self.rotary = rotary
         self.ops = ops
-        # Interleaved sliding-window layers (Gemma 2, 3): the window applies here, and these
-        # layers read their own block tables (meta.window) when the cache keeps them apart.
-        self.window = config.sliding_window if layer_index in config.sliding_layers else None
-        if (config.attn_softcap is not None or config.attn_scale is not None
-                or self.window is not None):
-            self.backend = SoftcapBackend(self.num_heads, self.num_kv_heads, self.head_dim,
-                                          scale=config.attn_scale, softcap=config.attn_softcap,
-                                          window=self.window)
+        # Sliding-window layers (all of Mistral's, every other of Gemma's): the window applies
+        # here, and interleaved ones read their own block tables (meta.window) when the cache
+        # keeps them apart.
+        self.window = config.sliding_window if config.slides(layer_index) else None
+        # Gemma's and Mistral's options: the batched backend's kernels take them; the
+        # reference backend leaves them to the plain-torch SoftcapBackend.
+        options = {name: value for name, value in (("scale", config.attn_scale),
+                   ("softcap", config.attn_softcap), ("window", self.window)) if value is not None}
+        shape = (self.num_heads, self.num_kv_heads, self.head_dim)
+        if options and backend != "batched":
+            self.backend = SoftcapBackend(*shape, **options)
         else:
-            self.backend = BACKENDS[backend](self.num_heads, self.num_kv_heads, self.head_dim)
+            self.backend = BACKENDS[backend](*shape, **options)
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata):
         if self.window is not None and meta.window is not None:
