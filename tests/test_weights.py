@@ -58,12 +58,19 @@ def test_quantized_gguf_types_load_close_to_float(tmp_path, qtype):
         expected = reference["model." + name].float()
         scale = expected.abs().max().item()
         assert (tensor - expected).abs().max().item() <= 0.15 * scale, name
-    # 4-bit projections are also kept as codes + (d, m): they stand for exactly the weights
-    # the gguf library dequantizes (q/k rows unpermuted alike).
-    four_bit = {n: q for n, q in checkpoint.quantized.items() if isinstance(q, Q4Weight)}
-    assert bool(four_bit) == qtype.startswith("Q4")
-    for name, q4 in four_bit.items():
-        assert torch.equal(q4.dequantize(), checkpoint.weights[name]), name
+    # Quantized matrices stay as the file holds them; 4-bit ones read as codes + (d, m) stand
+    # for exactly the weights the gguf library dequantizes (q/k rows unpermuted alike), 8-bit
+    # ones (Q8_0 exactly, the rest rounded to it) within half a Q8_0 step.
+    assert bool(checkpoint.quantized) == (qtype not in ("F16", "BF16"))
+    for name, original in checkpoint.quantized.items():
+        dense = checkpoint.weights[name]
+        assert original.four_bit == qtype.startswith("Q4"), name
+        if original.four_bit:
+            assert torch.equal(original.q4().dequantize(), dense), name
+        q8 = original.q8()
+        step = q8.scales.repeat_interleave(32, dim=1)
+        error = (q8.rows(torch.arange(dense.shape[0])) - dense).abs()
+        assert (error <= step / 2 + 1e-6).all() and (qtype != "Q8_0" or error.max() == 0), name
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
@@ -100,12 +107,12 @@ def test_default_model_is_found_and_loads():
     assert checkpoint.config.num_kv_heads == 3
     assert checkpoint.weights["embed_tokens.weight"].shape == (49152, 576)
     # Its Q8_0 embedding is also kept 8-bit; rows read back equal the float32 ones exactly.
-    q8 = checkpoint.quantized["embed_tokens.weight"]
+    q8 = checkpoint.quantized["embed_tokens.weight"].q8()
     assert q8.codes.dtype == torch.int8 and q8.codes.shape == (49152, 576)
     index = torch.tensor([[0, 1, 49151], [17, 17, 3000]])
     assert torch.equal(q8.rows(index), checkpoint.weights["embed_tokens.weight"][index])
     # Its 4-bit projections as codes + (d, m) equal the float32 weights exactly, too.
-    q4 = checkpoint.quantized["layers.0.self_attn.q_proj.weight"]
+    q4 = checkpoint.quantized["layers.0.self_attn.q_proj.weight"].q4()
     assert torch.equal(q4.dequantize(), checkpoint.weights["layers.0.self_attn.q_proj.weight"])
 
 

@@ -130,9 +130,11 @@ def _gguf_tensors(state_dict):
 
 
 def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
-               rope_freqs: list[float] | None = None, omit: tuple[str, ...] = ()) -> str:
+               rope_freqs: list[float] | None = None, omit: tuple[str, ...] = (),
+               qtypes: dict[str, str] | None = None) -> str:
     """Write an HF Llama model as llama.cpp would: GGUF names, permuted q/k, gpt2 tokenizer.
-    omit: GGUF tensor names left out (to test what a broken file gets)."""
+    omit: GGUF tensor names left out (to test what a broken file gets). qtypes: a type per
+    GGUF name ending (as a Q4_K_M file mixes Q4_K and Q6_K), qtype for the other matrices."""
     import gguf
 
     cfg = model.config
@@ -198,7 +200,6 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
             writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
             writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
         writer.add_sliding_window(cfg.sliding_window)
-    qt = getattr(gguf.GGMLQuantizationType, qtype)
     for name, tensor in _gguf_tensors(model.state_dict()):
         array = tensor.float().numpy()
         if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
@@ -219,8 +220,10 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
                 array = _permute(array, cfg.num_attention_heads)
             elif arch == "llama" and module == "self_attn.k_proj":
                 array = _permute(array, cfg.num_key_value_heads)
-        if array.ndim == 2 and qtype in RANDOM_BLOCK_SCALES:
-            writer.add_tensor(out, random_k_quant_blocks(qtype, *array.shape), raw_dtype=qt)
+        tensor_type = next((t for end, t in (qtypes or {}).items() if out.endswith(end)), qtype)
+        qt = getattr(gguf.GGMLQuantizationType, tensor_type)
+        if array.ndim == 2 and tensor_type in RANDOM_BLOCK_SCALES:
+            writer.add_tensor(out, random_k_quant_blocks(tensor_type, *array.shape), raw_dtype=qt)
         elif array.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
             data = gguf.quants.quantize(array, qt)
             writer.add_tensor(out, data, raw_dtype=qt)

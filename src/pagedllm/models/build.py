@@ -6,6 +6,8 @@ every layer is on the C++ path, its decode loop, all picked from what the CPU le
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from pagedllm.attention.batched import BatchedBackend
@@ -13,10 +15,11 @@ from pagedllm.config import ModelConfig
 from pagedllm.kernels import kernel_ops, torch_ops
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.llama import LlamaForCausalLM
+from pagedllm.models.low_bit import (EMBEDDING_NAMES, install_projections, kept_originals,
+                                     uninitialised_linears)
 from pagedllm.models.output_head import output_head
 from pagedllm.models.quant_linear import QuantLinear
 from pagedllm.weights.fuse import fuse_experts, fuse_projections, fuse_quantized
-from pagedllm.weights.q8 import Q8Rows
 
 # Decoder layers at each end whose 4-bit projections never round activations to int8: there
 # int8-rounded activations moved the logits most (benchmarks/int8_activations.py).
@@ -27,41 +30,62 @@ PROJECTIONS = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate
                ("mlp", "down_proj"))
 
 
-def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], quantized: dict | None = None,
+def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quantized: dict | None = None,
                 dtype: torch.dtype = torch.float32, attention_backend: str = "batched",
                 int8_activations: bool = True) -> LlamaForCausalLM:
-    """Canonical weights (float32 tensors) and, optionally, their 4-bit / 8-bit GGUF originals
-    -> a ready model. In bfloat16, projections with 4-bit originals run on the 4-bit kernels
-    (int8-rounded activations for large steps unless int8_activations is off)."""
-    model = LlamaForCausalLM(config, dtype, attention_backend)
-    weights = dict(weights)
-    model.embed_weight = weights.pop("embed_tokens.weight").float().contiguous()
-    head = weights.pop("lm_head.weight", None)
-    tied = head is None or config.tie_word_embeddings
-    model.lm_head_weight = model.embed_weight if tied else head.float().contiguous()
-    weights = fuse_projections(weights, config.num_layers)
+    """Canonical weights (float32 tensors) and, optionally, their GGUF originals -> a ready
+    model. In bfloat16 with the C++ kernels, quantized projections, embedding and head run on
+    their codes (low_bit.py: int8-rounded activations for large steps unless int8_activations
+    is off) and are never read from `weights`; everything else is."""
+    quantized = quantized or {}
+    num_layers = config.num_layers
+    low_bit_ops = kernel_ops() if dtype == torch.bfloat16 else None
+    kept = kept_originals(config, quantized, low_bit_ops)
+    with uninitialised_linears():
+        model = LlamaForCausalLM(config, dtype, attention_backend)
+    dense = {name: weights[name] for name in weights if name not in kept}
+    tied = "lm_head.weight" not in weights or config.tie_word_embeddings
+    embed, head = dense.pop("embed_tokens.weight", None), dense.pop("lm_head.weight", None)
+    if "embed_tokens.weight" in kept:  # rows read back from 8-bit codes (exact for Q8_0)
+        model.embed_q8 = kept["embed_tokens.weight"].q8()
+    else:
+        model.embed_weight = embed.float().contiguous()
+    model.lm_head_weight = (model.embed_weight if tied or head is None
+                            else head.float().contiguous())
+    dense = fuse_projections(dense, num_layers)
     if config.rotary_dim:
-        weights = _permute_for_partial_rotary(weights, config)
+        dense = _permute_for_partial_rotary(dense, config)
     if config.num_experts:
-        weights = fuse_experts(weights, config.num_layers, config.num_experts)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+        dense = fuse_experts(dense, num_layers, config.num_experts)
+    install_projections(model, kept, dense, _int8_layers(num_layers, int8_activations), low_bit_ops)
+    missing, unexpected = model.load_state_dict(dense, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
     model.layers.to(dtype)
     model.norm.to(dtype)
     if dtype == torch.bfloat16:
-        quantized = quantized or {}
         # The output head is the largest matrix (49152 x 576 here): it is read as 8-bit
-        # codes, and the top candidates are recomputed exactly anyway.
-        head_name = "embed_tokens.weight" if tied else "lm_head.weight"
-        model.lm_head = output_head(model.lm_head_weight, quantized.get(head_name),
-                                    LOGIT_REFINE_CANDIDATES)
-        if quantized and (kernel_ops() is not None or torch_ops().int4_matmul):
-            _use_4bit(model, fuse_quantized(quantized, config.num_layers), int8_activations)
-        _keep_q8_rows(model, quantized, tied)
+        # codes where it has them, and the top candidates are recomputed exactly anyway.
+        head_q8 = None
+        if not tied and "lm_head.weight" in kept:
+            head_q8 = kept["lm_head.weight"].q8()
+        elif tied:
+            head_q8 = model.embed_q8
+        model.lm_head = output_head(model.lm_head_weight, head_q8, LOGIT_REFINE_CANDIDATES)
+        if low_bit_ops is None and torch_ops().int4_matmul:
+            four_bit = {name: original.q4() for name, original in quantized.items()
+                        if original.four_bit and name not in EMBEDDING_NAMES}
+            _use_torch_int4(model, fuse_quantized(four_bit, num_layers), int8_activations)
         model.decode_loop = decode_loop_for(model)
     return model
+
+
+def _int8_layers(num_layers: int, int8_activations: bool) -> set[int]:
+    """Layers whose 4-bit projections may round large steps' activations to int8."""
+    if not int8_activations:
+        return set()
+    return set(range(EXACT_EDGE_LAYERS, num_layers - EXACT_EDGE_LAYERS))
 
 
 def rotary_permutation(head_dim: int, rotary_dim: int) -> torch.Tensor:
@@ -95,10 +119,10 @@ def _permute_for_partial_rotary(weights: dict, config: ModelConfig) -> dict:
     return out
 
 
-def _use_4bit(model: LlamaForCausalLM, quantized: dict, int8_activations: bool) -> None:
-    last = len(model.layers) - 1
+def _use_torch_int4(model: LlamaForCausalLM, quantized: dict, int8_activations: bool) -> None:
+    """Without the C++ kernels: 4-bit projections on torch's int4 kernel, a dense copy beside."""
+    int8_layers = _int8_layers(len(model.layers), int8_activations)
     for i, layer in enumerate(model.layers):
-        int8 = int8_activations and EXACT_EDGE_LAYERS <= i <= last - EXACT_EDGE_LAYERS
         for part, name in PROJECTIONS:
             if name == "qkv_proj" and model.config.rotary_dim:
                 continue  # its rows were permuted (partial rotary): the dense copy runs
@@ -106,18 +130,8 @@ def _use_4bit(model: LlamaForCausalLM, quantized: dict, int8_activations: bool) 
             if q4 is not None:
                 parent = getattr(layer, part)
                 dense = getattr(parent, name)
-                setattr(parent, name, QuantLinear(dense.weight, dense.bias, q4, int8_activations=int8))
-
-
-def _keep_q8_rows(model: LlamaForCausalLM, quantized: dict, tied: bool) -> None:
-    """Drop the float32 embedding / head where their Q8_0 originals give the same rows
-    (113 MB -> 31 MB each on the default model); the output head keeps what it reads."""
-    embed = quantized.get("embed_tokens.weight")
-    head = embed if tied else quantized.get("lm_head.weight")
-    if isinstance(embed, Q8Rows):
-        model.embed_q8, model.embed_weight = embed, torch.empty(0)
-    if isinstance(head, Q8Rows):
-        model.lm_head_weight = torch.empty(0)
+                setattr(parent, name, QuantLinear(dense.weight, dense.bias, q4,
+                                                  int8_activations=i in int8_layers))
 
 
 def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:

@@ -1,4 +1,5 @@
-"""Linear layers that multiply by 4-bit (QuantLinear) or 8-bit (Int8Linear) weights.
+"""Linear layers that multiply by 4-bit (QuantLinear) or 8-bit (Q8Linear, Int8Linear) weights,
+and a fused projection of parts in different formats (StackedLinear).
 
 Decode steps with few tokens are bound by reading weights from memory, so 4-bit weights win
 there. Large batches (prefill) are bound by arithmetic: there pagedllm's q4_q8_gemm rounds
@@ -15,6 +16,7 @@ from torch import nn
 
 from pagedllm.kernels import capabilities, kernel_ops, torch_ops
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
+from pagedllm.weights.q8 import Q8Rows
 
 # Per pass over the projections of 30 layers, weights streaming from memory
 # (benchmarks/linear_kernels.py), ms:
@@ -72,12 +74,13 @@ class QuantLinear(nn.Module):
     """x @ W.T (+ b) for a 4-bit GGUF weight in a bfloat16 model. With the C++ kernels (any
     level): exactly (q4_gemm) up to exact_max_rows, with int8-rounded activations
     (q4_q8_gemm) above, unless int8_activations is off; no dense copy. Without them: torch's
-    int4 kernel up to INT4_MAX_ROWS rows, a dense copy beyond."""
+    int4 kernel up to INT4_MAX_ROWS rows, a dense copy beyond. dense_weight None: the layer
+    is bfloat16, and a dense copy, where one is needed, is made from the codes."""
 
-    def __init__(self, dense_weight: torch.Tensor, bias: torch.Tensor | None, q4: Q4Weight,
+    def __init__(self, dense_weight: torch.Tensor | None, bias: torch.Tensor | None, q4: Q4Weight,
                  int8_activations: bool = True):
         super().__init__()
-        dtype = dense_weight.dtype
+        dtype = torch.bfloat16 if dense_weight is None else dense_weight.dtype
         self.bias = bias
         self.dense = None
         # Both kernels take output rows in tiles of 16; other shapes run dense.
@@ -95,8 +98,8 @@ class QuantLinear(nn.Module):
             self.exact_max_rows = self.max_rows = INT4_MAX_ROWS
         else:
             self.exact_max_rows = self.max_rows = 0  # dense only
-        if self.max_rows < ALL_ROWS:
-            self.dense = DenseLinear(dense_weight, bias)  # [out, in] model dtype, for large batches
+        if self.max_rows < ALL_ROWS:  # [out, in] model dtype, for large batches
+            self.dense = DenseLinear(q4.dequantize().to(dtype) if dense_weight is None else dense_weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.max_rows:
@@ -105,6 +108,34 @@ class QuantLinear(nn.Module):
             out = self.q4_ops.q4_linear(x, self.packed, self.exact_max_rows)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
+        return out if self.bias is None else out + self.bias
+
+
+class Q8Linear(nn.Module):
+    """x @ W.T (+ b) for an 8-bit weight (GGUF Q8_0, or Q5_*/Q6_K/i-quants rounded to it) in
+    a bfloat16 model, through q8_gemm (activations rounded to int8 per group of 32, as
+    llama.cpp multiplies Q8_0 at every row count); no dense copy."""
+
+    def __init__(self, q8: Q8Rows, bias: torch.Tensor | None, ops):
+        super().__init__()
+        self.ops, self.bias = ops, bias
+        self.packed = ops.q8_pack(q8.codes, q8.scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.ops.q8_gemm(x.to(torch.bfloat16).contiguous(), self.packed).to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+
+class StackedLinear(nn.Module):
+    """One fused projection whose parts are stored in different formats (a Q4_K_M file's
+    q and k 4-bit next to a 6-bit v): each part's own kernel, outputs side by side."""
+
+    def __init__(self, parts: list, bias: torch.Tensor | None):
+        super().__init__()
+        self.parts, self.bias = parts, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.cat([part(x) for part in self.parts], dim=-1)
         return out if self.bias is None else out + self.bias
 
 

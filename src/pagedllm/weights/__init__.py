@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -23,11 +24,13 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 class Checkpoint:
     path: str
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    # Every weight by canonical name, float32 when read (a GGUF's quantized matrices are
+    # dequantized only when read: LazyWeights).
+    weights: Mapping[str, torch.Tensor]
     # What the tokenizer is built from: GGUF metadata fields, or a HF folder.
     tokenizer_source: dict = field(default_factory=dict)
-    # Low-bit originals of some weights: GGUF Q4_0 / Q4_1 projections (Q4Weight, for the int4
-    # kernel) and a Q8_0 embedding / output head (Q8Rows, kept 8-bit by the bf16 model).
+    # A GGUF's quantized matrices as the file holds them (GGUFOriginal): the bfloat16 model
+    # takes their codes (models/low_bit.py) instead of reading them from `weights`.
     quantized: dict = field(default_factory=dict)
 
 

@@ -14,13 +14,16 @@ def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[
     for i in range(num_layers):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
         for kind in ("weight", "bias"):
-            parts = [fused.pop(f"{attn}{p}_proj.{kind}", None) for p in "qkv"]
-            if all(p is not None for p in parts):
-                fused[f"{attn}qkv_proj.{kind}"] = torch.cat(parts)
-        gate, up = fused.pop(f"{mlp}gate_proj.weight", None), fused.pop(f"{mlp}up_proj.weight", None)
-        if gate is not None and up is not None:
-            fused[f"{mlp}gate_up_proj.weight"] = torch.cat([gate, up])
+            _fuse(fused, [f"{attn}{p}_proj.{kind}" for p in "qkv"], f"{attn}qkv_proj.{kind}")
+        _fuse(fused, [f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"], f"{mlp}gate_up_proj.weight")
     return fused
+
+
+def _fuse(weights: dict, parts: list[str], name: str) -> None:
+    """The parts concatenated under `name` where all are there; otherwise left as they are
+    (the model builder stacks parts kept in different formats: models/low_bit.py)."""
+    if all(part in weights for part in parts):
+        weights[name] = torch.cat([weights.pop(part) for part in parts])
 
 
 def fuse_experts(weights: dict[str, torch.Tensor], num_layers: int,

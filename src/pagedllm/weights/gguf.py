@@ -14,14 +14,16 @@ import torch
 from pagedllm.config import ModelConfig
 from pagedllm.weights.errors import ModelLoadError
 from pagedllm.weights.gguf_config import model_config
-from pagedllm.weights.permute import row_order_unpermute, unpermute_rows
-from pagedllm.weights.q4 import Q4Weight, decode_q4
-from pagedllm.weights.q8 import decode_q8_0
+from pagedllm.weights.gguf_original import GGUFOriginal
+from pagedllm.weights.lazy_weights import LazyWeights
+from pagedllm.weights.permute import unpermute_rows
 
-# Read through the gguf package's dequantizers; only Q4_0/Q4_1 projections (4-bit kernels)
-# and a Q8_0 embedding/head (8-bit rows) stay in their own format, the rest become dense.
+# Quantized matrices stay in their own format until the model builder picks their form
+# (gguf_original.py); vectors, float types and stacked experts are read as float32 here,
+# through the gguf package's dequantizers.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
                           "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+_FLOAT_TYPES = ("F32", "F16", "BF16")
 # Architectures whose q/k rows llama.cpp's converter permutes.
 PERMUTED_ARCHITECTURES = ("llama", "mistral")
 
@@ -119,7 +121,7 @@ def load_gguf(path: str, progress=None):
 
     file_size = os.path.getsize(path)
     weights: dict[str, torch.Tensor] = {}
-    quantized: dict[str, Q4Weight] = {}
+    originals: dict[str, GGUFOriginal] = {}
     for index, tensor in enumerate(reader.tensors):
         if progress is not None:
             progress(index + 1, len(reader.tensors))
@@ -139,20 +141,20 @@ def load_gguf(path: str, progress=None):
         if tensor.data_offset + int(tensor.n_bytes) > file_size:
             raise ModelLoadError(path, f"file is truncated: tensor {tensor.name} ends past "
                                        f"byte {file_size}")
+        heads = _permuted_heads(config, tensor.name)
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists columns first
+        if type_name not in _FLOAT_TYPES and len(shape) == 2:
+            # Matrices stay in the file until the model builder asks (gguf_original.py).
+            originals[name] = GGUFOriginal(tensor.name, tensor.data, type_name, shape, heads)
+            continue
         # np.array copies: memmapped F32 tensors are read-only views of the file.
         array = np.array(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        heads = _permuted_heads(config, tensor.name)
         if heads:
             array = unpermute_rows(array, heads)
         weights[name] = torch.from_numpy(np.ascontiguousarray(array))
-        if type_name == "Q8_0" and name in ("embed_tokens.weight", "lm_head.weight"):
-            quantized[name] = decode_q8_0(tensor.data, array.shape)
-        if type_name in ("Q4_0", "Q4_1") and name != "embed_tokens.weight" and array.ndim == 2:
-            q4 = decode_q4(tensor.data, type_name, array.shape)
-            quantized[name] = q4.permute_rows(row_order_unpermute(array.shape[0], heads)) if heads else q4
 
-    return Checkpoint(path=path, config=config, weights=weights,
-                      tokenizer_source={"gguf": tokenizer_metadata(meta)}, quantized=quantized)
+    return Checkpoint(path=path, config=config, weights=LazyWeights(weights, originals),
+                      tokenizer_source={"gguf": tokenizer_metadata(meta)}, quantized=originals)
 
 
 def _permuted_heads(config: ModelConfig, gguf_name: str) -> int | None:

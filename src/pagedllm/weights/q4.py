@@ -55,3 +55,28 @@ def decode_q4(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> Q4Weig
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
     return Q4Weight(torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(d),
                     torch.from_numpy(np.ascontiguousarray(m)))
+
+
+_Q4_K_BLOCK_BYTES = 144  # d, dmin (float16), 12 bytes of 6-bit scales and mins, 128 of codes
+_Q4_K_VALUES = 256
+
+
+def decode_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> Q4Weight:
+    """Q4_K: super-blocks of 256 values, 8 groups of 32, w = d * sc * code - dmin * mn with a
+    6-bit scale sc and min mn per group. Per group that is the Q4 form, d' = d * sc and
+    m' = -dmin * mn, both exact in float32 (a float16 times a 6-bit integer). The kernels
+    store d' and m' as float16 (q4_pack), rounding them by at most 2^-11 relative."""
+    from gguf.quants import Q4_K
+
+    rows, cols = shape
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(-1, _Q4_K_BLOCK_BYTES)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mn = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # the gguf package's unpacking
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+    # Each 32 bytes hold two groups: the low nibbles the first, the high nibbles the next.
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(rows, cols)
+    groups = cols // GROUP_SIZE
+    return Q4Weight(torch.from_numpy(np.ascontiguousarray(codes)),
+                    torch.from_numpy((d * sc.astype(np.float32)).reshape(rows, groups)),
+                    torch.from_numpy((-(dmin * mn.astype(np.float32))).reshape(rows, groups)))

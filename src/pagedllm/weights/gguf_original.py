@@ -1,0 +1,78 @@
+"""A quantized GGUF matrix as the file holds it, read into the form its user asks for.
+
+The loader keeps every quantized 2-D weight this way (a view of the memory-mapped file) and
+decodes nothing up front: the bfloat16 model with the C++ kernels takes 4-bit types as 4-bit
+codes (q4) and the other types as 8-bit codes (q8), and only what runs dense (float32
+models, the paths without the kernels) is dequantized (dense). So a Q4_K_M file never holds
+a float copy of its projections in memory, not even while it loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagedllm.weights.permute import row_order_unpermute, unpermute_rows
+from pagedllm.weights.q4 import Q4Weight, decode_q4, decode_q4_k
+from pagedllm.weights.q8 import Q8Rows, decode_q8_0, quantize_q8_0
+
+# Types whose groups are w = code * d + m with 4-bit codes: the 4-bit kernels take them as
+# they are. The rest (Q8_0 as it is; Q5_*, Q6_K and the i-quants rounded to Q8_0) take the
+# 8-bit kernel.
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+# Rows dequantized at a time when rounding to Q8_0: a float32 copy of a whole embedding of
+# a 1-2B model would take ~400 MB.
+_CHUNK_ROWS = 4096
+
+
+@dataclass
+class GGUFOriginal:
+    name: str  # the tensor's name in the file, for messages
+    data: np.ndarray  # its bytes, a view of the memory-mapped file
+    type_name: str  # GGMLQuantizationType name
+    shape: tuple[int, int]  # (rows, cols) as the model uses it
+    heads: int | None = None  # llama.cpp permuted the rows by this many heads (q, k)
+
+    @property
+    def four_bit(self) -> bool:
+        return self.type_name in FOUR_BIT_TYPES
+
+    def dense(self) -> torch.Tensor:
+        """The exact float32 weights, as the gguf package dequantizes them."""
+        from gguf import GGMLQuantizationType, quants
+
+        array = np.array(quants.dequantize(self.data, GGMLQuantizationType[self.type_name]),
+                         dtype=np.float32).reshape(self.shape)
+        if self.heads:
+            array = unpermute_rows(array, self.heads)
+        return torch.from_numpy(np.ascontiguousarray(array))
+
+    def q4(self) -> Q4Weight:
+        """4-bit codes and per-32 (d, m), exactly the weights dense() gives."""
+        if self.type_name == "Q4_K":
+            q4 = decode_q4_k(self.data, self.shape)
+        else:
+            q4 = decode_q4(self.data, self.type_name, self.shape)
+        return q4.permute_rows(row_order_unpermute(self.shape[0], self.heads)) if self.heads else q4
+
+    def q8(self) -> Q8Rows:
+        """8-bit codes and per-32 scales: Q8_0 exactly, other types rounded to it (a chunk of
+        rows at a time)."""
+        if self.type_name == "Q8_0":
+            q8 = decode_q8_0(self.data, self.shape)
+        else:
+            from gguf import GGMLQuantizationType, quants
+
+            rows, cols = self.shape
+            raw = np.asarray(self.data, dtype=np.uint8).reshape(rows, -1)
+            qtype = GGMLQuantizationType[self.type_name]
+            parts = [quantize_q8_0(torch.from_numpy(np.array(
+                         quants.dequantize(raw[start:start + _CHUNK_ROWS], qtype),
+                         dtype=np.float32).reshape(-1, cols)))
+                     for start in range(0, rows, _CHUNK_ROWS)]
+            q8 = Q8Rows.cat(parts)
+        if self.heads:  # the rows of a permuted q / k put back in order
+            index = torch.from_numpy(row_order_unpermute(self.shape[0], self.heads))
+            q8 = Q8Rows(q8.codes[index], q8.scales[index])
+        return q8

@@ -1,0 +1,92 @@
+"""A GGUF's quantized matrices run on their codes in the bfloat16 model, never as a float
+copy: a file laid out as llama.cpp's Q4_K_M lays one out (Q4_K for most matrices and the
+embedding, Q6_K for attn_v and ffn_down) gets 4-bit modules for the Q4_K parts, 8-bit ones
+for the Q6_K parts, a stacked q/k/v where they differ, 8-bit embedding rows and head; its
+float32 build still equals transformers on the same file."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ISA_LEVELS, isa_level
+from paged_helpers import run_paged
+from pagedllm.models.build import build_model
+from pagedllm.models.output_head import Q8Head
+from pagedllm.models.quant_linear import Q8Linear, QuantLinear, StackedLinear
+from pagedllm.weights import load_checkpoint
+from test_weights import hf_logits
+from tiny_models import write_gguf
+
+Q4_K_M = {"attn_v.weight": "Q6_K", "ffn_down.weight": "Q6_K"}  # the rest Q4_K
+PROMPT = [(5 * i + 2) % 250 + 3 for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(5)
+    # k-quant rows hold 256-value blocks; a vocabulary of whole 16-row tiles.
+    model = HFLlama(LlamaConfig(vocab_size=272, hidden_size=256, intermediate_size=512,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=512, tie_word_embeddings=True)).eval()
+    folder = tmp_path_factory.mktemp("q4_k_m")
+    return folder, write_gguf(model, folder / "m.gguf", "Q4_K", qtypes=Q4_K_M)
+
+
+def test_float32_build_matches_transformers_on_the_mixed_file(q4_k_m):
+    from transformers import AutoModelForCausalLM
+
+    folder, path = q4_k_m
+    reference = AutoModelForCausalLM.from_pretrained(folder, gguf_file="m.gguf", dtype=torch.float32)
+    checkpoint = load_checkpoint(path)
+    ours = run_paged(build_model(checkpoint.config, checkpoint.weights), [PROMPT])[0]
+    theirs = hf_logits(reference, PROMPT)
+    assert torch.allclose(ours, theirs, atol=1e-6 * theirs.abs().max().item(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_bfloat16_model_runs_on_the_codes(q4_k_m, level):
+    _, path = q4_k_m
+    with isa_level(level):
+        checkpoint = load_checkpoint(path)
+        # Nothing quantized was read as floats by the loader.
+        assert not any("_proj" in name or "embed" in name for name in checkpoint.weights.dense)
+        model = build_model(checkpoint.config, checkpoint.weights, checkpoint.quantized,
+                            dtype=torch.bfloat16)
+        for layer in model.layers:
+            qkv = layer.self_attn.qkv_proj
+            assert isinstance(qkv, StackedLinear)  # q, k 4-bit (fused), v 8-bit
+            assert [type(p) for p in qkv.parts] == [QuantLinear, Q8Linear]
+            assert isinstance(layer.self_attn.o_proj, QuantLinear)
+            assert isinstance(layer.mlp.gate_up_proj, QuantLinear)
+            assert isinstance(layer.mlp.down_proj, Q8Linear)
+        assert model.embed_q8 is not None and model.embed_weight.numel() == 0
+        assert isinstance(model.lm_head, Q8Head)
+        # No float copy of any matrix: the parameters left are the norms.
+        assert all(p.dim() == 1 for p in model.parameters())
+        low_bit = run_paged(model, [PROMPT])[0]
+        exact = run_paged(build_model(checkpoint.config, checkpoint.weights), [PROMPT])[0]
+    # int8-rounded activations, bfloat16 and the Q6_K -> Q8_0 rounding: close, not equal.
+    similarity = torch.nn.functional.cosine_similarity(low_bit, exact, dim=-1)
+    assert similarity.min() > 0.99, similarity.min()
+    assert (low_bit.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8
+
+
+def test_a_projection_with_a_float_part_stacks_it_densely(q4_k_m, tmp_path):
+    """attn_v stored as F32 next to 4-bit q and k: the stack's dense part is bfloat16."""
+    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(6)
+    model = HFLlama(LlamaConfig(vocab_size=272, hidden_size=256, intermediate_size=512,
+                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=512, tie_word_embeddings=True)).eval()
+    path = write_gguf(model, tmp_path / "f.gguf", "Q4_K", qtypes={"attn_v.weight": "F32"})
+    checkpoint = load_checkpoint(path)
+    net = build_model(checkpoint.config, checkpoint.weights, checkpoint.quantized, dtype=torch.bfloat16)
+    qkv = net.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, StackedLinear) and isinstance(qkv.parts[0], QuantLinear)
+    assert qkv.parts[1].weight.dtype in (torch.bfloat16, torch.float32)  # DenseLinear's own form
+    x = torch.randn(3, 256).bfloat16()
+    v = checkpoint.weights["layers.0.self_attn.v_proj.weight"]
+    assert torch.allclose(qkv(x)[:, -v.shape[0]:].float(), x.float() @ v.T, atol=5e-2, rtol=5e-2)
