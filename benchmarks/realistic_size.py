@@ -1,0 +1,197 @@
+"""A model of a real 1-2B shape, quantized as teams download it, served by pagedllm and by
+llama.cpp's server on the same file and host, under the same load.
+
+    # once: random weights of SmolLM2-1.7B's shape (hidden 2048, 24 layers, 32 heads,
+    # intermediate 8192, its tokenizer), F16, then llama.cpp's own llama-quantize to Q4_K_M
+    .venv/bin/python benchmarks/realistic_size.py make --llama-quantize PATH [--out DIR]
+    # the load: streaming completions, prompts of 64-256 tokens, 64 output tokens, N = 1, 8
+    .venv/bin/python benchmarks/realistic_size.py run --model DIR/smollm2-1.7b-random-Q4_K_M.gguf \\
+        --llama-server PATH [--concurrency 1,8] [--requests 16]
+
+Prints, per server: resident memory once loaded (and the file's size), load time, and
+`pagedllm bench`'s total tokens/s, TTFT and TPOT; then pagedllm's ratios over llama.cpp and
+how close decode at N=1 runs to this host's memory bandwidth (bytes of weights read per
+token / TPOT, against a read of a 1 GiB tensor measured in the same run). Nothing of
+llama.cpp is in this repository: build it from any source (BENCHMARKS.md says which).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SHAPE = dict(hidden=2048, layers=24, heads=32, kv_heads=32, intermediate=8192, context=8192,
+             rope_theta=130000.0)
+F16_NAME, Q4_K_M_NAME = "smollm2-1.7b-random-F16.gguf", "smollm2-1.7b-random-Q4_K_M.gguf"
+
+
+def write_random_f16(path: str) -> None:
+    """Normal(0, 0.02) weights in SmolLM2-1.7B's layout, the default model's tokenizer."""
+    import gguf
+
+    from pagedllm.weights import default_model_path
+
+    source = gguf.GGUFReader(default_model_path())
+    vocab = len(source.fields["tokenizer.ggml.tokens"].contents())
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(SHAPE["context"])
+    writer.add_embedding_length(SHAPE["hidden"])
+    writer.add_block_count(SHAPE["layers"])
+    writer.add_feed_forward_length(SHAPE["intermediate"])
+    writer.add_head_count(SHAPE["heads"])
+    writer.add_head_count_kv(SHAPE["kv_heads"])
+    writer.add_rope_freq_base(SHAPE["rope_theta"])
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    for name, field in source.fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if isinstance(value, list):
+            writer.add_array(name, value)
+        elif isinstance(value, str):
+            writer.add_string(name, value)
+        elif isinstance(value, bool):
+            writer.add_bool(name, value)
+        else:
+            writer.add_uint32(name, int(value))
+    rng = np.random.default_rng(0)
+    h, i = SHAPE["hidden"], SHAPE["intermediate"]
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+    writer.add_tensor("token_embd.weight", matrix(vocab, h))
+    writer.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
+    for layer in range(SHAPE["layers"]):
+        prefix = f"blk.{layer}."
+        for name, (rows, cols) in {"attn_q": (h, h), "attn_k": (h, h), "attn_v": (h, h),
+                                   "attn_output": (h, h), "ffn_gate": (i, h), "ffn_up": (i, h),
+                                   "ffn_down": (h, i)}.items():
+            writer.add_tensor(prefix + name + ".weight", matrix(rows, cols))
+        writer.add_tensor(prefix + "attn_norm.weight", np.ones(h, dtype=np.float32))
+        writer.add_tensor(prefix + "ffn_norm.weight", np.ones(h, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def cmd_make(args) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    f16, q4 = os.path.join(args.out, F16_NAME), os.path.join(args.out, Q4_K_M_NAME)
+    if not os.path.exists(f16):
+        write_random_f16(f16)
+    subprocess.run([args.llama_quantize, f16, q4, "Q4_K_M", "2"], check=True)
+    print(f"wrote {q4} ({os.path.getsize(q4) / 2**30:.2f} GiB)")
+
+
+def memory_read_bandwidth() -> float:
+    """GB/s reading a 1 GiB tensor with the serving thread count (best of 5)."""
+    import torch
+
+    torch.set_num_threads(2)
+    data = torch.ones(2**28, dtype=torch.float32)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * 4 / best / 1e9
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout: float = 900) -> float:
+    import httpx
+
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited ({process.returncode})")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return time.monotonic() - start
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("the server did not come up")
+
+
+def serve_and_bench(name: str, command: list[str], port: int, args) -> dict:
+    import psutil
+
+    url = f"http://127.0.0.1:{port}"
+    log = open(os.path.join(args.out, f"{name}.log"), "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        ready_s = wait_ready(url, process)
+        rss_loaded = psutil.Process(process.pid).memory_info().rss
+        out = os.path.join(args.out, name)
+        subprocess.run([sys.executable, "-m", "pagedllm.cli", "bench", "--base-url", url,
+                        "--concurrency", args.concurrency, "--requests", str(args.requests),
+                        "--prompt-tokens", "64:256", "--max-tokens", "64", "--out", out],
+                       check=True)
+        with open(os.path.join(out, "bench.json")) as f:
+            levels = {entry["concurrency"]: entry for entry in json.load(f)["levels"]}
+        return {"ready_s": ready_s, "rss_loaded": rss_loaded, "levels": levels}
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def cmd_run(args) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    size = os.path.getsize(args.model)
+    bandwidth = memory_read_bandwidth()
+    ours = serve_and_bench("pagedllm", [
+        sys.executable, "-m", "pagedllm.cli", "serve", "--model", args.model, "--port", "8011",
+        "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-memory", args.kv_cache_memory],
+        8011, args)
+    theirs = serve_and_bench("llama.cpp", [
+        args.llama_server, "-m", args.model, "--port", "8012", "-np", str(args.max_num_seqs),
+        "-c", str(args.max_num_seqs * 512), "-t", "2", "-tb", "2"], 8012, args)
+    print(f"\nfile {size / 2**30:.2f} GiB; memory read bandwidth {bandwidth:.1f} GB/s (2 threads)")
+    print(f"{'server':<10} {'ready s':>8} {'RSS loaded':>11} {'N':>3} {'tok/s':>8} "
+          f"{'TTFT p50':>9} {'TPOT p50':>9} {'RSS peak':>9}")
+    for name, result in (("pagedllm", ours), ("llama.cpp", theirs)):
+        for n, entry in sorted(result["levels"].items()):
+            print(f"{name:<10} {result['ready_s']:8.1f} {result['rss_loaded'] / 2**30:10.2f}G "
+                  f"{n:>3} {entry['total_tokens_per_s']:8.1f} {entry['ttft_ms']['p50']:8.0f}ms "
+                  f"{entry['tpot_ms']['p50']:8.1f}ms {(entry['peak_server_rss_bytes'] or 0) / 2**30:8.2f}G")
+    for n in sorted(ours["levels"]):
+        a, b = ours["levels"][n], theirs["levels"].get(n)
+        if b:
+            print(f"N={n}: total tok/s {a['total_tokens_per_s'] / b['total_tokens_per_s']:.2f}x "
+                  f"llama.cpp's; TPOT p50 {a['tpot_ms']['p50']:.1f} vs {b['tpot_ms']['p50']:.1f} ms")
+    for name, result in (("pagedllm", ours), ("llama.cpp", theirs)):
+        one = result["levels"].get(1)
+        if one:
+            achieved = size / (one["tpot_ms"]["p50"] / 1000) / 1e9
+            print(f"{name}: decode at N=1 reads ~{achieved:.1f} GB/s of weights, "
+                  f"{achieved / bandwidth:.0%} of the measured bandwidth")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    make = sub.add_parser("make")
+    make.add_argument("--llama-quantize", required=True)
+    make.add_argument("--out", default="bench-results/realistic")
+    run = sub.add_parser("run")
+    run.add_argument("--model", required=True)
+    run.add_argument("--llama-server", required=True)
+    run.add_argument("--concurrency", default="1,8")
+    run.add_argument("--requests", type=int, default=16)
+    run.add_argument("--max-num-seqs", type=int, default=8)
+    run.add_argument("--kv-cache-memory", default="1GiB")
+    run.add_argument("--out", default="bench-results/realistic")
+    args = parser.parse_args()
+    cmd_make(args) if args.command == "make" else cmd_run(args)
+
+
+if __name__ == "__main__":
+    main()
