@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from pagedllm.core import sizing
@@ -131,9 +132,11 @@ class LLMEngine(RequestMaker):
                     self.cpu.level if kernels is not None else "none, torch fallback", self.cpu.best,
                     "; PAGEDLLM_CPU_ISA chose a lower level" if self.cpu.level != self.cpu.best else "")
         logger.info(
-            "loaded %s (%s) in %.1fs; KV cache (%s): %d blocks x %d tokens = %d tokens (%.2f GiB); "
-            "maximum concurrency for %d-token requests: %.2fx; max_num_seqs=%d",
-            model_config.name, config.dtype, time.monotonic() - started, kv_cache_dtype, num_blocks,
+            "loaded %s (%s) in %.1fs, %.2f GiB resident; KV cache (%s): %d blocks x %d tokens = "
+            "%d tokens (%.2f GiB); maximum concurrency for %d-token requests: %.2fx; "
+            "max_num_seqs=%d",
+            model_config.name, config.dtype, time.monotonic() - started,
+            psutil.Process().memory_info().rss / 2**30, kv_cache_dtype, num_blocks,
             block_size, capacity,
             self.kv_memory_bytes / 2**30, max_model_len, capacity / max_model_len,
             self.scheduler_config.max_num_seqs)

@@ -145,7 +145,9 @@ def load_gguf(path: str, progress=None):
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists columns first
         if type_name not in _FLOAT_TYPES and len(shape) == 2:
             # Matrices stay in the file until the model builder asks (gguf_original.py).
-            originals[name] = GGUFOriginal(tensor.name, tensor.data, type_name, shape, heads)
+            mapping = (getattr(reader.data, "_mmap", None), tensor.data_offset, int(tensor.n_bytes))
+            originals[name] = GGUFOriginal(tensor.name, tensor.data, type_name, shape, heads,
+                                           mapping if mapping[0] is not None else None)
             continue
         # np.array copies: memmapped F32 tensors are read-only views of the file.
         array = np.array(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)

@@ -8,6 +8,7 @@ a float copy of its projections in memory, not even while it loads.
 """
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,21 @@ class GGUFOriginal:
     type_name: str  # GGMLQuantizationType name
     shape: tuple[int, int]  # (rows, cols) as the model uses it
     heads: int | None = None  # llama.cpp permuted the rows by this many heads (q, k)
+    # The file's mapping and this tensor's bytes in it (offset, length), for drop_file_pages.
+    mapping: tuple[mmap.mmap, int, int] | None = None
+
+    def drop_file_pages(self) -> None:
+        """This tensor's pages of the file leave the process's resident memory (the page
+        cache keeps them; a later read faults them back in). Called once its codes are
+        converted: a model then never holds the whole file and all its codes at once."""
+        if self.mapping is None:
+            return
+        mapping, offset, length = self.mapping
+        start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            mapping.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
+        except (AttributeError, OSError, ValueError):  # no madvise here: the pages stay
+            pass
 
     @property
     def four_bit(self) -> bool:
@@ -54,6 +70,7 @@ class GGUFOriginal:
             q4 = decode_q4_k(self.data, self.shape)
         else:
             q4 = decode_q4(self.data, self.type_name, self.shape)
+        self.drop_file_pages()
         return q4.permute_rows(row_order_unpermute(self.shape[0], self.heads)) if self.heads else q4
 
     def q8(self) -> Q8Rows:
@@ -72,6 +89,7 @@ class GGUFOriginal:
                          dtype=np.float32).reshape(-1, cols)))
                      for start in range(0, rows, _CHUNK_ROWS)]
             q8 = Q8Rows.cat(parts)
+        self.drop_file_pages()
         if self.heads:  # the rows of a permuted q / k put back in order
             index = torch.from_numpy(row_order_unpermute(self.shape[0], self.heads))
             q8 = Q8Rows(q8.codes[index], q8.scales[index])
