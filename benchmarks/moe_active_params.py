@@ -33,17 +33,43 @@ def write_folder(folder: str, config) -> int:
     with torch.device("meta"):
         shapes = {name: p.shape for name, p in AutoModelForCausalLM.from_config(config).state_dict().items()}
     generator = torch.Generator().manual_seed(0)
-    tensors = {name: (torch.randn(shape, generator=generator) * 0.02).bfloat16()
-               if len(shape) > 1 else torch.ones(shape, dtype=torch.bfloat16)
-               for name, shape in shapes.items()}
+    tensors = {}
+    for name, shape in shapes.items():
+        tensor = ((torch.randn(shape, generator=generator) * 0.02).bfloat16() if len(shape) > 1
+                  else torch.ones(shape, dtype=torch.bfloat16))
+        # transformers holds the experts stacked; checkpoints (and the loader) name each one.
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix("gate_up_proj")
+            for e, (gate, up) in enumerate(zip(*tensor.chunk(2, dim=1))):
+                tensors[f"{prefix}{e}.gate_proj.weight"] = gate.contiguous()
+                tensors[f"{prefix}{e}.up_proj.weight"] = up.contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name.removesuffix("down_proj")
+            for e, down in enumerate(tensor):
+                tensors[f"{prefix}{e}.down_proj.weight"] = down.contiguous()
+        else:
+            tensors[name] = tensor
     save_file(tensors, os.path.join(folder, "model.safetensors"))
+    write_default_tokenizer(folder)
     return sum(t.numel() for t in tensors.values())
+
+
+def write_default_tokenizer(folder: str) -> None:
+    """The default model's tokenizer (49,152 tokens), as tokenizer.json."""
+    from pagedllm.weights import load_checkpoint
+    from pagedllm.tokenizer_gguf import tokenizer_from_gguf
+
+    checkpoint = load_checkpoint(None)
+    meta = checkpoint.tokenizer_source["gguf"]
+    tokenizer_from_gguf(checkpoint.path, meta).save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        f.write('{"eos_token": "<|im_end|>"}')
 
 
 def configs() -> dict:
     from transformers import Qwen3Config, Qwen3MoeConfig
 
-    common = dict(vocab_size=32768, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+    common = dict(vocab_size=49152, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                   max_position_embeddings=4096, tie_word_embeddings=True, **ATTENTION)
     return {
         "MoE (64 experts, 8 active)": Qwen3MoeConfig(
@@ -61,7 +87,7 @@ def decode_ms(folder: str, batch: int) -> float:
               enable_prefix_caching=False)
     engine = llm.engine
     for i in range(batch):
-        prompt = [(37 * i + 11 * j) % 30000 + 100 for j in range(128)]
+        prompt = [(37 * i + 11 * j) % 40000 + 100 for j in range(128)]
         engine.add_request(str(i), prompt, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
     while any(r.num_computed_tokens < 128 for r in engine.scheduler.requests.values()):
         engine.step()
