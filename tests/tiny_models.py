@@ -224,7 +224,7 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
         qt = getattr(gguf.GGMLQuantizationType, tensor_type)
         if array.ndim == 2 and tensor_type in RANDOM_BLOCK_SCALES:
             writer.add_tensor(out, random_k_quant_blocks(tensor_type, *array.shape), raw_dtype=qt)
-        elif array.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
+        elif array.ndim >= 2 and qt != gguf.GGMLQuantizationType.F32:  # experts are 3-D
             data = gguf.quants.quantize(array, qt)
             writer.add_tensor(out, data, raw_dtype=qt)
         else:

@@ -29,6 +29,8 @@ FUSED_PROJECTIONS = (("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
                      ("mlp", "down_proj", ()))
 _PROJECTION_NAMES = {(part, name) for part, fused, parts in FUSED_PROJECTIONS
                      for name in (fused, *parts)}
+# A mixture of experts' stacked matrices [experts, rows, cols], as a GGUF names them.
+EXPERT_NAMES = ("experts_gate", "experts_up", "experts_down")
 
 
 def kept_originals(config: ModelConfig, quantized: dict, ops) -> dict[str, GGUFOriginal]:
@@ -39,15 +41,23 @@ def kept_originals(config: ModelConfig, quantized: dict, ops) -> dict[str, GGUFO
         return {}
     kept = {}
     for name, original in quantized.items():
-        if not isinstance(original, GGUFOriginal) or original.shape[0] % TILE:
+        if not isinstance(original, GGUFOriginal) or original.shape[-2] % TILE:
             continue
         parts = name.split(".")
+        if len(parts) == 4 and parts[2] == "mlp" and parts[3] in EXPERT_NAMES:
+            kept[name] = original
+            continue
         projection = (len(parts) == 5 and parts[0] == "layers" and parts[4] == "weight"
                       and (parts[2], parts[3]) in _PROJECTION_NAMES)
         if projection and config.rotary_dim and parts[2] == "self_attn" and parts[3] != "o_proj":
             continue
         if projection or name in EMBEDDING_NAMES:
             kept[name] = original
+    # A layer's experts are kept all three or not at all (gate rows in whole tiles, down not).
+    for name in [n for n in kept if n.rsplit(".", 1)[-1] in EXPERT_NAMES]:
+        prefix = name.rsplit(".", 1)[0] + "."
+        if not all(prefix + part in kept for part in EXPERT_NAMES):
+            del kept[name]
     return kept
 
 
@@ -66,12 +76,27 @@ def install_projections(model: nn.Module, kept: dict[str, GGUFOriginal], dense: 
             bias = dense.pop(f"{prefix}{fused}.bias", None)
             setattr(getattr(layer, part), fused,
                     _module(sources, bias, i in int8_layers, ops))
+        _install_experts(layer.mlp, kept, f"layers.{i}.mlp.", i in int8_layers, ops)
+
+
+def _install_experts(mlp: nn.Module, kept: dict, prefix: str, int8: bool, ops) -> None:
+    """A mixture of experts whose stacked matrices are all kept: each expert's gate and up
+    as one low-bit module (stacked if their formats differ), its down as another."""
+    gate, up, down = (kept.get(prefix + name) for name in EXPERT_NAMES)
+    if gate is None or up is None or down is None:
+        return
+    mlp.use_expert_modules([
+        (_module([_source_of(gate.expert(e)), _source_of(up.expert(e))], None, int8, ops),
+         _module([_source_of(down.expert(e))], None, int8, ops))
+        for e in range(down.shape[0])])
 
 
 def _source(kept: dict, dense: dict, name: str) -> tuple[str, object]:
     original = kept.get(name)
-    if original is None:
-        return "dense", dense.pop(name)
+    return ("dense", dense.pop(name)) if original is None else _source_of(original)
+
+
+def _source_of(original: GGUFOriginal) -> tuple[str, object]:
     return ("q4", original.q4()) if original.four_bit else ("q8", original.q8())
 
 

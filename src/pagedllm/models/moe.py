@@ -28,6 +28,17 @@ class MoE(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.renormalize = config.norm_topk_prob
         self.ops = ops
+        # Per expert, (gate_up, down) linear modules in place of the stacked parameters: the
+        # bfloat16 model's 4-/8-bit experts from a GGUF, or its prepacked dense ones (build.py).
+        self.expert_modules: list[tuple] | None = None
+
+    def use_expert_modules(self, modules: list[tuple]) -> None:
+        """Each expert's (gate_up, down) from now on; the stacked parameters are dropped."""
+        self.expert_modules = modules
+        del self.experts_gate_up, self.experts_down
+
+    def _num_experts(self) -> int:
+        return len(self.expert_modules) if self.expert_modules is not None else self.experts_down.shape[0]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, H] -> (weights [T, k] in x's dtype, experts [T, k]); softmax in float32."""
@@ -41,7 +52,7 @@ class MoE(nn.Module):
         weights, experts = self.route(x)
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
-        counts = torch.bincount(flat, minlength=self.experts_down.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self._num_experts()).tolist()
         tokens = order // self.top_k
         slot_weights = weights.reshape(-1)[order]
         out = torch.zeros_like(x)
@@ -50,8 +61,13 @@ class MoE(nn.Module):
             if count == 0:
                 continue
             rows = tokens[start:start + count]
-            hidden = self.ops.silu_and_mul(x[rows] @ self.experts_gate_up[expert].T)
-            y = (hidden @ self.experts_down[expert].T) * slot_weights[start:start + count, None]
+            if self.expert_modules is not None:
+                gate_up, down = self.expert_modules[expert]
+                y = down(self.ops.silu_and_mul(gate_up(x[rows])))
+            else:
+                hidden = self.ops.silu_and_mul(x[rows] @ self.experts_gate_up[expert].T)
+                y = hidden @ self.experts_down[expert].T
+            y = y * slot_weights[start:start + count, None]
             out.index_add_(0, rows, y)
             start += count
         return out

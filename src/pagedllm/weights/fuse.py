@@ -37,6 +37,8 @@ def fuse_experts(weights: dict[str, torch.Tensor], num_layers: int,
             fused[f"{mlp}experts_gate_up"] = torch.cat([fused.pop(f"{mlp}experts_gate"),
                                                        fused.pop(f"{mlp}experts_up")], dim=1)
             continue
+        if f"{prefix}0.down_proj.weight" not in fused:
+            continue  # kept as codes (models/low_bit.py), or missing: the model says which
         try:
             gate_up = [torch.cat([fused.pop(f"{prefix}{e}.gate_proj.weight"),
                                   fused.pop(f"{prefix}{e}.up_proj.weight")])

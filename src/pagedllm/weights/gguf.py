@@ -19,7 +19,7 @@ from pagedllm.weights.lazy_weights import LazyWeights
 from pagedllm.weights.permute import unpermute_rows
 
 # Quantized matrices stay in their own format until the model builder picks their form
-# (gguf_original.py); vectors, float types and stacked experts are read as float32 here,
+# (gguf_original.py); vectors and float types are read as float32 here,
 # through the gguf package's dequantizers.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
                           "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
@@ -143,8 +143,9 @@ def load_gguf(path: str, progress=None):
                                        f"byte {file_size}")
         heads = _permuted_heads(config, tensor.name)
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists columns first
-        if type_name not in _FLOAT_TYPES and len(shape) == 2:
-            # Matrices stay in the file until the model builder asks (gguf_original.py).
+        if type_name not in _FLOAT_TYPES and len(shape) in (2, 3):
+            # Matrices (and stacked experts) stay in the file until the model builder asks
+            # (gguf_original.py).
             mapping = (getattr(reader.data, "_mmap", None), tensor.data_offset, int(tensor.n_bytes))
             originals[name] = GGUFOriginal(tensor.name, tensor.data, type_name, shape, heads,
                                            mapping if mapping[0] is not None else None)

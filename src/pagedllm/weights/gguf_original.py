@@ -32,10 +32,20 @@ class GGUFOriginal:
     name: str  # the tensor's name in the file, for messages
     data: np.ndarray  # its bytes, a view of the memory-mapped file
     type_name: str  # GGMLQuantizationType name
-    shape: tuple[int, int]  # (rows, cols) as the model uses it
+    shape: tuple[int, ...]  # (rows, cols) as the model uses it; (experts, rows, cols) stacked
     heads: int | None = None  # llama.cpp permuted the rows by this many heads (q, k)
     # The file's mapping and this tensor's bytes in it (offset, length), for drop_file_pages.
     mapping: tuple[mmap.mmap, int, int] | None = None
+
+    def expert(self, index: int) -> GGUFOriginal:
+        """One expert's matrix of a stacked [experts, rows, cols] tensor."""
+        mapping = None
+        if self.mapping is not None:
+            file_map, offset, length = self.mapping
+            size = length // self.shape[0]
+            mapping = (file_map, offset + index * size, size)
+        return GGUFOriginal(f"{self.name}[{index}]", self.data[index], self.type_name,
+                            self.shape[1:], self.heads, mapping)
 
     def drop_file_pages(self) -> None:
         """This tensor's pages of the file leave the process's resident memory (the page
