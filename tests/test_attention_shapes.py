@@ -51,59 +51,53 @@ def hide_slid_out_blocks(cache: LayerKVCache, tables, lens, queries, window, blo
             cache.value[block] = float("nan")
 
 
-def kernel_backend(heads, kv_heads, head_dim, scale, softcap, window):
-    backend = BatchedBackend(heads, kv_heads, head_dim, scale=scale, softcap=softcap, window=window)
+def kernel_backend(heads, kv_heads, head_dim, **options):
+    backend = BatchedBackend(heads, kv_heads, head_dim, **options)
     assert backend.kernel is not None and backend.fallback is None
     return backend
 
 
-@pytest.mark.parametrize("cache_kind", [torch.float32, torch.bfloat16, "int8"])
-@pytest.mark.parametrize("scale,softcap,window", OPTIONS)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", SHAPES)
-def test_decode_attention_at_model_shapes(at_isa, heads, kv_heads, head_dim, scale, softcap,
-                                          window, cache_kind):
-    torch.manual_seed(0)
+def assert_kernels_match_plain_torch(shape, options, cache_kind, lens, queries, block_size,
+                                     num_blocks):
+    """Sequences of `lens` tokens, the last `queries` of each in this step, over scattered
+    blocks: the kernels' answer (through BatchedBackend) against SoftcapBackend's."""
+    heads, kv_heads, head_dim = shape
     dtype = torch.float32 if cache_kind == "int8" else cache_kind
-    block_size, num_blocks = 8, 80
-    lens = [1, 9, 150, 8, 45, 21]
     tables = layout(lens, block_size, num_blocks)
     cache, reference_cache = caches((num_blocks, block_size, kv_heads, head_dim), dtype, cache_kind)
-    hide_slid_out_blocks(cache, tables, lens, [1] * len(lens), window, block_size)
-    query = torch.randn(len(lens), heads, head_dim).to(dtype)
-    slots = [t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, lens)]
-    meta = AttentionMetadata.build(slots, list(range(len(lens) + 1)), lens, tables, block_size)
-    options = dict(scale=scale, softcap=softcap, window=window)
-    reference = SoftcapBackend(heads, kv_heads, head_dim, **options).forward(
-        query.float(), reference_cache, meta)
-    out = kernel_backend(heads, kv_heads, head_dim, **options).forward(query, cache, meta)
+    hide_slid_out_blocks(cache, tables, lens, queries, options["window"], block_size)
+    query = torch.randn(sum(queries), heads, head_dim).to(dtype)
+    slots = [t[p // block_size] * block_size + p % block_size
+             for t, n, q in zip(tables, lens, queries) for p in range(n - q, n)]
+    starts = [sum(queries[:i]) for i in range(len(queries) + 1)]
+    meta = AttentionMetadata.build(slots, starts, lens, tables, block_size)
+    reference = SoftcapBackend(*shape, **options).forward(query.float(), reference_cache, meta)
+    out = kernel_backend(*shape, **options).forward(query, cache, meta)
     assert out.dtype == dtype and not out.isnan().any()
     assert (out.float() - reference).abs().max() < TOLERANCE[cache_kind]
 
 
 @pytest.mark.parametrize("cache_kind", [torch.float32, torch.bfloat16, "int8"])
 @pytest.mark.parametrize("scale,softcap,window", OPTIONS)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", SHAPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_attention_at_model_shapes(at_isa, shape, scale, softcap, window, cache_kind):
+    torch.manual_seed(0)
+    lens = [1, 9, 150, 8, 45, 21]
+    assert_kernels_match_plain_torch(shape, dict(scale=scale, softcap=softcap, window=window),
+                                     cache_kind, lens, [1] * len(lens), 8, 80)
+
+
+@pytest.mark.parametrize("cache_kind", [torch.float32, torch.bfloat16, "int8"])
+@pytest.mark.parametrize("scale,softcap,window", OPTIONS)
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("start,chunk,block_size", [(0, 53, 16), (45, 38, 8)])
-def test_prefill_attention_at_model_shapes(at_isa, heads, kv_heads, head_dim, scale, softcap,
-                                           window, cache_kind, start, chunk, block_size):
+def test_prefill_attention_at_model_shapes(at_isa, shape, scale, softcap, window, cache_kind,
+                                           start, chunk, block_size):
     """bfloat16 chunks of head sizes that are a multiple of 32 take the tiled kernel (avx512),
     the rest the per-token one; both see the window from each token, not from the chunk."""
     torch.manual_seed(4)
-    dtype = torch.float32 if cache_kind == "int8" else cache_kind
-    num_blocks = 64
-    seq_len = start + chunk
-    tables = layout([seq_len], block_size, num_blocks)
-    cache, reference_cache = caches((num_blocks, block_size, kv_heads, head_dim), dtype, cache_kind)
-    hide_slid_out_blocks(cache, tables, [seq_len], [chunk], window, block_size)
-    query = torch.randn(chunk, heads, head_dim).to(dtype)
-    slots = [tables[0][p // block_size] * block_size + p % block_size for p in range(start, seq_len)]
-    meta = AttentionMetadata.build(slots, [0, chunk], [seq_len], tables, block_size)
-    options = dict(scale=scale, softcap=softcap, window=window)
-    reference = SoftcapBackend(heads, kv_heads, head_dim, **options).forward(
-        query.float(), reference_cache, meta)
-    out = kernel_backend(heads, kv_heads, head_dim, **options).forward(query, cache, meta)
-    assert out.dtype == dtype and not out.isnan().any()
-    assert (out.float() - reference).abs().max() < TOLERANCE[cache_kind]
+    assert_kernels_match_plain_torch(shape, dict(scale=scale, softcap=softcap, window=window),
+                                     cache_kind, [start + chunk], [chunk], block_size, 64)
 
 
 def test_backend_without_the_kernel_falls_back_to_plain_torch_for_options():
