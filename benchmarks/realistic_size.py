@@ -7,6 +7,10 @@ llama.cpp's server on the same file and host, under the same load.
     # the load: streaming completions, prompts of 64-256 tokens, 64 output tokens, N = 1, 8
     .venv/bin/python benchmarks/realistic_size.py run --model DIR/smollm2-1.7b-random-Q4_K_M.gguf \\
         --llama-server PATH [--concurrency 1,8] [--requests 16]
+    # in this process: load time, resident memory and its high-water mark, then the
+    # projections and the head alone at one row, all layers back to back (the bytes a decode
+    # step must read, against the memory bandwidth)
+    .venv/bin/python benchmarks/realistic_size.py load --model DIR/smollm2-1.7b-random-Q4_K_M.gguf
 
 Prints, per server: resident memory once loaded (and the file's size), load time, and
 `pagedllm bench`'s total tokens/s, TTFT and TPOT; then pagedllm's ratios over llama.cpp and
@@ -175,6 +179,47 @@ def cmd_run(args) -> None:
                   f"{achieved / bandwidth:.0%} of the measured bandwidth")
 
 
+def cmd_load(args) -> None:
+    import resource
+
+    import psutil
+    import torch
+
+    from pagedllm import LLM
+
+    torch.set_num_threads(2)
+    start = time.perf_counter()
+    llm = LLM(args.model, dtype="bfloat16", kv_cache_memory=256 << 20, max_num_seqs=8)
+    loaded_s = time.perf_counter() - start
+    rss = psutil.Process().memory_info().rss
+    high_water = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    model = llm.engine.runner.model
+    hidden = torch.randn(1, model.config.hidden_size).bfloat16()
+    inner = torch.randn(1, model.config.intermediate_size).bfloat16()
+
+    def weights_pass() -> None:
+        for layer in model.layers:
+            layer.self_attn.qkv_proj(hidden)
+            layer.self_attn.o_proj(hidden)
+            layer.mlp.gate_up_proj(hidden)
+            layer.mlp.down_proj(inner)
+        model.lm_head(hidden)
+
+    for _ in range(3):
+        weights_pass()
+    best = float("inf")
+    for _ in range(5):
+        begin = time.perf_counter()
+        for _ in range(10):
+            weights_pass()
+        best = min(best, (time.perf_counter() - begin) / 10)
+    bandwidth = memory_read_bandwidth()
+    print(f"file {os.path.getsize(args.model) / 2**30:.2f} GiB; loaded in {loaded_s:.1f} s; "
+          f"resident {rss / 2**30:.2f} GiB (KV pool 0.25 GiB), high-water {high_water / 2**30:.2f} GiB")
+    print(f"projections + head at one row, all layers: {best * 1e3:.1f} ms; memory read "
+          f"bandwidth {bandwidth:.1f} GB/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command", required=True)
@@ -189,8 +234,10 @@ def main() -> None:
     run.add_argument("--max-num-seqs", type=int, default=8)
     run.add_argument("--kv-cache-memory", default="1GiB")
     run.add_argument("--out", default="bench-results/realistic")
+    load = sub.add_parser("load")
+    load.add_argument("--model", required=True)
     args = parser.parse_args()
-    cmd_make(args) if args.command == "make" else cmd_run(args)
+    {"make": cmd_make, "run": cmd_run, "load": cmd_load}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def test_config(folder):
     assert config.sandwich_norms and config.embedding_scale and config.hidden_act == "gelu_tanh"
     assert (config.attn_softcap, config.final_softcap) == (50.0, 30.0)
     assert config.sliding_window == 16 and config.sliding_layers == (0,)
-    assert config.max_context == 512  # the windows are applied, so the whole context serves
+    assert config.max_position_embeddings == 512
 
 
 @pytest.mark.parametrize("level", ISA_LEVELS)

@@ -81,12 +81,6 @@ class ModelConfig:
     # sliding_layers). None: full attention.
     sliding_window: int | None = None
 
-    @property
-    def max_context(self) -> int:
-        """The longest sequence served: the model's context (windows are applied by the
-        attention backends, so past a window the answers stay right)."""
-        return self.max_position_embeddings
-
     def slides(self, layer: int) -> bool:
         """Whether this layer attends within sliding_window."""
         return self.sliding_window is not None and (not self.sliding_layers

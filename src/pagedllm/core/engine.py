@@ -79,7 +79,7 @@ class LLMEngine(RequestMaker):
         if num_blocks < 1:
             raise ValueError(f"kv_cache_memory of {self.kv_memory_bytes} bytes holds no block of "
                              f"{block_size} tokens")
-        longest = model_config.max_context
+        longest = model_config.max_position_embeddings
         # Sliding-window layers next to full ones keep their own, smaller pool; the full
         # layers get the memory that saves (sizing.pool_sizes).
         pools = sizing.pool_sizes(

@@ -183,9 +183,9 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
     rows = [ParallelFit(n, n * per_request + per_step, weight_bytes + n * per_request + per_step,
                         weight_bytes + n * per_request + per_step <= memory_bytes)
             for n in parallels]
-    if context > config.max_context:
+    if context > config.max_position_embeddings:
         raise ContextTooLongError(f"a context of {context} tokens is longer than {config.name}'s "
-                                  f"{config.max_context}; plan for at most that")
+                                  f"{config.max_position_embeddings}; plan for at most that")
     warnings = []
     if weight_bytes > memory_bytes:
         warnings.append(f"the weights alone need {gib(weight_bytes)}, more than the {gib(memory_bytes)} given")

@@ -15,8 +15,8 @@ from pagedllm.config import ModelConfig
 from pagedllm.kernels import kernel_ops, torch_ops
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.llama import LlamaForCausalLM
-from pagedllm.models.low_bit import (EMBEDDING_NAMES, install_projections, kept_originals,
-                                     uninitialised_linears)
+from pagedllm.models.low_bit import (EMBEDDING_NAMES, FUSED_PROJECTIONS, install_projections,
+                                     kept_originals, uninitialised_linears)
 from pagedllm.models.output_head import output_head
 from pagedllm.models.moe import MoE
 from pagedllm.models.quant_linear import DenseLinear, QuantLinear
@@ -27,8 +27,7 @@ from pagedllm.weights.fuse import fuse_experts, fuse_projections, fuse_quantized
 EXACT_EDGE_LAYERS = 2
 # The output head's candidates per row recomputed exactly (output_head.py).
 LOGIT_REFINE_CANDIDATES = 16
-PROJECTIONS = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"),
-               ("mlp", "down_proj"))
+PROJECTIONS = tuple((part, fused) for part, fused, _ in FUSED_PROJECTIONS)
 
 
 def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quantized: dict | None = None,
@@ -85,18 +84,16 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
 
 def _prepack_dense_experts(model: LlamaForCausalLM) -> None:
     """bfloat16 experts from a float checkpoint: each expert's matrices reordered once for
-    oneDNN (DenseLinear: 50 vs 84 us a call for a 768 x 1024 expert at 2 rows, here). Where
-    the CPU level has no bfloat16 arithmetic DenseLinear would widen them to float32, twice
-    the memory, so the stacked parameters stay."""
+    oneDNN (DenseLinear), as the dense projections are, instead of on every matmul. Where the
+    CPU level has no bfloat16 arithmetic DenseLinear would widen them to float32, twice the
+    memory, so the stacked parameters stay."""
+    if not DenseLinear.prepacks_bfloat16():
+        return
     for layer in model.layers:
         mlp = layer.mlp
-        if not isinstance(mlp, MoE) or mlp.expert_modules is not None:
-            continue
-        modules = [(DenseLinear(gate_up, None), DenseLinear(down, None))
-                   for gate_up, down in zip(mlp.experts_gate_up, mlp.experts_down)]
-        if not modules[0][0].prepacked:
-            return
-        mlp.use_expert_modules(modules)
+        if isinstance(mlp, MoE) and mlp.expert_modules is None:
+            mlp.use_expert_modules([(DenseLinear(gate_up, None), DenseLinear(down, None))
+                                    for gate_up, down in zip(mlp.experts_gate_up, mlp.experts_down)])
 
 
 def _int8_layers(num_layers: int, int8_activations: bool) -> set[int]:

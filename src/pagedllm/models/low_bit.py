@@ -14,12 +14,12 @@ import torch
 from torch import nn
 
 from pagedllm.config import ModelConfig
+from pagedllm.models.output_head import TILE  # the low-bit kernels' rows per tile
 from pagedllm.models.quant_linear import DenseLinear, Q8Linear, QuantLinear, StackedLinear
 from pagedllm.weights.gguf_original import GGUFOriginal
 from pagedllm.weights.q4 import Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
-TILE = 16  # the low-bit kernels take output rows in tiles of 16
 EMBEDDING_NAMES = ("embed_tokens.weight", "lm_head.weight")
 # Each layer's fused projections and the checkpoint parts they are made of (a checkpoint may
 # hold the fused matrix itself, as Phi-3's does).

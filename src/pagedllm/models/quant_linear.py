@@ -53,7 +53,7 @@ class DenseLinear:
         # detach: an autograd record on the packed copy would keep the original alive.
         weight = weight.detach()
         bf16 = weight.dtype == torch.bfloat16
-        self.prepacked = bf16 and capabilities().native_bf16 and torch_ops().onednn_prepack
+        self.prepacked = bf16 and self.prepacks_bfloat16()
         self.widened = bf16 and not self.prepacked
         if self.widened:
             weight = weight.float()
@@ -61,6 +61,11 @@ class DenseLinear:
         self.bias = bias
         self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
                        if self.prepacked else weight)
+
+    @staticmethod
+    def prepacks_bfloat16() -> bool:
+        """Whether bfloat16 weights are prepacked here (else widened to float32)."""
+        return capabilities().native_bf16 and torch_ops().onednn_prepack
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.prepacked:

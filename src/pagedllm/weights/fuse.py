@@ -19,11 +19,11 @@ def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[
     return fused
 
 
-def _fuse(weights: dict, parts: list[str], name: str) -> None:
+def _fuse(weights: dict, parts: list[str], name: str, cat=torch.cat) -> None:
     """The parts concatenated under `name` where all are there; otherwise left as they are
     (the model builder stacks parts kept in different formats: models/low_bit.py)."""
     if all(part in weights for part in parts):
-        weights[name] = torch.cat([weights.pop(part) for part in parts])
+        weights[name] = cat([weights.pop(part) for part in parts])
 
 
 def fuse_experts(weights: dict[str, torch.Tensor], num_layers: int,
@@ -56,10 +56,7 @@ def fuse_quantized(quantized: dict, num_layers: int) -> dict:
     fused = dict(quantized)
     for i in range(num_layers):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        parts = [fused.pop(f"{attn}{p}_proj.weight", None) for p in "qkv"]
-        if all(p is not None for p in parts):
-            fused[f"{attn}qkv_proj.weight"] = Q4Weight.cat(parts)
-        parts = [fused.pop(f"{mlp}{p}_proj.weight", None) for p in ("gate", "up")]
-        if all(p is not None for p in parts):
-            fused[f"{mlp}gate_up_proj.weight"] = Q4Weight.cat(parts)
+        _fuse(fused, [f"{attn}{p}_proj.weight" for p in "qkv"], f"{attn}qkv_proj.weight", Q4Weight.cat)
+        _fuse(fused, [f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"], f"{mlp}gate_up_proj.weight",
+              Q4Weight.cat)
     return fused
