@@ -1,8 +1,8 @@
 """A GGUF's quantized matrices run on their codes in the bfloat16 model, never as a float
 copy: a file laid out as llama.cpp's Q4_K_M lays one out (Q4_K for most matrices and the
-embedding, Q6_K for attn_v and ffn_down) gets 4-bit modules for the Q4_K parts, 8-bit ones
-for the Q6_K parts, a stacked q/k/v where they differ, 8-bit embedding rows and head; its
-float32 build still equals transformers on the same file."""
+embedding, Q6_K for attn_v and ffn_down) gets 4-bit modules for the Q4_K parts in Q4_K's own
+two-level layout, 6-bit ones for the Q6_K parts, a stacked q/k/v where they differ, 8-bit
+embedding rows and head; its float32 build still equals transformers on the same file."""
 from __future__ import annotations
 
 import pytest
@@ -12,12 +12,13 @@ from conftest import ISA_LEVELS, isa_level
 from paged_helpers import run_paged
 from pagedllm.models.build import build_model
 from pagedllm.models.output_head import Q8Head
-from pagedllm.models.quant_linear import Q8Linear, QuantLinear, StackedLinear
+from pagedllm.models.quant_linear import Q6Linear, QuantLinear, StackedLinear
 from pagedllm.weights import load_checkpoint
 from test_weights import hf_logits
 from tiny_models import write_gguf
 
 Q4_K_M = {"attn_v.weight": "Q6_K", "ffn_down.weight": "Q6_K"}  # the rest Q4_K
+Q4K_BLOCK_BYTES = 8 * 256 + 2 * 8 * 16 + 2 * 2 * 16  # codes, scales and mins, d and dmin
 PROMPT = [(5 * i + 2) % 250 + 3 for i in range(40)]
 
 
@@ -56,18 +57,21 @@ def test_bfloat16_model_runs_on_the_codes(q4_k_m, level):
                             dtype=torch.bfloat16)
         for layer in model.layers:
             qkv = layer.self_attn.qkv_proj
-            assert isinstance(qkv, StackedLinear)  # q, k 4-bit (fused), v 8-bit
-            assert [type(p) for p in qkv.parts] == [QuantLinear, Q8Linear]
+            assert isinstance(qkv, StackedLinear)  # q, k 4-bit (fused), v 6-bit
+            assert [type(p) for p in qkv.parts] == [QuantLinear, Q6Linear]
             assert isinstance(layer.self_attn.o_proj, QuantLinear)
             assert isinstance(layer.mlp.gate_up_proj, QuantLinear)
-            assert isinstance(layer.mlp.down_proj, Q8Linear)
+            assert isinstance(layer.mlp.down_proj, Q6Linear)
+            # Q4_K in its own layout: 8 groups of 32 under one d and dmin (q4k_pack's block).
+            for q4 in (qkv.parts[0], layer.self_attn.o_proj, layer.mlp.gate_up_proj):
+                assert q4.packed.shape[-1] == Q4K_BLOCK_BYTES
         assert model.embed_q8 is not None and model.embed_weight.numel() == 0
         assert isinstance(model.lm_head, Q8Head)
         # No float copy of any matrix: the parameters left are the norms.
         assert all(p.dim() == 1 for p in model.parameters())
         low_bit = run_paged(model, [PROMPT])[0]
         exact = run_paged(build_model(checkpoint.config, checkpoint.weights), [PROMPT])[0]
-    # int8-rounded activations, bfloat16 and the Q6_K -> Q8_0 rounding: close, not equal.
+    # int8-rounded activations and bfloat16: close, not equal.
     similarity = torch.nn.functional.cosine_similarity(low_bit, exact, dim=-1)
     assert similarity.min() > 0.99, similarity.min()
     assert (low_bit.argmax(-1) == exact.argmax(-1)).float().mean() > 0.8

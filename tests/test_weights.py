@@ -73,6 +73,27 @@ def test_quantized_gguf_types_load_close_to_float(tmp_path, qtype):
         assert (error <= step / 2 + 1e-6).all() and (qtype != "Q8_0" or error.max() == 0), name
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_k_quant_codes_stand_for_exactly_the_files_weights(tmp_path, qtype):
+    """Q4_K and Q6_K read as their own codes and two-level scales (what the 4- and 6-bit
+    kernels pack) dequantize to exactly what the gguf library gives, q/k rows unpermuted."""
+    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
+
+    from pagedllm.weights.q4 import Q4KWeight
+
+    torch.manual_seed(2)
+    model = HFLlama(LlamaConfig(vocab_size=260, hidden_size=256, intermediate_size=512,
+                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=512, tie_word_embeddings=True)).eval()
+    checkpoint = load_checkpoint(write_gguf(model, tmp_path / "k.gguf", qtype))
+    assert checkpoint.quantized
+    for name, original in checkpoint.quantized.items():
+        weight = original.q4() if qtype == "Q4_K" else original.q6()
+        assert isinstance(weight, Q4KWeight) == (qtype == "Q4_K")
+        assert original.six_bit == (qtype == "Q6_K")
+        assert torch.equal(weight.dequantize(), checkpoint.weights[name]), name
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_k_quant_gguf_logits_match_transformers(tmp_path, qtype):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM as HFLlama

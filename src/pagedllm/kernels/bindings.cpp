@@ -27,6 +27,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, NoGil(), "silu(gate) * up");
   m.def("isa", &built_isa, "the CPU level this module was built for: portable, avx2 or avx512");
   m.def("q4_pack", &q4_pack, NoGil(), "4-bit codes, d, m -> the tiles q4_gemm reads");
+  m.def("q4k_pack", &q4k_pack, NoGil(),
+        "Q4_K's codes, 6-bit scales and mins, d, dmin -> the tiles q4_gemm reads (super-blocks)");
   m.def("q4_gemm", &q4_gemm, NoGil(), "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16");
   m.def("q4_q8_gemm", &q4_q8_gemm, NoGil(),
         "x [M, K] bfloat16, rounded to int8 per group of 32, @ packed 4-bit weight.T -> [M, N] bfloat16");
@@ -34,6 +36,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "q4_gemm up to exact_max_rows rows, q4_q8_gemm above");
   m.def("decode_layers", &decode_layers, NoGil(),
         "every decoder layer of a decode step (q4_gemm projections, C++ attention) in one call");
+  m.def("q6_pack", &q6_pack, NoGil(), "Q6_K's codes, int8 scales per 16, d -> the tiles q6_gemm reads");
+  m.def("q6_gemm", &q6_gemm, NoGil(),
+        "x [M, K] bfloat16, rounded to int8 per group of 32, @ packed Q6_K weight.T -> [M, N] float32");
   m.def("q8_pack", &q8_pack, NoGil(), "Q8_0 codes, d -> the tiles q8_gemm reads");
   m.def("q8_gemm", &q8_gemm, NoGil(), "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");
   m.def("q8_refine_top", &q8_refine_top, NoGil(),

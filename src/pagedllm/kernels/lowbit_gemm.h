@@ -74,13 +74,14 @@ struct GemmShape {
   int64_t rows, k, tiles, groups;
 };
 
-// Checks x [M, K] bfloat16 against a packed weight [N / 16, K / 32, block_bytes].
+// Checks x [M, K] bfloat16 against a packed weight [N / 16, K / (32 * groups_per_block),
+// block_bytes].
 inline GemmShape check_gemm(const torch::Tensor& x, const torch::Tensor& packed, int64_t block_bytes,
-                            const char* pack_fn) {
+                            const char* pack_fn, int64_t groups_per_block = 1) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == block_bytes,
               "packed must come from ", pack_fn);
-  const GemmShape s{x.size(0), x.size(1), packed.size(0), packed.size(1)};
+  const GemmShape s{x.size(0), x.size(1), packed.size(0), packed.size(1) * groups_per_block};
   TORCH_CHECK(s.k == s.groups * kGroup, "x has ", s.k, " inputs, the weight ", s.groups * kGroup);
   return s;
 }

@@ -37,7 +37,11 @@ torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::T
                             c10::optional<torch::Tensor> value_scales);
 torch::Tensor silu_and_mul(torch::Tensor x);
 torch::Tensor q4_pack(torch::Tensor codes, torch::Tensor d, torch::Tensor m);
+torch::Tensor q4k_pack(torch::Tensor codes, torch::Tensor scales, torch::Tensor mins,
+                       torch::Tensor d, torch::Tensor dmin);
 torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed);
+torch::Tensor q6_pack(torch::Tensor codes, torch::Tensor scales, torch::Tensor d);
+torch::Tensor q6_gemm(torch::Tensor x, torch::Tensor packed);
 torch::Tensor q4_q8_gemm(torch::Tensor x, torch::Tensor packed);
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor packed, int64_t exact_max_rows);
 std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,

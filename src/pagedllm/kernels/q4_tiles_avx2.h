@@ -19,6 +19,27 @@ inline __m256 load_halves8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// 8 bytes (half a group's 6-bit scales or mins of the tile's rows) as float32.
+inline __m256 load_bytes8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Group g's d and m for the tile's rows 8h..8h+7: w = d * q + m.
+template <class L>
+inline void group_scales(const uint8_t* tile, int64_t g, int h, __m256& d, __m256& m) {
+  const uint8_t* block = tile + g / L::kGroupsPerBlock * L::kBlockBytes;
+  if constexpr (L::kGroupsPerBlock == 1) {
+    d = load_halves8(block + kCodeBytes + 16 * h);
+    m = load_halves8(block + kCodeBytes + 32 + 16 * h);
+  } else {
+    const int64_t j = g % L::kGroupsPerBlock;
+    d = _mm256_mul_ps(load_halves8(block + L::kDOffset + 16 * h),
+                      load_bytes8(block + L::kScaleOffset + kTile * j + 8 * h));
+    m = _mm256_mul_ps(load_halves8(block + L::kDminOffset + 16 * h),
+                      load_bytes8(block + L::kMinOffset + kTile * j + 8 * h));
+  }
+}
+
 // The exact tile reads activations widened to float32 once per call (q4_gemm does it), so
 // each one reaches the FMAs as a broadcast straight from memory, with no ALU work.
 using ExactInput = float;
@@ -51,15 +72,15 @@ inline void fma_code(__m256 (&acc)[2][R], const __m256i (&v)[2], const float* x,
 
 // R rows (bfloat16 values widened to float32) times one tile, exactly:
 // d * (x . q) + m * sum(x) per group.
-template <int R>
+template <class L, int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
                const float* xsum, at::BFloat16* out, int64_t ldo) {
   // The float32 totals live in memory, touched once per group, so the registers go to the
   // accumulators.
   alignas(32) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * kBlockBytes;
-    prefetch_ahead(block, kBlockBytes);
+    const uint8_t* block = group_codes<L>(tile, g);
+    prefetch_group<L>(tile, g);
     __m256 acc[2][R];
     for (int h = 0; h < 2; ++h)
       for (int r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
@@ -77,8 +98,8 @@ void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
       fma_code<R, 7>(acc, v, x, ldx, k);
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 d = load_halves8(block + kCodeBytes + 16 * h);
-      const __m256 m = load_halves8(block + kCodeBytes + 32 + 16 * h);
+      __m256 d, m;
+      group_scales<L>(tile, g, h, d, m);
       for (int r = 0; r < R; ++r) {
         const __m256 t = _mm256_fmadd_ps(acc[h][r], d, _mm256_load_ps(total[r] + 8 * h));
         _mm256_store_ps(total[r] + 8 * h, _mm256_fmadd_ps(m, _mm256_set1_ps(xsum[r * groups + g]), t));
@@ -98,7 +119,7 @@ inline __m256i broadcast_quad8(const int8_t* x) {
 
 // R rows of int8 activations (quantize_rows<true>) times one tile:
 // sum x*w = dx * (d * (xq . q) + m * sum(xq)) per group, the dot product exact in integers.
-template <int R>
+template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
                     const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
   // The float32 totals live in memory, touched once per group, so the registers go to the
@@ -107,8 +128,8 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * kBlockBytes;
-    prefetch_ahead(block, kBlockBytes);
+    const uint8_t* block = group_codes<L>(tile, g);
+    prefetch_group<L>(tile, g);
     __m256i sum16[2][R];
     for (int h = 0; h < 2; ++h)
       for (int r = 0; r < R; ++r) sum16[h][r] = _mm256_setzero_si256();
@@ -126,8 +147,8 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
       }
     }
     for (int h = 0; h < 2; ++h) {
-      const __m256 d = load_halves8(block + kCodeBytes + 16 * h);
-      const __m256 m = load_halves8(block + kCodeBytes + 32 + 16 * h);
+      __m256 d, m;
+      group_scales<L>(tile, g, h, d, m);
       for (int r = 0; r < R; ++r) {
         const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[h][r], ones));
         const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));

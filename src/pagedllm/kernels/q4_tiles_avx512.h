@@ -10,6 +10,25 @@ constexpr bool kInterleavedCodes = true;
 // The exact tile takes the bfloat16 activations as they are (pair dot products).
 using ExactInput = at::BFloat16;
 
+// 16 bytes (a group's 6-bit scales or mins of the tile's rows) as float32.
+inline __m512 load_bytes(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Group g's d and m for the tile's 16 rows: w = d * q + m.
+template <class L>
+inline void group_scales(const uint8_t* tile, int64_t g, __m512& d, __m512& m) {
+  const uint8_t* block = tile + g / L::kGroupsPerBlock * L::kBlockBytes;
+  if constexpr (L::kGroupsPerBlock == 1) {
+    d = load_halves(block + kCodeBytes);
+    m = load_halves(block + kCodeBytes + 32);
+  } else {
+    const int64_t j = g % L::kGroupsPerBlock;
+    d = _mm512_mul_ps(load_halves(block + L::kDOffset), load_bytes(block + L::kScaleOffset + kTile * j));
+    m = _mm512_mul_ps(load_halves(block + L::kDminOffset), load_bytes(block + L::kMinOffset + kTile * j));
+  }
+}
+
 #if defined(__AVX512BF16__)
 
 template <int P>
@@ -29,13 +48,13 @@ inline void dot_pair(__m512 (&acc)[S][R], __m512i v, const at::BFloat16* x, int6
 // chains (S sets of accumulators taking turns): the instruction's latency needs about a dozen
 // in flight to keep both of its pipes busy. The float32 totals live in memory, touched once
 // per group, so that the registers go to the chains.
-template <int R, int S>
+template <class L, int R, int S>
 void tile_rows_chains(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
                const float* xsum, at::BFloat16* out, int64_t ldo) {
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * kBlockBytes;
-    prefetch_ahead(block, kBlockBytes);
+    const uint8_t* block = group_codes<L>(tile, g);
+    prefetch_group<L>(tile, g);
     __m512 acc[S][R];
     for (int s = 0; s < S; ++s)
       for (int r = 0; r < R; ++r) acc[s][r] = _mm512_setzero_ps();
@@ -47,8 +66,8 @@ void tile_rows_chains(const uint8_t* tile, int64_t groups, const at::BFloat16* x
       dot_pair<R, S, 2>(acc, v, x, ldx, k);
       dot_pair<R, S, 3>(acc, v, x, ldx, k);
     }
-    const __m512 d = load_halves(block + kCodeBytes);
-    const __m512 m = load_halves(block + kCodeBytes + 32);
+    __m512 d, m;
+    group_scales<L>(tile, g, d, m);
     const __m512 m_shifted = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);  // m - 128 d
     for (int r = 0; r < R; ++r) {
       __m512 sum = acc[0][r];
@@ -63,10 +82,10 @@ void tile_rows_chains(const uint8_t* tile, int64_t groups, const at::BFloat16* x
 }
 
 // The entry the tile table takes (q4_gemm.cpp): two sets of accumulators taking turns.
-template <int R>
+template <class L, int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
                const float* xsum, at::BFloat16* out, int64_t ldo) {
-  tile_rows_chains<R, 2>(tile, groups, x, ldx, xsum, out, ldo);
+  tile_rows_chains<L, R, 2>(tile, groups, x, ldx, xsum, out, ldo);
 }
 
 #endif  // __AVX512BF16__
@@ -79,15 +98,15 @@ void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64
 // the interleaved activation codes match. Per group:
 //   sum x*w = dx * (d * (xq . q) + m * sum(xq)),
 // the integer dot product exact in int32, the scales applied once per 32 inputs.
-template <int R>
+template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
                     const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g * kBlockBytes;
-    prefetch_ahead(block, kBlockBytes);
+    const uint8_t* block = group_codes<L>(tile, g);
+    prefetch_group<L>(tile, g);
     __m512i acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
@@ -100,8 +119,8 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
         acc[r] = _mm512_dpbusd_epi32(acc[r], high, broadcast_quad(x + r * ldx + 4));
       }
     }
-    const __m512 d = load_halves(block + kCodeBytes);
-    const __m512 m = load_halves(block + kCodeBytes + 32);
+    __m512 d, m;
+    group_scales<L>(tile, g, d, m);
     for (int r = 0; r < R; ++r) {
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
       total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, total[r]);

@@ -14,18 +14,31 @@ constexpr bool kInterleavedCodes = false;
 using ExactInput = float;
 
 // One group of a tile: codes[k][i] = the code of input k for output row i, d and m per row.
+template <class L>
 struct UnpackedGroup {
   alignas(64) uint8_t codes[kGroup][kTile];
   alignas(64) float d[kTile], m[kTile];
-  explicit UnpackedGroup(const uint8_t* block) {
+  UnpackedGroup(const uint8_t* tile, int64_t g) {
+    const uint8_t* block = group_codes<L>(tile, g);
     for (int j = 0; j < 4; ++j)
       for (int i = 0; i < kTile; ++i) {
         uint32_t lane;
         std::memcpy(&lane, block + 64 * j + 4 * i, 4);
         for (int c = 0; c < 8; ++c) codes[8 * j + c][i] = (lane >> code_shift(c)) & 0xF;
       }
-    const auto* halves = reinterpret_cast<const at::Half*>(block + kCodeBytes);
-    for (int i = 0; i < kTile; ++i) d[i] = static_cast<float>(halves[i]), m[i] = static_cast<float>(halves[kTile + i]);
+    const uint8_t* scales = tile + g / L::kGroupsPerBlock * L::kBlockBytes;
+    if constexpr (L::kGroupsPerBlock == 1) {
+      const auto* halves = reinterpret_cast<const at::Half*>(scales + kCodeBytes);
+      for (int i = 0; i < kTile; ++i) d[i] = static_cast<float>(halves[i]), m[i] = static_cast<float>(halves[kTile + i]);
+    } else {
+      const int64_t j = g % L::kGroupsPerBlock;
+      const auto* dd = reinterpret_cast<const at::Half*>(scales + L::kDOffset);
+      const auto* dm = reinterpret_cast<const at::Half*>(scales + L::kDminOffset);
+      for (int i = 0; i < kTile; ++i) {
+        d[i] = static_cast<float>(dd[i]) * scales[L::kScaleOffset + kTile * j + i];
+        m[i] = static_cast<float>(dm[i]) * scales[L::kMinOffset + kTile * j + i];
+      }
+    }
   }
 };
 
@@ -37,12 +50,12 @@ inline void store_row(const float* total, at::BFloat16* out) {
 // summed exactly in Acc (float32: a bfloat16 value times a 4-bit integer is exact; int32 for
 // codes), then total += (x . q) * d * scale + m * shift, where scale and shift are per row
 // and group: 1 and sum(x) for exact rows, dx and dx * sum(xq) for int8 rows.
-template <int R, typename X, typename Acc>
+template <class L, int R, typename X, typename Acc>
 void tile_rows_of(const uint8_t* tile, int64_t groups, const X* x, int64_t ldx,
                   const float* scale, const float* shift, at::BFloat16* out, int64_t ldo) {
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
-    const UnpackedGroup w(tile + g * kBlockBytes);
+    const UnpackedGroup<L> w(tile, g);
     for (int r = 0; r < R; ++r) {
       alignas(64) Acc acc[kTile] = {};
       const X* xr = x + r * ldx + g * kGroup;
@@ -58,17 +71,17 @@ void tile_rows_of(const uint8_t* tile, int64_t groups, const X* x, int64_t ldx,
 }
 
 // Exact rows: x widened to float32 (q4_gemm), xsum = sum(x) per row and group.
-template <int R>
+template <class L, int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
                const float* xsum, at::BFloat16* out, int64_t ldo) {
-  tile_rows_of<R, float, float>(tile, groups, x, ldx, nullptr, xsum, out, ldo);
+  tile_rows_of<L, R, float, float>(tile, groups, x, ldx, nullptr, xsum, out, ldo);
 }
 
 // Int8 rows (quantize_rows<false>): dx per row and group, dx_sum = dx * sum(xq).
-template <int R>
+template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
                     const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
-  tile_rows_of<R, int8_t, int32_t>(tile, groups, xq, ldx, dx, dx_sum, out, ldo);
+  tile_rows_of<L, R, int8_t, int32_t>(tile, groups, xq, ldx, dx, dx_sum, out, ldo);
 }
 
 }  // namespace pagedllm::q4

@@ -1,8 +1,8 @@
 """The bfloat16 model's projections, embedding and output head straight from a GGUF's
 quantized matrices (weights/gguf_original.py), where the C++ kernels run: 4-bit types
-(Q4_0, Q4_1, Q4_K) as 4-bit codes (QuantLinear), the others as 8-bit codes (Q8Linear; Q8_0
-as it is, Q5_*, Q6_K and the i-quants rounded to it), a fused projection of mixed parts as
-a StackedLinear. What is kept here is never dequantized to a float copy, so a Q4_K_M model
+(Q4_0, Q4_1, Q4_K) as 4-bit codes (QuantLinear), Q6_K as 6-bit codes (Q6Linear), the others
+as 8-bit codes (Q8Linear; Q8_0 as it is, Q5_* and the i-quants rounded to it), a fused
+projection of mixed parts as a StackedLinear. What is kept here is never dequantized to a float copy, so a Q4_K_M model
 takes about its file's size in memory. Everything else runs dense (build.py).
 """
 from __future__ import annotations
@@ -15,9 +15,10 @@ from torch import nn
 
 from pagedllm.config import ModelConfig
 from pagedllm.models.output_head import TILE  # the low-bit kernels' rows per tile
-from pagedllm.models.quant_linear import DenseLinear, Q8Linear, QuantLinear, StackedLinear
+from pagedllm.models.quant_linear import DenseLinear, Q6Linear, Q8Linear, QuantLinear, StackedLinear
 from pagedllm.weights.gguf_original import GGUFOriginal
-from pagedllm.weights.q4 import Q4Weight
+from pagedllm.weights.q4 import cat_4bit
+from pagedllm.weights.q6 import Q6Weight
 from pagedllm.weights.q8 import Q8Rows
 
 EMBEDDING_NAMES = ("embed_tokens.weight", "lm_head.weight")
@@ -97,7 +98,9 @@ def _source(kept: dict, dense: dict, name: str) -> tuple[str, object]:
 
 
 def _source_of(original: GGUFOriginal) -> tuple[str, object]:
-    return ("q4", original.q4()) if original.four_bit else ("q8", original.q8())
+    if original.four_bit:
+        return "q4", original.q4()
+    return ("q6", original.q6()) if original.six_bit else ("q8", original.q8())
 
 
 def _module(sources: list, bias, int8_activations: bool, ops) -> nn.Module:
@@ -111,7 +114,9 @@ def _module(sources: list, bias, int8_activations: bool, ops) -> nn.Module:
 
 def _part(kind: str, weights: list, bias, int8_activations: bool, ops):
     if kind == "q4":
-        return QuantLinear(None, bias, Q4Weight.cat(weights), int8_activations=int8_activations)
+        return QuantLinear(None, bias, cat_4bit(weights), int8_activations=int8_activations)
+    if kind == "q6":
+        return Q6Linear(Q6Weight.cat(weights), bias, ops)
     if kind == "q8":
         return Q8Linear(Q8Rows.cat(weights), bias, ops)
     return DenseLinear(torch.cat(weights).to(torch.bfloat16), bias)

@@ -1,5 +1,5 @@
-"""Linear layers that multiply by 4-bit (QuantLinear) or 8-bit (Q8Linear, Int8Linear) weights,
-and a fused projection of parts in different formats (StackedLinear).
+"""Linear layers that multiply by 4-bit (QuantLinear), 6-bit (Q6Linear) or 8-bit (Q8Linear,
+Int8Linear) weights, and a fused projection of parts in different formats (StackedLinear).
 
 Decode steps with few tokens are bound by reading weights from memory, so 4-bit weights win
 there. Large batches (prefill) are bound by arithmetic: there pagedllm's q4_q8_gemm rounds
@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from pagedllm.kernels import capabilities, kernel_ops, torch_ops
-from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
+from pagedllm.weights.q4 import GROUP_SIZE, Q4KWeight, Q4Weight
+from pagedllm.weights.q6 import Q6Weight
 from pagedllm.weights.q8 import Q8Rows
 
 # Per pass over the projections of 30 layers, weights streaming from memory
@@ -82,8 +83,8 @@ class QuantLinear(nn.Module):
     int4 kernel up to INT4_MAX_ROWS rows, a dense copy beyond. dense_weight None: the layer
     is bfloat16, and a dense copy, where one is needed, is made from the codes."""
 
-    def __init__(self, dense_weight: torch.Tensor | None, bias: torch.Tensor | None, q4: Q4Weight,
-                 int8_activations: bool = True):
+    def __init__(self, dense_weight: torch.Tensor | None, bias: torch.Tensor | None,
+                 q4: Q4Weight | Q4KWeight, int8_activations: bool = True):
         super().__init__()
         dtype = torch.bfloat16 if dense_weight is None else dense_weight.dtype
         self.bias = bias
@@ -92,7 +93,7 @@ class QuantLinear(nn.Module):
         tileable = q4.codes.shape[0] % _TILE == 0
         self.q4_ops = kernel_ops() if dtype == torch.bfloat16 and tileable else None
         if self.q4_ops is not None:
-            self.packed = self.q4_ops.q4_pack(q4.codes, q4.d, q4.m)
+            self.packed = q4.kernel_pack(self.q4_ops)
             self.max_rows = ALL_ROWS
             self.exact_max_rows = Q4_EXACT_MAX_ROWS[self.q4_ops.isa()] if int8_activations else ALL_ROWS
         elif torch_ops().int4_matmul and tileable:
@@ -116,19 +117,32 @@ class QuantLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-class Q8Linear(nn.Module):
-    """x @ W.T (+ b) for an 8-bit weight (GGUF Q8_0, or Q5_*/Q6_K/i-quants rounded to it) in
-    a bfloat16 model, through q8_gemm (activations rounded to int8 per group of 32, as
-    llama.cpp multiplies Q8_0 at every row count); no dense copy."""
+class Int8ActivationLinear(nn.Module):
+    """x @ W.T (+ b) through a kernel that rounds the activations to int8 per group of 32 at
+    every row count, as llama.cpp multiplies these formats (float32 out); no dense copy."""
 
-    def __init__(self, q8: Q8Rows, bias: torch.Tensor | None, ops):
+    def __init__(self, packed: torch.Tensor, gemm, bias: torch.Tensor | None):
         super().__init__()
-        self.ops, self.bias = ops, bias
-        self.packed = ops.q8_pack(q8.codes, q8.scales)
+        self.packed, self.gemm, self.bias = packed, gemm, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.ops.q8_gemm(x.to(torch.bfloat16).contiguous(), self.packed).to(x.dtype)
+        out = self.gemm(x.to(torch.bfloat16).contiguous(), self.packed).to(x.dtype)
         return out if self.bias is None else out + self.bias
+
+
+class Q8Linear(Int8ActivationLinear):
+    """An 8-bit weight (GGUF Q8_0, or Q5_* / i-quants rounded to it) through q8_gemm."""
+
+    def __init__(self, q8: Q8Rows, bias: torch.Tensor | None, ops):
+        super().__init__(ops.q8_pack(q8.codes, q8.scales), ops.q8_gemm, bias)
+
+
+class Q6Linear(Int8ActivationLinear):
+    """A GGUF Q6_K weight as the file holds it through q6_gemm: 6.56 bits a weight read per
+    token instead of the 8.5 of Q8_0."""
+
+    def __init__(self, q6: Q6Weight, bias: torch.Tensor | None, ops):
+        super().__init__(ops.q6_pack(q6.codes, q6.scales, q6.d), ops.q6_gemm, bias)
 
 
 class StackedLinear(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedllm.weights.q4 import Q4Weight
+from pagedllm.weights.q4 import cat_4bit
 
 
 def fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
@@ -56,7 +56,7 @@ def fuse_quantized(quantized: dict, num_layers: int) -> dict:
     fused = dict(quantized)
     for i in range(num_layers):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        _fuse(fused, [f"{attn}{p}_proj.weight" for p in "qkv"], f"{attn}qkv_proj.weight", Q4Weight.cat)
+        _fuse(fused, [f"{attn}{p}_proj.weight" for p in "qkv"], f"{attn}qkv_proj.weight", cat_4bit)
         _fuse(fused, [f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"], f"{mlp}gate_up_proj.weight",
-              Q4Weight.cat)
+              cat_4bit)
     return fused

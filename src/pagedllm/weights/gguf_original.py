@@ -2,8 +2,8 @@
 
 The loader keeps every quantized 2-D weight this way (a view of the memory-mapped file) and
 decodes nothing up front: the bfloat16 model with the C++ kernels takes 4-bit types as 4-bit
-codes (q4) and the other types as 8-bit codes (q8), and only what runs dense (float32
-models, the paths without the kernels) is dequantized (dense). So a Q4_K_M file never holds
+codes (q4), Q6_K as 6-bit codes (q6) and the other types as 8-bit codes (q8), and only what
+runs dense (float32 models, the paths without the kernels) is dequantized (dense). So a Q4_K_M file never holds
 a float copy of its projections in memory, not even while it loads.
 """
 from __future__ import annotations
@@ -15,13 +15,15 @@ import numpy as np
 import torch
 
 from pagedllm.weights.permute import row_order_unpermute, unpermute_rows
-from pagedllm.weights.q4 import Q4Weight, decode_q4, decode_q4_k
+from pagedllm.weights.q4 import Q4KWeight, Q4Weight, decode_q4, decode_q4_k
+from pagedllm.weights.q6 import Q6Weight, decode_q6_k
 from pagedllm.weights.q8 import Q8Rows, decode_q8_0, quantize_q8_0
 
 # Types whose groups are w = code * d + m with 4-bit codes: the 4-bit kernels take them as
-# they are. The rest (Q8_0 as it is; Q5_*, Q6_K and the i-quants rounded to Q8_0) take the
-# 8-bit kernel.
+# they are, as the 6-bit kernel takes Q6_K. The rest (Q8_0 as it is; Q5_* and the i-quants
+# rounded to Q8_0) take the 8-bit kernel.
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+SIX_BIT_TYPE = "Q6_K"
 # Rows dequantized at a time when rounding to Q8_0: a float32 copy of a whole embedding of
 # a 1-2B model would take ~400 MB.
 _CHUNK_ROWS = 4096
@@ -74,14 +76,27 @@ class GGUFOriginal:
             array = unpermute_rows(array, self.heads)
         return torch.from_numpy(np.ascontiguousarray(array))
 
-    def q4(self) -> Q4Weight:
-        """4-bit codes and per-32 (d, m), exactly the weights dense() gives."""
+    @property
+    def six_bit(self) -> bool:
+        return self.type_name == SIX_BIT_TYPE
+
+    def q4(self) -> Q4Weight | Q4KWeight:
+        """4-bit codes and their scales, exactly the weights dense() gives."""
         if self.type_name == "Q4_K":
             q4 = decode_q4_k(self.data, self.shape)
         else:
             q4 = decode_q4(self.data, self.type_name, self.shape)
+        return self._rows_in_order(q4)
+
+    def q6(self) -> Q6Weight:
+        """Q6_K's 6-bit codes and scales, exactly the weights dense() gives."""
+        return self._rows_in_order(decode_q6_k(self.data, self.shape))
+
+    def _rows_in_order(self, weight):
+        """A decoded weight, once this tensor's file pages are dropped, with a permuted q / k's
+        rows put back in order."""
         self.drop_file_pages()
-        return q4.permute_rows(row_order_unpermute(self.shape[0], self.heads)) if self.heads else q4
+        return weight.permute_rows(row_order_unpermute(self.shape[0], self.heads)) if self.heads else weight
 
     def q8(self) -> Q8Rows:
         """8-bit codes and per-32 scales: Q8_0 exactly, other types rounded to it (a chunk of

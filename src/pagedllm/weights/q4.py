@@ -1,8 +1,10 @@
-"""4-bit GGUF weights (Q4_0, Q4_1) kept as codes + per-32 scales and offsets, as the file holds them.
+"""4-bit GGUF weights (Q4_0, Q4_1, Q4_K) kept as codes + scales, as the file holds them.
 
 Every such weight is w = code * d + m, code in 0..15, one (d, m) per 32 consecutive inputs:
-Q4_1 stores d and m (float16), Q4_0 stores d with w = (code - 8) * d, i.e. m = -8d. pagedllm's
-q4_gemm takes this form; `torch_scales_zeros` gives the one torch's CPU int4 kernel takes.
+Q4_1 stores d and m (float16), Q4_0 stores d with w = (code - 8) * d, i.e. m = -8d (Q4Weight).
+Q4_K stores them in two levels, a 6-bit scale and min per 32 under a float16 d and dmin per
+256 (Q4KWeight), which the kernels also take as they are (q4k_pack). pagedllm's q4_gemm takes
+either; `torch_scales_zeros` gives the form torch's CPU int4 kernel takes.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import numpy as np
 import torch
 
 GROUP_SIZE = 32
+SUPER_GROUPS = 8  # Q4_K's groups of 32 under one d and dmin
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 
 
@@ -34,10 +37,60 @@ class Q4Weight:
         index = torch.from_numpy(order)
         return Q4Weight(self.codes[index], self.d[index], self.m[index])
 
+    def kernel_pack(self, ops) -> torch.Tensor:
+        """The tiles pagedllm's 4-bit kernels read."""
+        return ops.q4_pack(self.codes, self.d, self.m)
+
     @staticmethod
     def cat(parts: list[Q4Weight]) -> Q4Weight:
         return Q4Weight(torch.cat([p.codes for p in parts]), torch.cat([p.d for p in parts]),
                         torch.cat([p.m for p in parts]))
+
+
+@dataclass
+class Q4KWeight:
+    """Q4_K: w = (d * sc) * code - (dmin * mn), with sc, mn in 0..63 per 32 inputs and d,
+    dmin (float16) per 256."""
+
+    codes: torch.Tensor  # [out, in] uint8 in 0..15
+    scales: torch.Tensor  # [out, in / 32] uint8 in 0..63
+    mins: torch.Tensor  # [out, in / 32] uint8 in 0..63
+    d: torch.Tensor  # [out, in / 256] float32 (float16 values)
+    dmin: torch.Tensor  # [out, in / 256] float32 (float16 values)
+
+    def per_group(self) -> Q4Weight:
+        """The same weights as per-32 (d, m), exact in float32 (a float16 times a 6-bit
+        integer), for the paths that take that form (torch's int4 kernel, a mixed cat)."""
+        per = SUPER_GROUPS
+        return Q4Weight(self.codes, self.d.repeat_interleave(per, 1) * self.scales.float(),
+                        -(self.dmin.repeat_interleave(per, 1) * self.mins.float()))
+
+    def dequantize(self) -> torch.Tensor:
+        return self.per_group().dequantize()
+
+    def torch_scales_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.per_group().torch_scales_zeros()
+
+    def permute_rows(self, order: np.ndarray) -> Q4KWeight:
+        index = torch.from_numpy(order)
+        return Q4KWeight(self.codes[index], self.scales[index], self.mins[index], self.d[index],
+                         self.dmin[index])
+
+    def kernel_pack(self, ops) -> torch.Tensor:
+        return ops.q4k_pack(self.codes, self.scales, self.mins, self.d, self.dmin)
+
+    @staticmethod
+    def cat(parts: list[Q4KWeight]) -> Q4KWeight:
+        return Q4KWeight(*(torch.cat([getattr(p, f) for p in parts])
+                           for f in ("codes", "scales", "mins", "d", "dmin")))
+
+
+def cat_4bit(parts: list) -> Q4Weight | Q4KWeight:
+    """Matrices stacked by rows (a fused projection): Q4_K parts stay Q4_K; a mix of formats
+    goes to per-32 (d, m)."""
+    if all(isinstance(p, Q4KWeight) for p in parts):
+        return Q4KWeight.cat(parts)
+    return Q4Weight.cat([p.per_group() if isinstance(p, Q4KWeight) else p for p in parts])
 
 
 def decode_q4(raw: np.ndarray, type_name: str, shape: tuple[int, int]) -> Q4Weight:
@@ -61,11 +114,9 @@ _Q4_K_BLOCK_BYTES = 144  # d, dmin (float16), 12 bytes of 6-bit scales and mins,
 _Q4_K_VALUES = 256
 
 
-def decode_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> Q4Weight:
+def decode_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> Q4KWeight:
     """Q4_K: super-blocks of 256 values, 8 groups of 32, w = d * sc * code - dmin * mn with a
-    6-bit scale sc and min mn per group. Per group that is the Q4 form, d' = d * sc and
-    m' = -dmin * mn, both exact in float32 (a float16 times a 6-bit integer). The kernels
-    store d' and m' as float16 (q4_pack), rounding them by at most 2^-11 relative."""
+    6-bit scale sc and min mn per group, kept in that form."""
     from gguf.quants import Q4_K
 
     rows, cols = shape
@@ -76,7 +127,11 @@ def decode_q4_k(raw: np.ndarray, shape: tuple[int, int]) -> Q4Weight:
     qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
     # Each 32 bytes hold two groups: the low nibbles the first, the high nibbles the next.
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(rows, cols)
-    groups = cols // GROUP_SIZE
-    return Q4Weight(torch.from_numpy(np.ascontiguousarray(codes)),
-                    torch.from_numpy((d * sc.astype(np.float32)).reshape(rows, groups)),
-                    torch.from_numpy((-(dmin * mn.astype(np.float32))).reshape(rows, groups)))
+    groups, supers = cols // GROUP_SIZE, cols // _Q4_K_VALUES
+
+    def tensor(array: np.ndarray, width: int, dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array.reshape(rows, width).astype(dtype)))
+
+    return Q4KWeight(torch.from_numpy(np.ascontiguousarray(codes)), tensor(sc, groups, np.uint8),
+                     tensor(mn, groups, np.uint8), tensor(d, supers, np.float32),
+                     tensor(dmin, supers, np.float32))

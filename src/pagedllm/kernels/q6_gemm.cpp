@@ -1,0 +1,290 @@
+// x @ W.T for GGUF Q6_K weights as the file holds them: w = d * sc * (q - 32), q in 0..63,
+// one int8 scale sc per 16 inputs under one float16 d per 256 inputs and row: 6.56 bits a
+// weight, where rounding them to Q8_0 (the 8-bit kernel's form) took 8.5. A Q4_K_M file keeps
+// its output head, half its v projections and half its down projections in Q6_K, about a
+// quarter of its bytes, and decode reads every byte once a token.
+// Multiplied as llama.cpp multiplies Q6_K by Q8: each activation row rounded to int8 per
+// group of 32 (quantize_rows), integer dot products per 16 inputs (AVX512-VNNI; AVX2
+// vpmaddubsw; plain C++ on the portable level), d * sc * dx applied per 16:
+//   sum x*w = d * sc * dx * (xq . q - 32 * sum(xq)).
+// Packed (q6_pack) per tile of 16 output rows and block of 256 inputs:
+// - per group of 32 inputs, four 64-byte vectors of the codes' low 4 bits laid out as the
+//   4-bit kernels lay out codes (q4_layout.h: lane i, 8 codes of row i at code_shift's bits),
+//   then two vectors of their high 2 bits: vector p serves code vectors 2p and 2p + 1 (the
+//   16 inputs of one scale); byte b of lane i holds, for code vector 2p, the high bits of
+//   byte b's low-nibble code at bits 4-5 and of its high-nibble code at bits 6-7, and for
+//   2p + 1 the same at bits 0-1 and 2-3, so one shift and one mask put them above the nibble;
+// - then the 16 int8 scales of each of the block's 16 sub-groups, then d per row (float16).
+#include "lowbit_gemm.h"
+#include "ops.h"
+#include "q4_layout.h"
+
+using namespace pagedllm::lowbit;
+using pagedllm::q4::code_shift;
+
+namespace {
+
+constexpr int64_t kGroupsPerBlock = 8;                        // 256 inputs
+constexpr int64_t kLowBytes = kTile * kGroup / 2;             // 256: 4 low bits a code
+constexpr int64_t kGroupBytes = kLowBytes + kTile * kGroup / 4;  // + 128: 2 high bits a code
+constexpr int64_t kScaleOffset = kGroupsPerBlock * kGroupBytes;  // 3072: sc [16][16] int8
+constexpr int64_t kDOffset = kScaleOffset + 2 * kGroupsPerBlock * kTile;  // 3328: d [16]
+constexpr int64_t kBlockBytes = kDOffset + 2 * kTile;         // 3360
+
+// Bit of the high-bits plane, within lane i's 32 bits, holding bit 0 of the high 2 bits of
+// code c (0..7) of code vector j.
+inline int high_shift(int j, int c) {
+  const int byte = code_shift(c) / 8, high_nibble = code_shift(c) / 4 % 2;
+  return 8 * byte + (j % 2 == 0 ? 4 : 0) + 2 * high_nibble;
+}
+
+// The activation codes' sum per 16 inputs, [M, K / 16]: the -32 offset's share of each scale.
+torch::Tensor sums_of_16(const torch::Tensor& codes) {
+  return codes.view({codes.size(0), -1, 16}).sum(-1, false, at::kInt).contiguous();
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+
+constexpr bool kInterleavedCodes = true;
+
+// 16 int8 scales (one sub-group of the tile's rows) as int32.
+inline __m512i load_scales(const uint8_t* p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// R rows of int8 activations times one tile. Per sub-group of 16 inputs: its two code vectors
+// with their high bits put back, two dpbusd each (low- and high-nibble codes against the
+// interleaved activation codes), started from -32 * sum(xq); the two sub-groups' sums times
+// their scales added as integers (at most 2 x 128 x 16 x 32 x 127, within int32), so a group
+// costs one conversion to float.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+               const float* dx, const int32_t* xsum16, float* out, int64_t ldo) {
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g / kGroupsPerBlock * kBlockBytes;
+    const uint8_t* codes = block + g % kGroupsPerBlock * kGroupBytes;
+    prefetch_ahead(tile + g * (kBlockBytes / kGroupsPerBlock), kBlockBytes / kGroupsPerBlock);
+    __m512i sum[R];
+    for (int s = 0; s < 2; ++s) {
+      __m512i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_set1_epi32(-32 * xsum16[r * 2 * groups + 2 * g + s]);
+      const __m512i plane = _mm512_loadu_si512(codes + kLowBytes + 64 * s);
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * s + h;
+        const __m512i v = _mm512_loadu_si512(codes + 64 * j);
+        const __m512i low_top = h == 0 ? plane : _mm512_slli_epi32(plane, 4);
+        const __m512i high_top = h == 0 ? _mm512_srli_epi32(plane, 2) : _mm512_slli_epi32(plane, 2);
+        const __m512i low = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_and_si512(low_top, high));
+        const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v, 4), nibble),
+                                           _mm512_and_si512(high_top, high));
+        const int8_t* x = xq + g * kGroup + 8 * j;
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm512_dpbusd_epi32(acc[r], low, broadcast_quad(x + r * ldx));
+          acc[r] = _mm512_dpbusd_epi32(acc[r], hi, broadcast_quad(x + r * ldx + 4));
+        }
+      }
+      const __m512i scale = load_scales(block + kScaleOffset + kTile * (2 * (g % kGroupsPerBlock) + s));
+      for (int r = 0; r < R; ++r) {
+        const __m512i scaled = _mm512_mullo_epi32(acc[r], scale);
+        sum[r] = s == 0 ? scaled : _mm512_add_epi32(sum[r], scaled);
+      }
+    }
+    const __m512 d = load_halves(block + kDOffset);
+    for (int r = 0; r < R; ++r)
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])),
+                                 total[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, total[r]);
+}
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+constexpr bool kInterleavedCodes = true;
+
+// 8 int8 scales (half a sub-group of the tile's rows) as int32.
+inline __m256i load_scales8(const uint8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256i broadcast_quad8(const int8_t* x) {
+  int32_t quad;
+  std::memcpy(&quad, x, 4);
+  return _mm256_set1_epi32(quad);
+}
+
+// As the AVX-512 tile, a 256-bit half (output rows 8 half .. 8 half + 7) at a time, with
+// vpmaddubsw: codes 0..63 times activations -127..127 sum in pairs to at most 16002, the low-
+// and high-nibble pairs to 32004, within int16; vpmaddwd against ones widens them to int32.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+               const float* dx, const int32_t* xsum16, float* out, int64_t ldo) {
+  alignas(32) float total[R][kTile] = {};
+  const __m256i nibble = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g / kGroupsPerBlock * kBlockBytes;
+    const uint8_t* codes = block + g % kGroupsPerBlock * kGroupBytes;
+    prefetch_ahead(tile + g * (kBlockBytes / kGroupsPerBlock), kBlockBytes / kGroupsPerBlock);
+    for (int half = 0; half < 2; ++half) {
+      __m256i sum[R];
+      for (int s = 0; s < 2; ++s) {
+        __m256i acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_set1_epi32(-32 * xsum16[r * 2 * groups + 2 * g + s]);
+        const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + kLowBytes + 64 * s + 32 * half));
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * s + h;
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * j + 32 * half));
+          const __m256i low_top = h == 0 ? plane : _mm256_slli_epi32(plane, 4);
+          const __m256i high_top = h == 0 ? _mm256_srli_epi32(plane, 2) : _mm256_slli_epi32(plane, 2);
+          const __m256i low = _mm256_or_si256(_mm256_and_si256(v, nibble), _mm256_and_si256(low_top, high));
+          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), nibble),
+                                             _mm256_and_si256(high_top, high));
+          const int8_t* x = xq + g * kGroup + 8 * j;
+          for (int r = 0; r < R; ++r) {
+            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast_quad8(x + r * ldx)),
+                                                   _mm256_maddubs_epi16(hi, broadcast_quad8(x + r * ldx + 4)));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+        const __m256i scale = load_scales8(block + kScaleOffset + kTile * (2 * (g % kGroupsPerBlock) + s) + 8 * half);
+        for (int r = 0; r < R; ++r) {
+          const __m256i scaled = _mm256_mullo_epi32(acc[r], scale);
+          sum[r] = s == 0 ? scaled : _mm256_add_epi32(sum[r], scaled);
+        }
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kDOffset + 16 * half)));
+      for (int r = 0; r < R; ++r) {
+        float* t = total[r] + 8 * half;
+        _mm256_store_ps(t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]),
+                                           _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g])),
+                                           _mm256_load_ps(t)));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) std::memcpy(out + r * ldo, total[r], sizeof(total[r]));
+}
+
+#else
+
+constexpr bool kInterleavedCodes = false;
+
+// Plain C++: each group's codes unpacked to an input-major [32][16] array of q - 32 first, so
+// the inner loop over the tile's 16 output rows vectorises at whatever width the target has.
+template <int R>
+void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+               const float* dx, const int32_t*, float* out, int64_t ldo) {
+  alignas(64) float total[R][kTile] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = tile + g / kGroupsPerBlock * kBlockBytes;
+    const uint8_t* codes = block + g % kGroupsPerBlock * kGroupBytes;
+    alignas(64) int16_t w[kGroup][kTile];
+    for (int j = 0; j < 4; ++j)
+      for (int64_t i = 0; i < kTile; ++i) {
+        uint32_t lane, plane;
+        std::memcpy(&lane, codes + 64 * j + 4 * i, 4);
+        std::memcpy(&plane, codes + kLowBytes + 64 * (j / 2) + 4 * i, 4);
+        for (int c = 0; c < 8; ++c)
+          w[8 * j + c][i] = static_cast<int16_t>(((lane >> code_shift(c)) & 0xF) |
+                                                 (((plane >> high_shift(j, c)) & 0x3) << 4)) - 32;
+      }
+    const auto* halves = reinterpret_cast<const at::Half*>(block + kDOffset);
+    alignas(64) float scale[2][kTile];
+    for (int s = 0; s < 2; ++s)
+      for (int64_t i = 0; i < kTile; ++i)
+        scale[s][i] = static_cast<float>(halves[i]) *
+                      static_cast<int8_t>(block[kScaleOffset + kTile * (2 * (g % kGroupsPerBlock) + s) + i]);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xr = xq + r * ldx + g * kGroup;
+      for (int s = 0; s < 2; ++s) {
+        alignas(64) int32_t acc[kTile] = {};
+        for (int64_t c = 16 * s; c < 16 * s + 16; ++c)
+          for (int64_t i = 0; i < kTile; ++i) acc[i] += static_cast<int32_t>(xr[c]) * w[c][i];
+        const float sx = dx[r * groups + g];
+        for (int64_t i = 0; i < kTile; ++i) total[r][i] += static_cast<float>(acc[i]) * (scale[s][i] * sx);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t i = 0; i < kTile; ++i) out[r * ldo + i] = total[r][i];
+}
+
+#endif
+
+// Each branch above defines tile_rows<R> for R = 1..kRowBlock activation rows.
+using TileFn = decltype(&tile_rows<1>);
+constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
+                                            tile_rows<4>, tile_rows<5>, tile_rows<6>,
+                                            tile_rows<7>, tile_rows<8>};
+
+}  // namespace
+
+// codes [N, K] uint8 (0..63), scales [N, K / 16] int8, d [N, K / 256] float32 (exact float16
+// values), w = d * sc * (q - 32) -> the packed tiles, [N / 16, K / 256, 3360] uint8.
+torch::Tensor q6_pack(torch::Tensor codes, torch::Tensor scales, torch::Tensor d) {
+  const int64_t groups = check_pack(codes, at::kByte, "uint8");
+  const int64_t n = codes.size(0), k = codes.size(1), blocks = groups / kGroupsPerBlock;
+  TORCH_CHECK(groups % kGroupsPerBlock == 0, "inputs must be a multiple of ", kGroupsPerBlock * kGroup, ", got ", k);
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == 2 * groups &&
+              scales.scalar_type() == at::kChar, "scales must be [N, K / 16] int8");
+  TORCH_CHECK(d.dim() == 2 && d.size(0) == n && d.size(1) == blocks, "d must be [N, K / 256]");
+  auto c = codes.contiguous(), sc = scales.contiguous();
+  TORCH_CHECK(c.max().item<int>() < 64, "codes must be in 0..63");
+  auto d16 = d.to(at::kHalf).contiguous();
+  auto packed = torch::zeros({n / kTile, blocks, kBlockBytes}, codes.options());
+  const uint8_t* src = c.data_ptr<uint8_t>();
+  const int8_t* scp = sc.data_ptr<int8_t>();
+  const auto* dp = d16.data_ptr<at::Half>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, n / kTile, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* block = dst + (t * blocks + b) * kBlockBytes;
+        for (int64_t i = 0; i < kTile; ++i) {
+          const int64_t row = t * kTile + i;
+          for (int64_t gb = 0; gb < kGroupsPerBlock; ++gb) {
+            const uint8_t* q = src + row * k + (b * kGroupsPerBlock + gb) * kGroup;
+            uint8_t* group = block + gb * kGroupBytes;
+            uint32_t planes[2] = {0, 0};
+            for (int j = 0; j < 4; ++j) {
+              uint32_t lane = 0;
+              for (int c8 = 0; c8 < 8; ++c8) {
+                lane |= static_cast<uint32_t>(q[8 * j + c8] & 0xF) << code_shift(c8);
+                planes[j / 2] |= static_cast<uint32_t>(q[8 * j + c8] >> 4) << high_shift(j, c8);
+              }
+              std::memcpy(group + 64 * j + 4 * i, &lane, 4);
+            }
+            for (int p = 0; p < 2; ++p) std::memcpy(group + kLowBytes + 64 * p + 4 * i, &planes[p], 4);
+            for (int s = 0; s < 2; ++s)
+              block[kScaleOffset + kTile * (2 * gb + s) + i] =
+                  static_cast<uint8_t>(scp[row * 2 * groups + 2 * (b * kGroupsPerBlock + gb) + s]);
+          }
+          std::memcpy(block + kDOffset + 2 * i, dp + row * blocks + b, 2);
+        }
+      }
+  });
+  return packed;
+}
+
+// x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] float32.
+torch::Tensor q6_gemm(torch::Tensor x, torch::Tensor packed) {
+  const GemmShape shape = check_gemm(x, packed, kBlockBytes, "q6_pack", kGroupsPerBlock);
+  const int64_t rows = shape.rows, k = shape.k, tiles = shape.tiles, groups = shape.groups;
+  auto out = torch::empty({rows, tiles * kTile}, x.options().dtype(at::kFloat));
+  if (rows == 0) return out;
+  const Int8Rows xq = quantize_rows<kInterleavedCodes>(x);
+  const auto xsum16 = sums_of_16(xq.codes);
+  const int8_t* qp = xq.codes.data_ptr<int8_t>();
+  const float* dp = xq.scale.data_ptr<float>();
+  const int32_t* sp = xsum16.data_ptr<int32_t>();
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t n = tiles * kTile, tile_bytes = packed.size(1) * kBlockBytes;
+  for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
+    kTileFns[rb](wp + t * tile_bytes, groups, qp + r0 * k, k, dp + r0 * groups, sp + r0 * 2 * groups,
+                 op + r0 * n + t * kTile, n);
+  });
+  return out;
+}
