@@ -19,6 +19,7 @@ from tiny_models import write_gguf
 
 Q4_K_M = {"attn_v.weight": "Q6_K", "ffn_down.weight": "Q6_K"}  # the rest Q4_K
 Q4K_BLOCK_BYTES = 8 * 256 + 2 * 8 * 16 + 2 * 2 * 16  # codes, scales and mins, d and dmin
+Q4K_BLOCK_BYTES = 8 * 256 + 2 * 8 * 16 + 2 * 2 * 16  # codes, scales and mins, d and dmin
 PROMPT = [(5 * i + 2) % 250 + 3 for i in range(40)]
 
 

@@ -159,3 +159,26 @@ def test_layers_pack_each_format_in_its_own_layout(at_isa):
     y = torch.randn(2, 512).bfloat16()
     assert six(y).dtype == torch.bfloat16
     assert relative_error(six(y) - 1, y.float() @ q6.dequantize().T) < 0.02
+
+
+def test_a_q6_k_output_head_multiplies_its_own_codes(at_isa):
+    """A Q6_K head (a Q4_K_M file's): logits from its 6-bit tiles, the top candidates
+    recomputed from its Q8_0 rounding (the rows the embedding reads), as a Q8_0 head's are."""
+    from pagedllm.models.output_head import Q8Head, output_head
+    from pagedllm.weights.q8 import quantize_q8_0
+
+    q6 = random_q6(272, 256, seed=3)
+    weight = q6.dequantize()
+    q8 = quantize_q8_0(weight)
+    head = output_head(weight, q8, 16, q6)
+    assert isinstance(head, Q8Head) and head.packed.shape[-1] == 3360
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 256).bfloat16().float()  # the head multiplies bfloat16 rows
+    logits = head(hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (3, 272)
+    exact = hidden @ weight.T
+    assert relative_error(logits, exact) < 0.02
+    rounded = hidden @ q8.rows(torch.arange(272)).T
+    top = logits.topk(16, dim=-1).indices
+    assert torch.allclose(logits.gather(1, top), rounded.gather(1, top), rtol=1e-4, atol=1e-4)
+    assert torch.equal(logits.argmax(-1), rounded.argmax(-1))

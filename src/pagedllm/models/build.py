@@ -67,12 +67,15 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     if dtype == torch.bfloat16:
         # The output head is the largest matrix (49152 x 576 here): it is read as 8-bit
         # codes where it has them, and the top candidates are recomputed exactly anyway.
-        head_q8 = None
-        if not tied and "lm_head.weight" in kept:
-            head_q8 = kept["lm_head.weight"].q8()
+        head_q8 = head_q6 = None
+        head_name = "embed_tokens.weight" if tied else "lm_head.weight"
+        if not tied and head_name in kept:
+            head_q8 = kept[head_name].q8()
         elif tied:
             head_q8 = model.embed_q8
-        model.lm_head = output_head(model.lm_head_weight, head_q8, LOGIT_REFINE_CANDIDATES)
+        if head_q8 is not None and kept[head_name].six_bit:  # multiplied as the file holds it
+            head_q6 = kept[head_name].q6()
+        model.lm_head = output_head(model.lm_head_weight, head_q8, LOGIT_REFINE_CANDIDATES, head_q6)
         _prepack_dense_experts(model)
         if low_bit_ops is None and torch_ops().int4_matmul:
             four_bit = {name: original.q4() for name, original in quantized.items()

@@ -4,7 +4,9 @@ on the default model).
 
 Two shapes of the same contract, `head(hidden [N, H]) -> [N, vocab] float32`:
 - `Q8Head`: the GGUF Q8_0 codes through q8_gemm (activations rounded to int8 per group of
-  32, as llama.cpp does), then q8_refine_top, both C++. Faster than dense bfloat16 at every
+  32, as llama.cpp does), then q8_refine_top, both C++. A Q6_K head (a Q4_K_M file's) is
+  multiplied in its own 6-bit layout (q6_gemm, a quarter fewer bytes read per token) and
+  refined from its Q8_0 rounding, the rows the embedding reads. Faster than dense bfloat16 at every
   row count measured (49152 x 576: 1 row 0.57 vs 1.26 ms, 8 rows 0.72 vs 1.50, 64 rows 3.3
   vs 4.8; benchmarks/linear_kernels.py), so no other copy of the head is kept.
 - `RefinedHead`: without the C++ kernels, or where the head is not Q8_0: int8 per-row codes
@@ -18,19 +20,23 @@ import torch
 
 from pagedllm.kernels import kernel_ops, torch_ops
 from pagedllm.models.quant_linear import DenseLinear, Int8Linear
+from pagedllm.weights.q6 import Q6Weight
 from pagedllm.weights.q8 import Q8Rows
 
 TILE = 16  # q8_gemm packs output rows in tiles of 16
 
 
 class Q8Head:
-    def __init__(self, q8: Q8Rows, ops, top: int):
+    def __init__(self, q8: Q8Rows, ops, top: int, q6: Q6Weight | None = None):
         self.q8, self.ops, self.top = q8, ops, top
-        self.packed = ops.q8_pack(q8.codes, q8.scales)
+        if q6 is None:
+            self.packed, self.gemm = ops.q8_pack(q8.codes, q8.scales), ops.q8_gemm
+        else:
+            self.packed, self.gemm = ops.q6_pack(q6.codes, q6.scales, q6.d), ops.q6_gemm
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         x = hidden.to(torch.bfloat16)
-        logits = self.ops.q8_gemm(x, self.packed)
+        logits = self.gemm(x, self.packed)
         return self.ops.q8_refine_top(logits, x, self.q8.codes, self.q8.scales, self.top)
 
 
@@ -45,12 +51,13 @@ class RefinedHead:
         return logits.scatter_(1, top, exact)
 
 
-def output_head(weight: torch.Tensor, q8: Q8Rows | None, top: int):
-    """Q8Head where the head has Q8_0 codes and the C++ kernels load, else RefinedHead over int8
-    per-row codes (or dense bfloat16), its exact rows read from the Q8_0 codes or the weight."""
-    ops = kernel_ops()  # every CPU level's build has q8_gemm
+def output_head(weight: torch.Tensor, q8: Q8Rows | None, top: int, q6: Q6Weight | None = None):
+    """Q8Head where the head has Q8_0 codes (and, for a Q6_K head, its 6-bit codes q6) and the
+    C++ kernels load, else RefinedHead over int8 per-row codes (or dense bfloat16), its exact
+    rows read from the Q8_0 codes or the weight."""
+    ops = kernel_ops()  # every CPU level's build has q8_gemm and q6_gemm
     if isinstance(q8, Q8Rows) and ops is not None and q8.codes.shape[0] % TILE == 0:
-        return Q8Head(q8, ops, top)
+        return Q8Head(q8, ops, top, q6)
     approx = Int8Linear(weight) if torch_ops().int8_matmul else DenseLinear(weight.to(torch.bfloat16), None)
     exact_rows = q8.rows if isinstance(q8, Q8Rows) else (lambda index: weight[index])
     return RefinedHead(approx, exact_rows, top)
