@@ -7,6 +7,11 @@ llama.cpp's server on the same file and host, under the same load.
     # the load: streaming completions, prompts of 64-256 tokens, 64 output tokens, N = 1, 8
     .venv/bin/python benchmarks/realistic_size.py run --model DIR/smollm2-1.7b-random-Q4_K_M.gguf \\
         --llama-server PATH [--concurrency 1,8] [--requests 16]
+    # both servers up at once, one request (or one round of N) to each in turn, so that both
+    # meet the same moment of a shared host's memory bandwidth: TPOT and tokens/s per round,
+    # the medians and the median of the paired ratios
+    .venv/bin/python benchmarks/realistic_size.py paired --model DIR/smollm2-1.7b-random-Q4_K_M.gguf \
+        --llama-server PATH [--rounds 12] [--concurrency 1,8]
     # in this process: load time, resident memory and its high-water mark, then the
     # projections and the head alone at one row, all layers back to back (the bytes a decode
     # step must read, against the memory bandwidth)
@@ -179,6 +184,82 @@ def cmd_run(args) -> None:
                   f"{achieved / bandwidth:.0%} of the measured bandwidth")
 
 
+def stream_once(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+    """One streaming completion of exactly max_tokens tokens: (TTFT s, TPOT s, tokens)."""
+    import httpx
+
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    start, times = time.perf_counter(), []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choices = json.loads(line[6:]).get("choices") or [{}]
+            if choices[0].get("text"):
+                times.append(time.perf_counter())
+    return times[0] - start, (times[-1] - times[0]) / max(len(times) - 1, 1), len(times)
+
+
+def round_of(url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
+    """len(prompts) requests at once: median TPOT, output tokens/s over the round's wall."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: stream_once(url, model, p, max_tokens), prompts))
+    wall = time.perf_counter() - start
+    return {"tpot": float(np.median([r[1] for r in results])),
+            "out_tok_s": sum(r[2] for r in results) / wall}
+
+
+def cmd_paired(args) -> None:
+    import httpx
+
+    os.makedirs(args.out, exist_ok=True)
+    servers = {
+        "pagedllm": ([sys.executable, "-m", "pagedllm.cli", "serve", "--model", args.model,
+                      "--port", "8011", "--max-num-seqs", str(args.max_num_seqs),
+                      "--kv-cache-memory", args.kv_cache_memory], 8011),
+        "llama.cpp": ([args.llama_server, "-m", args.model, "--port", "8012",
+                       "-np", str(args.max_num_seqs), "-c", str(args.max_num_seqs * 512),
+                       "-t", "2", "-tb", "2"], 8012),
+    }
+    processes = {}
+    try:
+        for name, (command, port) in servers.items():  # one at a time: loading is not measured
+            log = open(os.path.join(args.out, f"{name}.log"), "w")
+            processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            wait_ready(f"http://127.0.0.1:{port}", processes[name])
+        models = {name: httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
+                  for name, (_, port) in servers.items()}
+        rng = np.random.default_rng(0)
+        words = ["alpha", "river", "stone", "light", "number", "garden", "seven", "paper"]
+        for n in [int(c) for c in args.concurrency.split(",")]:
+            rounds = {name: [] for name in servers}
+            for r in range(args.rounds + 1):  # round 0 warms both up and is not counted
+                prompts = [" ".join(rng.choice(words, size=int(rng.integers(64, 256))))
+                           for _ in range(n)]
+                order = list(servers) if r % 2 else list(reversed(servers))
+                for name in order:
+                    result = round_of(f"http://127.0.0.1:{servers[name][1]}", models[name], prompts, 64)
+                    if r:
+                        rounds[name].append(result)
+            ours, theirs = rounds["pagedllm"], rounds["llama.cpp"]
+            tpot_ratio = np.median([a["tpot"] / b["tpot"] for a, b in zip(ours, theirs)])
+            speed_ratio = np.median([a["out_tok_s"] / b["out_tok_s"] for a, b in zip(ours, theirs)])
+            for name, result in rounds.items():
+                print(f"N={n} {name:<10} TPOT median {np.median([x['tpot'] for x in result]) * 1e3:6.1f} ms"
+                      f"  output tok/s median {np.median([x['out_tok_s'] for x in result]):6.1f}")
+            print(f"N={n} pagedllm / llama.cpp over {args.rounds} paired rounds (median of ratios): "
+                  f"TPOT {tpot_ratio:.3f}x, output tok/s {speed_ratio:.3f}x")
+    finally:
+        for process in processes.values():
+            process.terminate()
+            process.wait(30)
+
+
 def cmd_load(args) -> None:
     import resource
 
@@ -234,10 +315,18 @@ def main() -> None:
     run.add_argument("--max-num-seqs", type=int, default=8)
     run.add_argument("--kv-cache-memory", default="1GiB")
     run.add_argument("--out", default="bench-results/realistic")
+    paired = sub.add_parser("paired")
+    paired.add_argument("--model", required=True)
+    paired.add_argument("--llama-server", required=True)
+    paired.add_argument("--concurrency", default="1,8")
+    paired.add_argument("--rounds", type=int, default=12)
+    paired.add_argument("--max-num-seqs", type=int, default=8)
+    paired.add_argument("--kv-cache-memory", default="1GiB")
+    paired.add_argument("--out", default="bench-results/realistic")
     load = sub.add_parser("load")
     load.add_argument("--model", required=True)
     args = parser.parse_args()
-    {"make": cmd_make, "run": cmd_run, "load": cmd_load}[args.command](args)
+    {"make": cmd_make, "run": cmd_run, "paired": cmd_paired, "load": cmd_load}[args.command](args)
 
 
 if __name__ == "__main__":

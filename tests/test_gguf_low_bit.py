@@ -95,3 +95,29 @@ def test_a_projection_with_a_float_part_stacks_it_densely(q4_k_m, tmp_path):
     x = torch.randn(3, 256).bfloat16()
     v = checkpoint.weights["layers.0.self_attn.v_proj.weight"]
     assert torch.allclose(qkv(x)[:, -v.shape[0]:].float(), x.float() @ v.T, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("level", ISA_LEVELS)
+def test_mixed_formats_take_the_cpp_decode_loop(q4_k_m, level, monkeypatch):
+    """Projections in parts of different formats (q, k Q4_K next to a Q6_K v) run in the C++
+    decode loop too, bit-identical to the Python layers."""
+    from pagedllm.models.decode_loop import DecodeLoop
+
+    _, path = q4_k_m
+    with isa_level(level):
+        checkpoint = load_checkpoint(path)
+        model = build_model(checkpoint.config, checkpoint.weights, checkpoint.quantized,
+                            dtype=torch.bfloat16)
+        loop = model.decode_loop
+        assert loop is not None
+        assert [len(parts) for parts in loop.weights[:6]] == [1, 2, 1, 1, 1, 1]  # qkv in two
+        calls = []
+        original = DecodeLoop.__call__
+        monkeypatch.setattr(DecodeLoop, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
+        seqs = [PROMPT[:9], PROMPT[5:30], PROMPT[:3]]
+        fast = run_paged(model, seqs, block_size=16, chunk=1)
+        assert calls
+        model.decode_loop = None
+        slow = run_paged(model, seqs, block_size=16, chunk=1)
+    for f, s in zip(fast, slow):
+        assert torch.equal(f, s)

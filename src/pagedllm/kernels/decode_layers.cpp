@@ -4,20 +4,46 @@
 // on the default model. This loop calls the same functions, in the same order, with the
 // same arguments, so its results are bit-identical to the Python loop's
 // (tests/test_decode_layers.py); the model takes it only for steps where every row is a
-// decode token and every projection runs on 4-bit codes (q4_linear).
+// decode token and every projection runs on low-bit codes: 4-bit (q4_linear), Q6_K
+// (q6_gemm) or Q8_0 (q8_gemm), or side by side in parts of those (a Q4_K_M file's q/k/v:
+// q and k Q4_K, v Q6_K).
 #include "ops.h"
 
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate_up, down
 
+namespace {
+
+// One projection: its packed parts, each through the kernel its block size names, outputs
+// side by side (as StackedLinear concatenates them; the 8-bit kernels' float32 rounded to
+// bfloat16 as Int8ActivationLinear rounds it).
+torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& parts,
+                            int64_t exact_max_rows) {
+  std::vector<torch::Tensor> outs;
+  for (const auto& packed : parts) {
+    const int64_t block = packed.dim() == 3 ? packed.size(2) : 0;
+    if (block == kQ6PackedBlockBytes)
+      outs.push_back(q6_gemm(x, packed).to(at::kBFloat16));
+    else if (block == kQ8PackedBlockBytes)
+      outs.push_back(q8_gemm(x, packed).to(at::kBFloat16));
+    else
+      outs.push_back(q4_linear(x, packed, exact_max_rows));
+  }
+  TORCH_CHECK(!outs.empty(), "a projection needs at least one packed part");
+  return outs.size() == 1 ? outs[0] : torch::cat(outs, 1);
+}
+
+}  // namespace
+
 // hidden [T, H]: the step's embedded tokens. weights: per layer, in order, the input norm
-// weight, packed qkv, packed o, post-attention norm weight, packed gate_up, packed down.
+// weight, the packed parts of qkv, of o, the post-attention norm weight, the parts of
+// gate_up, of down (each a list; a norm's holds its one weight).
 // Returns (the last layer's MLP output, the residual stream before adding it), as the
 // Python layers do. key_scales, value_scales: per layer for int8 caches, empty otherwise.
 // exact_max_rows, per layer: as QuantLinear's, where q4_linear changes
 // kernel.
 std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
                                          torch::Tensor cos, torch::Tensor sin,
-                                         std::vector<torch::Tensor> weights,
+                                         std::vector<std::vector<torch::Tensor>> weights,
                                          std::vector<torch::Tensor> key_caches,
                                          std::vector<torch::Tensor> value_caches,
                                          std::vector<torch::Tensor> key_scales,
@@ -36,16 +62,17 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
               "one decode token per sequence");
   torch::Tensor residual;
   for (size_t l = 0; l < layers; ++l) {
-    const torch::Tensor* w = weights.data() + l * kWeightsPerLayer;
+    const std::vector<torch::Tensor>* w = weights.data() + l * kWeightsPerLayer;
+    TORCH_CHECK(w[0].size() == 1 && w[3].size() == 1, "a norm's entry holds its one weight");
     torch::Tensor x;
     if (l == 0) {
       residual = hidden;
-      x = rms_norm(hidden, c10::nullopt, w[0], eps);
+      x = rms_norm(hidden, c10::nullopt, w[0][0], eps);
     } else {
-      x = rms_norm(hidden, residual, w[0], eps);
+      x = rms_norm(hidden, residual, w[0][0], eps);
     }
-    const auto linear = [&](const torch::Tensor& in, const torch::Tensor& packed) {
-      return q4_linear(in, packed, exact_max_rows[l]);
+    const auto linear = [&](const torch::Tensor& in, const std::vector<torch::Tensor>& parts) {
+      return lowbit_linear(in, parts, exact_max_rows[l]);
     };
     c10::optional<torch::Tensor> ks, vs;
     if (quantized) {
@@ -56,7 +83,7 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
                            slot_mapping, num_heads, ks, vs);
     auto attn = paged_decode_attention(q, key_caches[l], value_caches[l], block_tables, seq_lens,
                                        scale, ks, vs);
-    x = rms_norm(linear(attn.flatten(1), w[2]), residual, w[3], eps);
+    x = rms_norm(linear(attn.flatten(1), w[2]), residual, w[3][0], eps);
     hidden = linear(silu_and_mul(linear(x, w[4])), w[5]);
   }
   return {hidden, residual};

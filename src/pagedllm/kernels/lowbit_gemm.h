@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -175,13 +176,20 @@ Int8Rows quantize_rows(const torch::Tensor& x) {
 }
 
 // Calls tile(t, r0, rows) for every tile of output rows and block of up to kRowBlock
-// activation rows; tiles are split between threads.
+// activation rows. Threads take tiles a few at a time from a shared counter instead of an
+// even split fixed up front: on a host whose cores are shared (the server's HTTP thread, the
+// clients, other tenants), a thread that loses its core for a while leaves its tiles to the
+// others instead of holding up the whole product.
 template <typename Fn>
 void for_each_tile(int64_t tiles, int64_t rows, const Fn& tile) {
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock)
-        tile(t, r0, static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0)));
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunk = std::max<int64_t>(1, tiles / (threads * 16));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t begin = next.fetch_add(chunk); begin < tiles; begin = next.fetch_add(chunk))
+      for (int64_t t = begin; t < std::min(tiles, begin + chunk); ++t)
+        for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock)
+          tile(t, r0, static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0)));
   });
 }
 

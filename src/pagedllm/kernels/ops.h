@@ -46,7 +46,7 @@ torch::Tensor q4_q8_gemm(torch::Tensor x, torch::Tensor packed);
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor packed, int64_t exact_max_rows);
 std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
                                          torch::Tensor cos, torch::Tensor sin,
-                                         std::vector<torch::Tensor> weights,
+                                         std::vector<std::vector<torch::Tensor>> weights,
                                          std::vector<torch::Tensor> key_caches,
                                          std::vector<torch::Tensor> value_caches,
                                          std::vector<torch::Tensor> key_scales,
@@ -54,6 +54,9 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
                                          torch::Tensor slot_mapping, torch::Tensor block_tables,
                                          torch::Tensor seq_lens, int64_t num_heads, double eps,
                                          double scale, std::vector<int64_t> exact_max_rows);
+// The last size of a packed Q6_K / Q8_0 weight (q6_pack's, q8_pack's block): what tells a
+// packed part's kernel in decode_layers.
+constexpr int64_t kQ6PackedBlockBytes = 3360, kQ8PackedBlockBytes = 544;
 torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d);
 torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed);
 torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::Tensor codes,

@@ -30,6 +30,7 @@ constexpr int64_t kGroupBytes = kLowBytes + kTile * kGroup / 4;  // + 128: 2 hig
 constexpr int64_t kScaleOffset = kGroupsPerBlock * kGroupBytes;  // 3072: sc [16][16] int8
 constexpr int64_t kDOffset = kScaleOffset + 2 * kGroupsPerBlock * kTile;  // 3328: d [16]
 constexpr int64_t kBlockBytes = kDOffset + 2 * kTile;         // 3360
+static_assert(kBlockBytes == kQ6PackedBlockBytes, "ops.h names q6_pack's block size");
 
 // Bit of the high-bits plane, within lane i's 32 bits, holding bit 0 of the high 2 bits of
 // code c (0..7) of code vector j.

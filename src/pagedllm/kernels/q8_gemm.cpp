@@ -18,6 +18,7 @@ namespace {
 
 constexpr int64_t kCodeBytes = kTile * kGroup;           // 512
 constexpr int64_t kBlockBytes = kCodeBytes + kTile * 2;  // codes, then d (float16)
+static_assert(kBlockBytes == kQ8PackedBlockBytes, "ops.h names q8_pack's block size");
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 

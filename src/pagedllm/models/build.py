@@ -19,7 +19,8 @@ from pagedllm.models.low_bit import (EMBEDDING_NAMES, FUSED_PROJECTIONS, install
                                      kept_originals, uninitialised_linears)
 from pagedllm.models.output_head import output_head
 from pagedllm.models.moe import MoE
-from pagedllm.models.quant_linear import DenseLinear, QuantLinear
+from pagedllm.models.quant_linear import (ALL_ROWS, DenseLinear, Int8ActivationLinear, QuantLinear,
+                                          StackedLinear)
 from pagedllm.weights.fuse import fuse_experts, fuse_projections, fuse_quantized
 
 # Decoder layers at each end whose 4-bit projections never round activations to int8: there
@@ -154,8 +155,9 @@ def _use_torch_int4(model: LlamaForCausalLM, quantized: dict, int8_activations: 
 
 def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
     """The C++ decode loop, given the layers' weights, where every layer is on the fast
-    bfloat16 path (4-bit projections on pagedllm's kernels without bias, the C++ layer ops and
-    decode attention, one exact-row limit a layer); None elsewhere."""
+    bfloat16 path (projections on pagedllm's low-bit kernels without bias, in parts where a
+    fused projection mixes formats; the C++ layer ops and decode attention; one exact-row
+    limit a layer); None elsewhere."""
     ops = kernel_ops()
     config = model.config
     if (ops is None or model.dtype != torch.bfloat16 or config.num_experts
@@ -164,8 +166,8 @@ def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
     weights, max_rows, exact_max_rows = [], [], []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        projections = [getattr(getattr(layer, part), name) for part, name in PROJECTIONS]
-        if not all(isinstance(p, QuantLinear) and p.q4_ops is ops and p.bias is None for p in projections):
+        projections = [_kernel_parts(getattr(getattr(layer, part), name), ops) for part, name in PROJECTIONS]
+        if any(parts is None for parts in projections):
             return None
         if attn.q_norm is not None:  # the C++ loop has no per-head q/k norm (Qwen3)
             return None
@@ -174,15 +176,28 @@ def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
             return None
         if not isinstance(attn.backend, BatchedBackend) or attn.backend.kernel is not ops:
             return None
-        exact = {p.exact_max_rows for p in projections}
-        if len(exact) != 1:
+        four_bit = [m for parts in projections for m in parts if isinstance(m, QuantLinear)]
+        exact = {m.exact_max_rows for m in four_bit}
+        if len(exact) > 1:
             return None
-        weights += [layer.input_layernorm.weight, attn.qkv_proj.packed, attn.o_proj.packed,
-                    layer.post_attention_layernorm.weight, mlp.gate_up_proj.packed,
-                    mlp.down_proj.packed]
-        max_rows += [p.max_rows for p in projections]
-        exact_max_rows += exact
+        packed = [[m.packed for m in parts] for parts in projections]
+        weights += [[layer.input_layernorm.weight], packed[0], packed[1],
+                    [layer.post_attention_layernorm.weight], packed[2], packed[3]]
+        max_rows += [m.max_rows for m in four_bit]
+        exact_max_rows.append(exact.pop() if exact else ALL_ROWS)
     first = model.layers[0]
     return DecodeLoop(ops, weights, first.self_attn.rotary.cos, first.self_attn.rotary.sin,
                       first.self_attn.num_heads, first.input_layernorm.eps,
-                      first.self_attn.backend.scale, min(max_rows), exact_max_rows)
+                      first.self_attn.backend.scale, min(max_rows, default=ALL_ROWS), exact_max_rows)
+
+
+def _kernel_parts(module, ops) -> list | None:
+    """A projection's modules on the low-bit kernels of `ops`, without bias, in the order
+    their outputs sit side by side; None if any part runs elsewhere."""
+    parts = module.parts if isinstance(module, StackedLinear) and module.bias is None else [module]
+    for part in parts:
+        on_kernels = ((isinstance(part, QuantLinear) and part.q4_ops is ops)
+                      or (isinstance(part, Int8ActivationLinear) and part.gemm in (ops.q6_gemm, ops.q8_gemm)))
+        if not on_kernels or part.bias is not None:
+            return None
+    return parts

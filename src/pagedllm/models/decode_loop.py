@@ -4,9 +4,9 @@ Each op of a layer already runs in C++, but driving them from Python cost ~40 us
 interpreter and nn.Module overhead, about a third of a one-token step on the default model.
 The C++ loop calls the same functions in the same order, so its output is bit-identical to
 the Python layers'. It applies when the model runs the fast bfloat16 path throughout (every
-projection a QuantLinear on pagedllm's 4-bit kernels without bias, the fused C++ layer ops,
-the C++ decode attention) and the step holds decode tokens only, no more than the 4-bit
-kernels take. models/build.py decides whether it applies and gives it the layers' weights.
+projection on pagedllm's low-bit kernels without bias: 4-bit, Q6_K, Q8_0, or parts of those
+side by side as a Q4_K_M file's q/k/v; the fused C++ layer ops, the C++ decode attention) and
+the step holds decode tokens only, no more than the 4-bit kernels take. models/build.py decides whether it applies and gives it the layers' weights.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pagedllm.attention import AttentionMetadata, LayerKVCache
 
 
 class DecodeLoop:
-    def __init__(self, ops, weights: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+    def __init__(self, ops, weights: list[list[torch.Tensor]], cos: torch.Tensor, sin: torch.Tensor,
                  num_heads: int, eps: float, scale: float, max_rows: int,
                  exact_max_rows: list[int]):
         self.ops = ops
