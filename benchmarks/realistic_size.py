@@ -254,6 +254,12 @@ def cmd_paired(args) -> None:
                       f"  output tok/s median {np.median([x['out_tok_s'] for x in result]):6.1f}")
             print(f"N={n} pagedllm / llama.cpp over {args.rounds} paired rounds (median of ratios): "
                   f"TPOT {tpot_ratio:.3f}x, output tok/s {speed_ratio:.3f}x")
+            if n == 1:  # decode reads every weight once a token: how close to the bandwidth
+                bandwidth, size = memory_read_bandwidth(), os.path.getsize(args.model)
+                for name, result in rounds.items():
+                    achieved = size / np.median([x["tpot"] for x in result]) / 1e9
+                    print(f"N=1 {name}: ~{achieved:.1f} GB/s of weights read a token, "
+                          f"{achieved / bandwidth:.0%} of the {bandwidth:.1f} GB/s measured now")
     finally:
         for process in processes.values():
             process.terminate()
