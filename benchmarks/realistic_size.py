@@ -152,17 +152,25 @@ def serve_and_bench(name: str, command: list[str], port: int, args) -> dict:
         process.wait(30)
 
 
+def server_commands(args) -> dict[str, tuple[list[str], int]]:
+    """Each server's command line and port: the same file, parallel slots and threads."""
+    return {
+        "pagedllm": ([sys.executable, "-m", "pagedllm.cli", "serve", "--model", args.model,
+                      "--port", "8011", "--max-num-seqs", str(args.max_num_seqs),
+                      "--kv-cache-memory", args.kv_cache_memory], 8011),
+        "llama.cpp": ([args.llama_server, "-m", args.model, "--port", "8012",
+                       "-np", str(args.max_num_seqs), "-c", str(args.max_num_seqs * 512),
+                       "-t", "2", "-tb", "2"], 8012),
+    }
+
+
 def cmd_run(args) -> None:
     os.makedirs(args.out, exist_ok=True)
     size = os.path.getsize(args.model)
     bandwidth = memory_read_bandwidth()
-    ours = serve_and_bench("pagedllm", [
-        sys.executable, "-m", "pagedllm.cli", "serve", "--model", args.model, "--port", "8011",
-        "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-memory", args.kv_cache_memory],
-        8011, args)
-    theirs = serve_and_bench("llama.cpp", [
-        args.llama_server, "-m", args.model, "--port", "8012", "-np", str(args.max_num_seqs),
-        "-c", str(args.max_num_seqs * 512), "-t", "2", "-tb", "2"], 8012, args)
+    commands = server_commands(args)
+    ours = serve_and_bench("pagedllm", *commands["pagedllm"], args)
+    theirs = serve_and_bench("llama.cpp", *commands["llama.cpp"], args)
     print(f"\nfile {size / 2**30:.2f} GiB; memory read bandwidth {bandwidth:.1f} GB/s (2 threads)")
     print(f"{'server':<10} {'ready s':>8} {'RSS loaded':>11} {'N':>3} {'tok/s':>8} "
           f"{'TTFT p50':>9} {'TPOT p50':>9} {'RSS peak':>9}")
@@ -218,14 +226,7 @@ def cmd_paired(args) -> None:
     import httpx
 
     os.makedirs(args.out, exist_ok=True)
-    servers = {
-        "pagedllm": ([sys.executable, "-m", "pagedllm.cli", "serve", "--model", args.model,
-                      "--port", "8011", "--max-num-seqs", str(args.max_num_seqs),
-                      "--kv-cache-memory", args.kv_cache_memory], 8011),
-        "llama.cpp": ([args.llama_server, "-m", args.model, "--port", "8012",
-                       "-np", str(args.max_num_seqs), "-c", str(args.max_num_seqs * 512),
-                       "-t", "2", "-tb", "2"], 8012),
-    }
+    servers = server_commands(args)
     processes = {}
     try:
         for name, (command, port) in servers.items():  # one at a time: loading is not measured
@@ -313,22 +314,18 @@ def main() -> None:
     make = sub.add_parser("make")
     make.add_argument("--llama-quantize", required=True)
     make.add_argument("--out", default="bench-results/realistic")
-    run = sub.add_parser("run")
-    run.add_argument("--model", required=True)
-    run.add_argument("--llama-server", required=True)
-    run.add_argument("--concurrency", default="1,8")
-    run.add_argument("--requests", type=int, default=16)
-    run.add_argument("--max-num-seqs", type=int, default=8)
-    run.add_argument("--kv-cache-memory", default="1GiB")
-    run.add_argument("--out", default="bench-results/realistic")
-    paired = sub.add_parser("paired")
-    paired.add_argument("--model", required=True)
-    paired.add_argument("--llama-server", required=True)
-    paired.add_argument("--concurrency", default="1,8")
-    paired.add_argument("--rounds", type=int, default=12)
-    paired.add_argument("--max-num-seqs", type=int, default=8)
-    paired.add_argument("--kv-cache-memory", default="1GiB")
-    paired.add_argument("--out", default="bench-results/realistic")
+    for name in ("run", "paired"):  # both servers under a load
+        both = sub.add_parser(name)
+        both.add_argument("--model", required=True)
+        both.add_argument("--llama-server", required=True)
+        both.add_argument("--concurrency", default="1,8")
+        both.add_argument("--max-num-seqs", type=int, default=8)
+        both.add_argument("--kv-cache-memory", default="1GiB")
+        both.add_argument("--out", default="bench-results/realistic")
+        if name == "run":
+            both.add_argument("--requests", type=int, default=16)
+        else:
+            both.add_argument("--rounds", type=int, default=12)
     load = sub.add_parser("load")
     load.add_argument("--model", required=True)
     args = parser.parse_args()
