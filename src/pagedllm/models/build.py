@@ -166,7 +166,8 @@ def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
     weights, max_rows, exact_max_rows = [], [], []
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        projections = [_kernel_parts(getattr(getattr(layer, part), name), ops) for part, name in PROJECTIONS]
+        projections = [_kernel_parts(getattr(getattr(layer, part), name), ops)
+                       for part, name in PROJECTIONS]
         if any(parts is None for parts in projections):
             return None
         if attn.q_norm is not None:  # the C++ loop has no per-head q/k norm (Qwen3)
@@ -197,7 +198,8 @@ def _kernel_parts(module, ops) -> list | None:
     parts = module.parts if isinstance(module, StackedLinear) and module.bias is None else [module]
     for part in parts:
         on_kernels = ((isinstance(part, QuantLinear) and part.q4_ops is ops)
-                      or (isinstance(part, Int8ActivationLinear) and part.gemm in (ops.q6_gemm, ops.q8_gemm)))
+                      or (isinstance(part, Int8ActivationLinear)
+                          and part.gemm in (ops.q6_gemm, ops.q8_gemm)))
         if not on_kernels or part.bias is not None:
             return None
     return parts

@@ -6,7 +6,8 @@ The C++ loop calls the same functions in the same order, so its output is bit-id
 the Python layers'. It applies when the model runs the fast bfloat16 path throughout (every
 projection on pagedllm's low-bit kernels without bias: 4-bit, Q6_K, Q8_0, or parts of those
 side by side as a Q4_K_M file's q/k/v; the fused C++ layer ops, the C++ decode attention) and
-the step holds decode tokens only, no more than the 4-bit kernels take. models/build.py decides whether it applies and gives it the layers' weights.
+the step holds decode tokens only, no more than the 4-bit kernels take. models/build.py
+decides whether it applies and gives it the layers' weights.
 """
 from __future__ import annotations
 

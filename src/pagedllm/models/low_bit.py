@@ -2,8 +2,9 @@
 quantized matrices (weights/gguf_original.py), where the C++ kernels run: 4-bit types
 (Q4_0, Q4_1, Q4_K) as 4-bit codes (QuantLinear), Q6_K as 6-bit codes (Q6Linear), the others
 as 8-bit codes (Q8Linear; Q8_0 as it is, Q5_* and the i-quants rounded to it), a fused
-projection of mixed parts as a StackedLinear. What is kept here is never dequantized to a float copy, so a Q4_K_M model
-takes about its file's size in memory. Everything else runs dense (build.py).
+projection of mixed parts as a StackedLinear. What is kept here is never dequantized to a
+float copy, so a Q4_K_M model takes about its file's size in memory. Everything else runs
+dense (build.py).
 """
 from __future__ import annotations
 

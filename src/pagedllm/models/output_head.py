@@ -4,11 +4,11 @@ on the default model).
 
 Two shapes of the same contract, `head(hidden [N, H]) -> [N, vocab] float32`:
 - `Q8Head`: the GGUF Q8_0 codes through q8_gemm (activations rounded to int8 per group of
-  32, as llama.cpp does), then q8_refine_top, both C++. A Q6_K head (a Q4_K_M file's) is
-  multiplied in its own 6-bit layout (q6_gemm, a quarter fewer bytes read per token) and
-  refined from its Q8_0 rounding, the rows the embedding reads. Faster than dense bfloat16 at every
+  32, as llama.cpp does), then q8_refine_top, both C++. Faster than dense bfloat16 at every
   row count measured (49152 x 576: 1 row 0.57 vs 1.26 ms, 8 rows 0.72 vs 1.50, 64 rows 3.3
-  vs 4.8; benchmarks/linear_kernels.py), so no other copy of the head is kept.
+  vs 4.8; benchmarks/linear_kernels.py), so no other copy of the head is kept. A Q6_K head
+  (a Q4_K_M file's) is multiplied in its own 6-bit layout (q6_gemm, a quarter fewer bytes
+  read a token) and refined from its Q8_0 rounding, the rows the embedding reads.
 - `RefinedHead`: without the C++ kernels, or where the head is not Q8_0: int8 per-row codes
   (Int8Linear) or dense bfloat16, then torch's topk and an exact product over those rows.
 """
