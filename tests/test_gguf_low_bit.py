@@ -97,20 +97,34 @@ def test_a_projection_with_a_float_part_stacks_it_densely(q4_k_m, tmp_path):
     assert torch.allclose(qkv(x)[:, -v.shape[0]:].float(), x.float() @ v.T, atol=5e-2, rtol=5e-2)
 
 
+@pytest.fixture(scope="module")
+def q8_0(tmp_path_factory):
+    """A model of the same shape with every matrix Q8_0."""
+    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(5)
+    model = HFLlama(LlamaConfig(vocab_size=272, hidden_size=256, intermediate_size=512,
+                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                max_position_embeddings=512, tie_word_embeddings=True)).eval()
+    return write_gguf(model, tmp_path_factory.mktemp("q8_0") / "m.gguf", "Q8_0")
+
+
 @pytest.mark.parametrize("level", ISA_LEVELS)
-def test_mixed_formats_take_the_cpp_decode_loop(q4_k_m, level, monkeypatch):
-    """Projections in parts of different formats (q, k Q4_K next to a Q6_K v) run in the C++
-    decode loop too, bit-identical to the Python layers."""
+@pytest.mark.parametrize("kind", ["q4_k_m", "q8_0"])
+def test_low_bit_formats_take_the_cpp_decode_loop(q4_k_m, q8_0, kind, level, monkeypatch):
+    """Projections in parts of different formats (q, k Q4_K next to a Q6_K v), or all Q8_0,
+    run in the C++ decode loop too, bit-identical to the Python layers."""
     from pagedllm.models.decode_loop import DecodeLoop
 
-    _, path = q4_k_m
+    path = q4_k_m[1] if kind == "q4_k_m" else q8_0
     with isa_level(level):
         checkpoint = load_checkpoint(path)
         model = build_model(checkpoint.config, checkpoint.weights, checkpoint.quantized,
                             dtype=torch.bfloat16)
         loop = model.decode_loop
         assert loop is not None
-        assert [len(parts) for parts in loop.weights[:6]] == [1, 2, 1, 1, 1, 1]  # qkv in two
+        qkv_parts = 2 if kind == "q4_k_m" else 1  # qkv in two parts where its formats differ
+        assert [len(parts) for parts in loop.weights[:6]] == [1, qkv_parts, 1, 1, 1, 1]
         calls = []
         original = DecodeLoop.__call__
         monkeypatch.setattr(DecodeLoop, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
