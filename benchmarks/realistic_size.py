@@ -192,34 +192,28 @@ def cmd_run(args) -> None:
                   f"{achieved / bandwidth:.0%} of the measured bandwidth")
 
 
-def stream_once(url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
-    """One streaming completion of exactly max_tokens tokens: (TTFT s, TPOT s, tokens)."""
+def round_of(url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
+    """len(prompts) streaming completions at once, through `pagedllm bench`'s client: median
+    TPOT (as bench computes it), output tokens/s over the round's wall time."""
+    import asyncio
+
     import httpx
 
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "ignore_eos": True}
-    start, times = time.perf_counter(), []
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            choices = json.loads(line[6:]).get("choices") or [{}]
-            if choices[0].get("text"):
-                times.append(time.perf_counter())
-    return times[0] - start, (times[-1] - times[0]) / max(len(times) - 1, 1), len(times)
+    from pagedllm.tools.bench import stream_completion
 
-
-def round_of(url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
-    """len(prompts) requests at once: median TPOT, output tokens/s over the round's wall."""
-    from concurrent.futures import ThreadPoolExecutor
+    async def all_at_once():
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            return await asyncio.gather(*(stream_completion(client, model, p, 0, max_tokens, {})
+                                          for p in prompts))
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(pool.map(lambda p: stream_once(url, model, p, max_tokens), prompts))
+    records = asyncio.run(all_at_once())
     wall = time.perf_counter() - start
-    return {"tpot": float(np.median([r[1] for r in results])),
-            "out_tok_s": sum(r[2] for r in results) / wall}
+    failed = [r.error for r in records if r.error]
+    if failed:
+        raise SystemExit(f"{url}: {failed[0]}")
+    return {"tpot": float(np.median([(r.e2e - r.ttft) / (r.output_tokens - 1) for r in records])),
+            "out_tok_s": sum(r.output_tokens for r in records) / wall}
 
 
 def cmd_paired(args) -> None:

@@ -19,21 +19,24 @@ from tiny_models import write_gguf
 
 Q4_K_M = {"attn_v.weight": "Q6_K", "ffn_down.weight": "Q6_K"}  # the rest Q4_K
 Q4K_BLOCK_BYTES = 8 * 256 + 2 * 8 * 16 + 2 * 2 * 16  # codes, scales and mins, d and dmin
-Q4K_BLOCK_BYTES = 8 * 256 + 2 * 8 * 16 + 2 * 2 * 16  # codes, scales and mins, d and dmin
 PROMPT = [(5 * i + 2) % 250 + 3 for i in range(40)]
+
+
+def tiny_model(seed: int, layers: int = 2):
+    """A random Llama whose matrices k-quants can hold: rows of 256-value blocks, a
+    vocabulary of whole 16-row tiles."""
+    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
+
+    torch.manual_seed(seed)
+    return HFLlama(LlamaConfig(vocab_size=272, hidden_size=256, intermediate_size=512,
+                               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                               max_position_embeddings=512, tie_word_embeddings=True)).eval()
 
 
 @pytest.fixture(scope="module")
 def q4_k_m(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
-
-    torch.manual_seed(5)
-    # k-quant rows hold 256-value blocks; a vocabulary of whole 16-row tiles.
-    model = HFLlama(LlamaConfig(vocab_size=272, hidden_size=256, intermediate_size=512,
-                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                max_position_embeddings=512, tie_word_embeddings=True)).eval()
     folder = tmp_path_factory.mktemp("q4_k_m")
-    return folder, write_gguf(model, folder / "m.gguf", "Q4_K", qtypes=Q4_K_M)
+    return folder, write_gguf(tiny_model(5), folder / "m.gguf", "Q4_K", qtypes=Q4_K_M)
 
 
 def test_float32_build_matches_transformers_on_the_mixed_file(q4_k_m):
@@ -80,13 +83,7 @@ def test_bfloat16_model_runs_on_the_codes(q4_k_m, level):
 
 def test_a_projection_with_a_float_part_stacks_it_densely(q4_k_m, tmp_path):
     """attn_v stored as F32 next to 4-bit q and k: the stack's dense part is bfloat16."""
-    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
-
-    torch.manual_seed(6)
-    model = HFLlama(LlamaConfig(vocab_size=272, hidden_size=256, intermediate_size=512,
-                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                max_position_embeddings=512, tie_word_embeddings=True)).eval()
-    path = write_gguf(model, tmp_path / "f.gguf", "Q4_K", qtypes={"attn_v.weight": "F32"})
+    path = write_gguf(tiny_model(6, layers=1), tmp_path / "f.gguf", "Q4_K", qtypes={"attn_v.weight": "F32"})
     checkpoint = load_checkpoint(path)
     net = build_model(checkpoint.config, checkpoint.weights, checkpoint.quantized, dtype=torch.bfloat16)
     qkv = net.layers[0].self_attn.qkv_proj
@@ -99,14 +96,8 @@ def test_a_projection_with_a_float_part_stacks_it_densely(q4_k_m, tmp_path):
 
 @pytest.fixture(scope="module")
 def q8_0(tmp_path_factory):
-    """A model of the same shape with every matrix Q8_0."""
-    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
-
-    torch.manual_seed(5)
-    model = HFLlama(LlamaConfig(vocab_size=272, hidden_size=256, intermediate_size=512,
-                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                max_position_embeddings=512, tie_word_embeddings=True)).eval()
-    return write_gguf(model, tmp_path_factory.mktemp("q8_0") / "m.gguf", "Q8_0")
+    """The same model with every matrix Q8_0."""
+    return write_gguf(tiny_model(5), tmp_path_factory.mktemp("q8_0") / "m.gguf", "Q8_0")
 
 
 @pytest.mark.parametrize("level", ISA_LEVELS)
