@@ -105,7 +105,7 @@ def main() -> None:
     allocate_as_a_loaded_engine()
     ops = kernel_ops()
     assert ops is not None, "the C++ kernels did not build (make install builds them)"
-    torch_backend = BatchedBackend(HEADS, KV_HEADS, HEAD_DIM, use_kernel=False)
+    torch_backend = BatchedBackend(HEADS, KV_HEADS, HEAD_DIM)
     print(f"threads={args.threads}, bfloat16, {HEADS} heads / {KV_HEADS} KV heads, head_dim {HEAD_DIM}")
     print("decode, 30 layers:   torch gather ms   C++ ms   speed-up   C++ int8 cache ms   bf16/int8")
     for seqs, length in ((1, 600), (8, 600), (16, 600), (16, 1500)):

@@ -18,6 +18,7 @@ import torch
 from pagedllm.attention import AttentionMetadata, LayerKVCache
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.attention.softcap import SoftcapBackend
+from pagedllm.kernels import kernel_ops
 from timing import allocate_as_a_loaded_engine, ms_per_call, parse_args
 
 BLOCK, CACHES = 16, 16
@@ -50,7 +51,7 @@ def case(heads: int, kv_heads: int, softcap, window, lens: list[int], queries: l
     query = torch.randn(sum(queries), heads, HEAD_DIM).bfloat16()
     options = dict(scale=HEAD_DIM ** -0.5, softcap=softcap, window=window)
     plain = SoftcapBackend(heads, kv_heads, HEAD_DIM, **options)
-    kernel = BatchedBackend(heads, kv_heads, HEAD_DIM, **options)
+    kernel = BatchedBackend(heads, kv_heads, HEAD_DIM, kernel_ops(), **options)
     assert kernel.kernel is not None
     turn = iter(range(10 ** 9))
     times = [ms_per_call(lambda b=b: b.forward(query, caches[next(turn) % CACHES], meta), repeat=16)

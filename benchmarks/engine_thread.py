@@ -13,7 +13,7 @@ import argparse
 import threading
 import time
 
-from pagedllm.core.engine import LLMEngine
+from pagedllm.engine.engine import LLMEngine
 from pagedllm.core.request import SamplingParams
 from pagedllm.tools.text_prompts import make_prompt_token_ids
 

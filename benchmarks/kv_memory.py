@@ -16,6 +16,7 @@ import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.core import sizing
+from pagedllm.units import gib
 from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 
@@ -41,7 +42,7 @@ def main() -> None:
     used = peak_blocks * block * per_token
     full_context = 16 * args.context * per_token
     per_request = sum(n + 128 for n in lengths) * per_token
-    g = sizing.gib
+    g = gib
     print(f"dtype={args.dtype}: {per_token} bytes per token; 16 requests, {sum(lengths)} prompt tokens")
     print(f"paged, peak in use:                        {g(used)} ({peak_blocks} blocks of {block})")
     print(f"contiguous, full {args.context}-token context x 16:  {g(full_context)}  ({full_context / used:.1f}x more)")

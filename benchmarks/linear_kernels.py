@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from pagedllm.backends import cpu_backend
 from pagedllm.kernels import kernel_ops
 from pagedllm.models.output_head import RefinedHead
 from pagedllm.models.quant_linear import DenseLinear, Int8Linear
@@ -37,7 +38,7 @@ def make_layers(ops):
             dense = torch.randn(out, inp).bfloat16()
             q4 = ops.q4_pack(codes.to(torch.uint8), torch.rand(out, inp // GROUP_SIZE) * 0.01,
                              torch.rand(out, inp // GROUP_SIZE) * -0.1) if ops else None
-            layers.append((dense, DenseLinear(dense, None), packed, scales_zeros, q4, inp))
+            layers.append((dense, DenseLinear(dense, None, cpu_backend()), packed, scales_zeros, q4, inp))
     return layers
 
 
@@ -81,7 +82,7 @@ def main() -> None:
     for _ in range(4):
         q8 = Q8Rows(torch.randint(-127, 128, (49152, 576), dtype=torch.int8),
                     (torch.rand(49152, 576 // GROUP_SIZE) * 0.01).half().float())
-        heads.append((Int8Linear(q8.rows(torch.arange(49152))), ops.q8_pack(q8.codes, q8.scales) if ops else None, q8))
+        heads.append((Int8Linear(q8.rows(torch.arange(49152)), cpu_backend()), ops.q8_pack(q8.codes, q8.scales) if ops else None, q8))
     print("output head 49152 x 576, ms per call")
     print(f"{'rows':>5} {'prepacked':>10} {'int8':>8} {'q8_gemm':>8}  prepacked/int8  prepacked/q8_gemm")
     for rows in (1, 2, 4, 8, 16, 64):

@@ -58,7 +58,7 @@ def write_folder(folder: str, config) -> int:
 def write_default_tokenizer(folder: str) -> None:
     """The default model's tokenizer (49,152 tokens), as tokenizer.json."""
     from pagedllm.weights import load_checkpoint
-    from pagedllm.tokenizer_gguf import tokenizer_from_gguf
+    from pagedllm.tokenizer.gguf import tokenizer_from_gguf
 
     checkpoint = load_checkpoint(None)
     meta = checkpoint.tokenizer_source["gguf"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedllm.sampler import _full_sort_mask, truncation_mask
+from pagedllm.engine.sampler import _full_sort_mask, truncation_mask
 from timing import ms_per_call, parse_args
 
 

@@ -70,7 +70,7 @@ def test_bad_values_are_refused_by_the_parser(argv, capsys):
 
 
 def test_plan_and_serve_agree_byte_for_byte_on_the_default_model():
-    from pagedllm.core.engine import LLMEngine
+    from pagedllm.engine.engine import LLMEngine
     from pagedllm.tools.plan import make_plan
 
     serve = build_parser().parse_args(["serve", "--kv-cache-memory", "8MiB"])

@@ -3,8 +3,8 @@ import asyncio
 
 import pytest
 
-from pagedllm.core.async_engine import AsyncEngine, QueuePosition
-from pagedllm.core.engine import LLMEngine
+from pagedllm.engine.async_engine import AsyncEngine, QueuePosition
+from pagedllm.engine.engine import LLMEngine
 from pagedllm.core.request import SamplingParams
 
 
@@ -67,7 +67,7 @@ def test_snapshots_between_steps_and_a_cancelled_asker_breaks_nothing(engine):
     cancels its wait) is skipped, and the loop goes on serving."""
     import concurrent.futures
 
-    from pagedllm.core.async_engine import TakeSnapshot
+    from pagedllm.engine.async_engine import TakeSnapshot
 
     async def main():
         async_engine = AsyncEngine(engine)

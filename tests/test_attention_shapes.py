@@ -8,6 +8,7 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, LayerKVCache
 from pagedllm.attention.batched import BatchedBackend
+from pagedllm.kernels import kernel_ops
 from pagedllm.attention.layer_cache import quantize_rows
 from pagedllm.attention.softcap import SoftcapBackend
 
@@ -52,7 +53,7 @@ def hide_slid_out_blocks(cache: LayerKVCache, tables, lens, queries, window, blo
 
 
 def kernel_backend(heads, kv_heads, head_dim, **options):
-    backend = BatchedBackend(heads, kv_heads, head_dim, **options)
+    backend = BatchedBackend(heads, kv_heads, head_dim, kernel_ops(), **options)
     assert backend.kernel is not None and backend.fallback is None
     return backend
 

@@ -8,7 +8,8 @@ import pytest
 from pagedllm.core import sizing
 from pagedllm.tools.bench import MemoryPeaks, RequestRecord
 from pagedllm.tools.bench_report import Percentiles, recommend, summarize_level
-from pagedllm.tools.plan import make_plan
+from pagedllm.tools.plan import ContextTooLongError, make_plan
+from pagedllm.units import parse_bytes
 
 
 def test_plan_default_model_by_hand():
@@ -47,7 +48,7 @@ def test_engine_uses_the_same_sizing(real_llm):
 
 
 def test_plan_refuses_a_context_the_model_cannot_serve(tiny_llama_folder):
-    with pytest.raises(sizing.ContextTooLongError, match="1000 tokens is longer than .*512"):
+    with pytest.raises(ContextTooLongError, match="1000 tokens is longer than .*512"):
         make_plan(tiny_llama_folder, dtype="bfloat16", context=1000, parallels=[1], memory=1 << 30)
 
 
@@ -68,12 +69,12 @@ def test_plan_cli_json_and_errors(tiny_llama_folder):
 
 
 def test_parse_bytes():
-    assert sizing.parse_bytes("8GiB") == 8 << 30
-    assert sizing.parse_bytes("512MiB") == 512 << 20
-    assert sizing.parse_bytes("2GB") == 2 * 10**9
-    assert sizing.parse_bytes("1000") == 1000
+    assert parse_bytes("8GiB") == 8 << 30
+    assert parse_bytes("512MiB") == 512 << 20
+    assert parse_bytes("2GB") == 2 * 10**9
+    assert parse_bytes("1000") == 1000
     with pytest.raises(ValueError):
-        sizing.parse_bytes("lots")
+        parse_bytes("lots")
 
 
 def level(n, ttft_p95, tpot_p95, errors=0):

@@ -46,7 +46,7 @@ def test_cli_builds_the_config():
 
 def test_engine_takes_a_config_or_its_fields(tiny_llama_gguf):
     from pagedllm import LLM
-    from pagedllm.core.engine import LLMEngine
+    from pagedllm.engine.engine import LLMEngine
 
     config = EngineConfig(model=str(tiny_llama_gguf), kv_cache_memory=4 << 20, max_num_seqs=3)
     engine = LLMEngine(config)

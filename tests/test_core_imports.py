@@ -9,13 +9,13 @@ CORE_MODULES = ["pagedllm", "pagedllm.config", "pagedllm.core.request", "pagedll
                 "pagedllm.core.scheduler", "pagedllm.core.step_records", "pagedllm.core.fair_queue",
                 "pagedllm.core.output_processor", "pagedllm.core.sizing", "pagedllm.kernels",
                 # what a request asks of its output is plain data too
-                "pagedllm.field_error", "pagedllm.structured.spec", "pagedllm.tool_calls.spec", "pagedllm.tool_calls.parser",
+                "pagedllm.errors", "pagedllm.structured.spec", "pagedllm.tool_calls.spec", "pagedllm.tool_calls.parser",
                 "pagedllm.tool_calls.syntax", "pagedllm.tool_calls.prompt"]
 
 
 def test_core_imports_no_torch():
     code = ("import sys\n" + "".join(f"import {m}\n" for m in CORE_MODULES)
-            + "heavy = sorted(m for m in ('torch', 'numpy', 'pagedllm.core.engine', 'pagedllm.models') "
+            + "heavy = sorted(m for m in ('torch', 'numpy', 'pagedllm.engine.engine', 'pagedllm.models') "
             "if m in sys.modules)\nprint(heavy)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -38,7 +38,7 @@ def test_the_scheduler_and_kv_cache_tests_run_without_torch():
 
 def test_package_names_still_resolve_lazily():
     import pagedllm
-    from pagedllm.core.llm import LLM
+    from pagedllm.engine.llm import LLM
 
     assert pagedllm.LLM is LLM and pagedllm.SamplingParams.__name__ == "SamplingParams"
     try:

@@ -6,6 +6,7 @@ import torch
 from paged_helpers import make_kv_caches, run_paged
 from pagedllm.attention import AttentionMetadata
 from pagedllm.models.decode_loop import DecodeLoop
+from pagedllm.kernels import kernel_ops
 from pagedllm.models.build import EXACT_EDGE_LAYERS, decode_loop_for
 from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS
 
@@ -67,7 +68,7 @@ def test_decode_loop_is_built_only_on_the_fast_path(tiny_llama_gguf):
     from pagedllm import LLM
 
     exact = LLM(dtype="float32", kv_cache_memory=8 << 20).engine.runner.model
-    assert exact.decode_loop is None and decode_loop_for(exact) is None
+    assert exact.decode_loop is None and decode_loop_for(exact, kernel_ops()) is None
     # The tiny test model is float32-only GGUF (no 4-bit projections): no loop either.
     tiny = LLM(model=str(tiny_llama_gguf), dtype="bfloat16", kv_cache_memory=8 << 20).engine.runner.model
     assert tiny.decode_loop is None

@@ -2,7 +2,7 @@
 import pytest
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.core.request import PromptTooLongError
+from pagedllm.core.request import OutputCaps, PromptTooLongError
 from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -169,7 +169,8 @@ def test_stats_move(real_llm):
 
 def test_server_limit_caps_an_open_ended_request(real_llm):
     engine = real_llm.engine
-    open_ended = engine.make_request(None, "Hi", SamplingParams(max_tokens=None), max_tokens_limit=5)
+    caps = OutputCaps(engine.scheduler_config.max_model_len, server_limit=5)
+    open_ended = engine.make_request(None, "Hi", SamplingParams(max_tokens=None), caps=caps)
     assert open_ended.max_tokens == 5
     uncapped = engine.make_request(None, "Hi", SamplingParams(max_tokens=None))
     assert uncapped.max_tokens == engine.scheduler_config.max_model_len - uncapped.num_prompt_tokens

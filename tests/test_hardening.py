@@ -291,7 +291,8 @@ def test_a_failed_model_step_fails_its_requests_and_the_engine_goes_on(real_llm,
 
 
 def test_repeated_engine_faults_mark_the_engine_dead_and_end_every_stream(real_llm, monkeypatch):
-    from pagedllm.core.async_engine import AsyncEngine, EngineDeadError
+    from pagedllm.engine.async_engine import AsyncEngine
+    from pagedllm.errors import EngineDeadError
 
     engine = real_llm.engine
     monkeypatch.setattr(engine, "step", lambda: (_ for _ in ()).throw(RuntimeError("broken")))
@@ -455,10 +456,12 @@ def test_health_is_503_while_the_engine_is_unusable(real_llm):
     from fastapi.testclient import TestClient
 
     from pagedllm.server.app import create_app
+    from pagedllm.serving.local import LocalEngineClient
 
-    app = create_app(real_llm.engine, "smollm2", engine_thread=False)
+    engine_client = LocalEngineClient(real_llm.engine)
+    app = create_app(engine_client, "smollm2")
     with TestClient(app) as client:
         assert client.get("/health").status_code == 200
-        app.state.pagedllm.async_engine.dead = "3 engine steps failed in a row: boom"
+        engine_client.loop.dead = "3 engine steps failed in a row: boom"
         r = client.get("/health")
         assert r.status_code == 503 and "boom" in r.json()["error"]["message"]

@@ -5,6 +5,7 @@ input is refused with what is wrong."""
 import pytest
 import torch
 
+from pagedllm.backends import cpu_backend
 from pagedllm.kernels import kernel_ops
 from pagedllm.models.quant_linear import Q6Linear, QuantLinear
 from pagedllm.weights.q4 import Q4KWeight, Q4Weight, cat_4bit
@@ -145,13 +146,13 @@ def test_layers_pack_each_format_in_its_own_layout(at_isa):
     parts stays Q4_K, one mixing formats goes per group; Q6Linear equals its weights."""
     q4k, q4 = random_q4k(32, 256, seed=1), random_q4(32, 256, seed=2)
     x = torch.randn(3, 256).bfloat16()
-    assert QuantLinear(None, None, q4k).packed.shape[-1] == 2368
-    assert QuantLinear(None, None, q4).packed.shape[-1] == 320
+    assert QuantLinear(None, None, q4k, cpu_backend()).packed.shape[-1] == 2368
+    assert QuantLinear(None, None, q4, cpu_backend()).packed.shape[-1] == 320
     assert isinstance(cat_4bit([q4k, q4k]), Q4KWeight)
     mixed = cat_4bit([q4k, q4])
     assert isinstance(mixed, Q4Weight)
     assert torch.equal(mixed.dequantize(), torch.cat([q4k.dequantize(), q4.dequantize()]))
-    layer = QuantLinear(None, None, cat_4bit([q4k, q4k]))
+    layer = QuantLinear(None, None, cat_4bit([q4k, q4k]), cpu_backend())
     both = x.float() @ torch.cat([q4k.dequantize()] * 2).T
     assert relative_error(layer(x), both) < 0.01
     q6 = random_q6(48, 512)
@@ -170,7 +171,7 @@ def test_a_q6_k_output_head_multiplies_its_own_codes(at_isa):
     q6 = random_q6(272, 256, seed=3)
     weight = q6.dequantize()
     q8 = quantize_q8_0(weight)
-    head = output_head(weight, q8, 16, q6)
+    head = output_head(weight, q8, 16, cpu_backend(), q6)
     assert isinstance(head, Q8Head) and head.packed.shape[-1] == 3360
     torch.manual_seed(0)
     hidden = torch.randn(3, 256).bfloat16().float()  # the head multiplies bfloat16 rows

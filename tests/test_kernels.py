@@ -78,9 +78,9 @@ def test_prefill_kernel_rejects_a_chunk_past_its_blocks(ops):
 
 
 def test_backend_uses_kernel_only_for_supported_shapes(ops):
-    assert BatchedBackend(9, 3, 64).kernel is not None
-    assert BatchedBackend(4, 2, 16).kernel is None  # tiny test models take the torch path
-    assert BatchedBackend(9, 3, 64, use_kernel=False).kernel is None
+    assert BatchedBackend(9, 3, 64, ops).kernel is ops
+    assert BatchedBackend(4, 2, 16, ops).kernel is None  # tiny test models take the torch path
+    assert BatchedBackend(9, 3, 64).kernel is None  # a backend without the C++ kernels
 
 
 def test_kernel_rejects_bad_input(ops):

@@ -5,8 +5,10 @@ fixture)."""
 import pytest
 import torch
 
+import dataclasses
+
+from pagedllm.backends import cpu_backend
 from pagedllm.kernels import torch_ops
-from pagedllm.models import quant_linear
 from pagedllm.models.output_head import Q8Head, RefinedHead, output_head
 from pagedllm.models.quant_linear import (ALL_ROWS, INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_EXACT_MAX_ROWS,
                                           DenseLinear, Int8Linear, QuantLinear)
@@ -132,10 +134,15 @@ def test_q4_linear_switches_to_int8_activations_above_the_exact_rows(ops):
                            ops.q4_gemm(x, packed) if rows <= 4 else ops.q4_q8_gemm(x, packed))
 
 
-def _torch_int4_only(monkeypatch):
+def _without_kernels():
+    """The CPU backend as it is without the C++ kernels (no compiler)."""
+    return dataclasses.replace(cpu_backend(), kernels=None)
+
+
+def _torch_int4_only():
     if not torch_ops().int4_matmul:
         pytest.skip("torch without the CPU int4 kernel")
-    monkeypatch.setattr(quant_linear, "kernel_ops", lambda: None)
+    return _without_kernels()
 
 
 # kernel -> (exact_max_rows, max_rows, keeps a dense copy)
@@ -146,14 +153,14 @@ LAYER_KERNELS = {"q4_q8_gemm": (None, ALL_ROWS, False),  # exact rows: the level
 
 @pytest.mark.parametrize("kernel", list(LAYER_KERNELS))
 @pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS + 1, 129, 300])
-def test_int4_layer_matches_dequantized_weights(at_isa, kernel, rows, monkeypatch):
-    if kernel == "torch_int4":
-        _torch_int4_only(monkeypatch)
+def test_int4_layer_matches_dequantized_weights(at_isa, kernel, rows):
+    backend = _torch_int4_only() if kernel == "torch_int4" else cpu_backend()
     torch.manual_seed(0)
     q4 = random_q4(96, 128)
     weight = q4.dequantize()
     bias = torch.randn(96).bfloat16()
-    layer = QuantLinear(weight.bfloat16(), bias, q4, int8_activations=kernel != "q4_gemm exact only")
+    layer = QuantLinear(weight.bfloat16(), bias, q4, backend,
+                        int8_activations=kernel != "q4_gemm exact only")
     exact_max_rows, max_rows, dense = LAYER_KERNELS[kernel]
     exact_max_rows = exact_max_rows or Q4_EXACT_MAX_ROWS[at_isa]
     assert (layer.exact_max_rows, layer.max_rows, layer.dense is not None) == (exact_max_rows, max_rows, dense)
@@ -167,7 +174,7 @@ def test_int4_layer_matches_dequantized_weights(at_isa, kernel, rows, monkeypatc
 def test_int4_layer_runs_dense_for_outputs_the_kernels_cannot_tile():
     """Both 4-bit kernels take output rows by 16; other shapes use the dense copy."""
     q4 = random_q4(40, 64)
-    layer = QuantLinear(q4.dequantize().bfloat16(), None, q4)
+    layer = QuantLinear(q4.dequantize().bfloat16(), None, q4, cpu_backend())
     assert layer.q4_ops is None and layer.max_rows == 0 and layer.dense is not None
     x = torch.randn(3, 64).bfloat16()
     assert relative_error(layer(x), x.float() @ q4.dequantize().T) < 0.02
@@ -187,7 +194,7 @@ def test_int8_head_matches_float_weights(rows):
     torch.manual_seed(1)
     weight = torch.randn(1000, 64)
     weight[3] *= 50  # one large row: scales are per row, so the others keep their precision
-    layer = Int8Linear(weight)
+    layer = Int8Linear(weight, cpu_backend())
     assert layer.codes.dtype == torch.int8 and layer.codes.abs().max() <= 127
     x = torch.randn(rows, 64)
     exact = x @ weight.T
@@ -199,7 +206,7 @@ def test_int8_head_matches_float_weights(rows):
 def test_int8_head_survives_an_all_zero_row():
     weight = torch.randn(16, 32)
     weight[5] = 0
-    out = Int8Linear(weight)(torch.randn(2, 32).bfloat16())
+    out = Int8Linear(weight, cpu_backend())(torch.randn(2, 32).bfloat16())
     assert out.isfinite().all() and (out[:, 5] == 0).all()
 
 
@@ -210,19 +217,19 @@ def test_dense_linear_matches_f_linear_at_every_level(at_isa, rows):
     torch.manual_seed(2)
     weight, bias = torch.randn(96, 64).bfloat16(), torch.randn(96).bfloat16()
     x = torch.randn(rows, 64).bfloat16()
-    layer = DenseLinear(weight, bias)
+    layer = DenseLinear(weight, bias, cpu_backend())
     native = at_isa == "avx512"
     assert layer.prepacked == (native and torch.backends.mkldnn.is_available())
     assert layer.widened == (not layer.prepacked)
     if layer.prepacked:
         assert torch.equal(layer(x), torch.nn.functional.linear(x, weight, bias))
-        assert torch.equal(DenseLinear(weight, None)(x), torch.nn.functional.linear(x, weight))
+        assert torch.equal(DenseLinear(weight, None, cpu_backend())(x), torch.nn.functional.linear(x, weight))
     else:
         assert layer.weight.dtype == torch.float32
         wide = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).bfloat16()
         assert layer(x).dtype == torch.bfloat16 and torch.equal(layer(x), wide)
-    assert not DenseLinear(weight.float(), None).prepacked  # float32 stays plain
-    assert not DenseLinear(weight.float(), None).widened
+    assert not DenseLinear(weight.float(), None, cpu_backend()).prepacked  # float32 stays plain
+    assert not DenseLinear(weight.float(), None, cpu_backend()).widened
 
 
 def test_prepacked_dense_linear_lets_the_original_weight_go():
@@ -235,7 +242,7 @@ def test_prepacked_dense_linear_lets_the_original_weight_go():
 
     weight = torch.nn.Parameter(torch.randn(64, 32).bfloat16())
     original = weakref.ref(weight)
-    layer = DenseLinear(weight, None)
+    layer = DenseLinear(weight, None, cpu_backend())
     del weight
     gc.collect()
     assert original() is None
@@ -318,15 +325,14 @@ def test_output_head_prefers_the_q8_codes(at_isa, monkeypatch):
         assert (refined.sum(-1) >= 16).all()
         assert torch.equal(logits.argmax(-1), exact.argmax(-1))
 
-    head = output_head(weight, q8, 16)
+    head = output_head(weight, q8, 16, cpu_backend())
     check(head, Q8Head)  # every kernel level has q8_gemm
     assert head.ops.isa() == at_isa
     # No kernel, or a shape it cannot tile: a refined int8 (or dense) head from the weight.
-    check(output_head(weight, None, 16), RefinedHead)
-    cut = output_head(weight[:40], Q8Rows(q8.codes[:40], q8.scales[:40]), 16)
+    check(output_head(weight, None, 16, cpu_backend()), RefinedHead)
+    cut = output_head(weight[:40], Q8Rows(q8.codes[:40], q8.scales[:40]), 16, cpu_backend())
     assert isinstance(cut, RefinedHead)
-    monkeypatch.setattr("pagedllm.models.output_head.kernel_ops", lambda: None)
-    check(output_head(weight, q8, 16), RefinedHead)
+    check(output_head(weight, q8, 16, _without_kernels()), RefinedHead)
 
 
 @pytest.mark.parametrize("rows", [1, 5])

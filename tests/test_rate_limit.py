@@ -17,48 +17,52 @@ class Clock:
 def test_running_requests_reserve_their_max_tokens():
     clock = Clock()
     limiter = TokenRateLimiter(clock)
-    first, granted = limiter.reserve("k", 200, 10, 150, fixed=True)
-    assert granted == 150 and limiter.used("k") == 160
+    first = limiter.reserve("k", 200, 10, 150)
+    assert limiter.used("k") == 160
     with pytest.raises(APIError) as refused:  # 160 + 160 > 200, though nothing is used yet
-        limiter.reserve("k", 200, 10, 150, fixed=True)
+        limiter.reserve("k", 200, 10, 150)
     assert refused.value.status == 429 and refused.value.code == "rate_limit_exceeded"
     assert int(refused.value.headers["Retry-After"]) == 60
     limiter.settle(first, 30)  # it stopped early: the rest is free again
     assert limiter.used("k") == 30
-    _, granted = limiter.reserve("k", 200, 10, 150, fixed=True)
-    assert granted == 150 and limiter.used("k") == 190
+    limiter.reserve("k", 200, 10, 150)
+    assert limiter.used("k") == 190
 
 
 def test_a_request_without_max_tokens_gets_what_is_left():
+    from pagedllm.core.request import OutputCaps, resolve_max_tokens
+
     limiter = TokenRateLimiter(Clock())
-    limiter.reserve("k", 100, 20, 50, fixed=True)
-    _, granted = limiter.reserve("k", 100, 10, 8000, fixed=False)
+    limiter.reserve("k", 100, 20, 50)
+    granted = resolve_max_tokens(None, 10, OutputCaps(8000, key_budget=100 - limiter.used("k")))
     assert granted == 20  # 100 - 70 used - its own 10 prompt tokens
+    limiter.reserve("k", 100, 10, granted)
+    granted = resolve_max_tokens(None, 1, OutputCaps(8000, key_budget=100 - limiter.used("k")))
     with pytest.raises(APIError):  # nothing left, not even one token
-        limiter.reserve("k", 100, 1, 8000, fixed=False)
+        limiter.reserve("k", 100, 1, granted)
 
 
 def test_the_window_slides_and_retry_after_says_when():
     clock = Clock()
     limiter = TokenRateLimiter(clock)
-    limiter.reserve("k", 100, 0, 60, fixed=True)
+    limiter.reserve("k", 100, 0, 60)
     clock.now += 20
-    limiter.reserve("k", 100, 0, 40, fixed=True)
+    limiter.reserve("k", 100, 0, 40)
     clock.now += 10
     with pytest.raises(APIError) as refused:
-        limiter.reserve("k", 100, 0, 50, fixed=True)
+        limiter.reserve("k", 100, 0, 50)
     # The first 60 leave the window 60 s after they came: 30 s from now.
     assert refused.value.headers["Retry-After"] == "30"
     clock.now += 30
-    _, granted = limiter.reserve("k", 100, 0, 50, fixed=True)
-    assert granted == 50 and limiter.used("k") == 90
+    limiter.reserve("k", 100, 0, 50)
+    assert limiter.used("k") == 90
     limiter.check("other", 100)  # keys are separate
-    limiter.reserve("k", None, 5, 10_000, fixed=True)  # no limit: always granted
+    limiter.reserve("k", None, 5, 10_000)  # no limit: always granted
 
 
 def test_check_refuses_a_key_at_its_limit():
     limiter = TokenRateLimiter(Clock())
-    limiter.reserve("k", 10, 5, 5, fixed=True)
+    limiter.reserve("k", 10, 5, 5)
     with pytest.raises(APIError):
         limiter.check("k", 10)
     limiter.check("k", None)

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is the optional extra pagedllm[ray]")
 
-from pagedllm.core.async_engine import QueuePosition  # noqa: E402
+from pagedllm.core.request import QueuePosition  # noqa: E402
 from pagedllm.core.request import RequestOutput, TokenLogprob  # noqa: E402
 from pagedllm.replicas.transport import pack, unpack  # noqa: E402
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pagedllm.core.request import SamplingParams, SamplingParamsError
-from pagedllm.sampler import Sampler, SamplingRow, apply_penalties, truncation_mask
+from pagedllm.engine.sampler import Sampler, SamplingRow, apply_penalties, truncation_mask
 
 V = 8
 
@@ -148,7 +148,7 @@ def test_bad_params_name_the_field(field, value):
 
 
 def test_inverse_cdf_never_picks_zero_probability_tokens():
-    from pagedllm.sampler import sample_from_probs
+    from pagedllm.engine.sampler import sample_from_probs
 
     # Zero mass at the ends and in the middle, including where the draw would be 0 or 1.
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).repeat(400, 1)
@@ -162,7 +162,7 @@ def test_inverse_cdf_never_picks_zero_probability_tokens():
 def test_candidate_mask_equals_full_sort_on_a_large_vocabulary():
     """Top-p / top-k / min-p look at the best 1,024 logits first and sort the whole vocabulary
     only when the kept set may run past them: same answer as sorting everything."""
-    from pagedllm.sampler import TRUNCATION_CANDIDATES, _full_sort_mask
+    from pagedllm.engine.sampler import TRUNCATION_CANDIDATES, _full_sort_mask
 
     torch.manual_seed(5)
     vocab = 5000

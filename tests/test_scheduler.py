@@ -210,7 +210,7 @@ def test_property_no_leaks_and_exact_reference_counts(ops, num_blocks, budget, c
 
 
 def test_under_memory_pressure_only_an_empty_batch_admits():
-    from pagedllm.core.memory_guard import MemoryGuard
+    from pagedllm.engine.memory_guard import MemoryGuard
 
     sched = make()
     sched.add_request(req("a", 8, max_tokens=3))

@@ -140,8 +140,8 @@ def yes_no(compiler):
 
 
 def test_a_draw_the_grammar_allows_costs_no_mask(compiler, yes_no, monkeypatch):
-    import pagedllm.sampler as sampler_module
-    from pagedllm.sampler import Sampler, SamplingRow
+    import pagedllm.engine.sampler as sampler_module
+    from pagedllm.engine.sampler import Sampler, SamplingRow
 
     matcher, yes, no, hello = yes_no
     masks = []
@@ -165,7 +165,7 @@ def test_a_draw_the_grammar_allows_costs_no_mask(compiler, yes_no, monkeypatch):
 
 def test_drawing_first_keeps_the_distribution_of_masked_sampling(compiler, yes_no):
     """p(hello) = 0.6 is refused; kept or redrawn, yes must come 0.3 / 0.4 of the time."""
-    from pagedllm.sampler import Sampler, SamplingRow
+    from pagedllm.engine.sampler import Sampler, SamplingRow
 
     matcher, yes, no, hello = yes_no
     vocab = compiler.lltokenizer.vocab_size

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import sentencepiece as spm
 
-from pagedllm.tokenizer_gguf import tokenizer_from_gguf
+from pagedllm.tokenizer.gguf import tokenizer_from_gguf
 
 CORPUS = ("The quick brown fox jumps over the lazy dog 1234567 times.\n"
           "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"

@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"
 
-_LAZY = {"LLM": "pagedllm.core.llm", "LLMEngine": "pagedllm.core.engine",
+_LAZY = {"LLM": "pagedllm.engine.llm", "LLMEngine": "pagedllm.engine.engine",
          "RequestOutput": "pagedllm.core.request", "SamplingParams": "pagedllm.core.request"}
 
 

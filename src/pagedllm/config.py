@@ -110,7 +110,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's context, capped by the KV capacity
     max_memory: int | None = None  # resident bytes past which admissions wait; None: leave
-    #                                a tenth of the machine free (core/memory_guard.py)
+    #                                a tenth of the machine free (engine/memory_guard.py)
 
     def __post_init__(self):
         if self.max_memory is not None and (isinstance(self.max_memory, bool)

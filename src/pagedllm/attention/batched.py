@@ -27,14 +27,13 @@ KERNEL_HEAD_DIMS = (64, 80, 96, 128, 256)
 class BatchedBackend:
     name = "batched"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, use_kernel: bool = True,
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels=None,
                  *, scale: float | None = None, softcap: float | None = None,
                  window: int | None = None):
-        from pagedllm.kernels import kernel_ops
-
+        """kernels: the backend's compiled C++ module (None: the torch path)."""
         # The kernel is specialised for these shapes; others take the torch path.
         supported = head_dim in KERNEL_HEAD_DIMS
-        self.kernel = kernel_ops() if use_kernel and supported else None
+        self.kernel = kernels if supported else None
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim

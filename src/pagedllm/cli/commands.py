@@ -65,7 +65,7 @@ def cmd_chat(args) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return chat_loop(server.stream, args.system, banner=f"{model} at {args.url}")
-    from pagedllm.core.engine import LLMEngine
+    from pagedllm.engine.engine import LLMEngine
     engine = LLMEngine(engine_config(args))
 
     def stream(messages):
@@ -95,7 +95,7 @@ def add_plan(sub, formatter) -> None:
 
 
 def cmd_plan(args) -> int:
-    from pagedllm.core.sizing import ContextTooLongError
+    from pagedllm.tools.plan import ContextTooLongError
     from pagedllm.tools.plan import make_plan, print_plan
     from pagedllm.weights import ModelLoadError
 

@@ -6,7 +6,7 @@ import argparse
 
 from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
                              KV_CACHE_DTYPES, MODEL_DTYPES, EngineConfig)
-from pagedllm.core.sizing import parse_bytes
+from pagedllm.units import parse_bytes
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

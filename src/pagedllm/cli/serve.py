@@ -95,7 +95,7 @@ def server_config(args) -> ServerConfig:
 
 def cmd_serve(args) -> int:
     from pagedllm.server.auth import KeyFileError, parse_key_file, permission_warning
-    from pagedllm.server.runner import check_binding, load_engine_with_progress, serve
+    from pagedllm.server.runner import check_binding, serve
 
     # Refuse a bad setup before spending time loading the model.
     refusal = check_binding(args.host, args.api_key_file, args.insecure_no_auth)
@@ -122,8 +122,26 @@ def cmd_serve(args) -> int:
         return 2
     if args.replicas is not None:
         return _serve_replicas(args, engine_settings, config)
-    engine = load_engine_with_progress(engine_settings)
-    return serve(engine, config)
+    return serve(_load_with_progress(engine_settings), config)
+
+
+def _load_with_progress(config):
+    """One engine in this process, loaded under a progress bar; test faults only where the
+    environment asks for them (engine/faults.py)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from pagedllm.engine.faults import Faults
+    from pagedllm.serving.local import LocalEngineClient
+
+    with Progress(TextColumn("loading model"), BarColumn(), MofNCompleteColumn(),
+                  console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("load", total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return LocalEngineClient.load(config, update, Faults.from_env())
 
 
 def _serve_replicas(args, engine_settings, config) -> int:

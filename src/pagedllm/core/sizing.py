@@ -1,13 +1,13 @@
 """KV-cache sizing: bytes per token, blocks for a memory budget, the `auto` parallel setting.
 
 Memory scales with parallel requests x context length; every figure the engine logs and the
-`plan` command prints comes from these functions.
+`plan` command prints (tools/plan.py) comes from these functions.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, ModelConfig
+from pagedllm.config import ModelConfig
 
 # `max_num_seqs="auto"` assumes requests use up to this many tokens on average when the
 # context is longer; preemption covers the rare request that needs more.
@@ -135,81 +135,3 @@ def pool_sizes(memory_bytes: int, config: ModelConfig, element_size: int, block_
         full_blocks = ((memory_bytes - window_blocks * window_layers * per_layer_block)
                        // (full_layers * per_layer_block)) if full_layers else num_blocks
     return PoolSizes(full_blocks, window_blocks, seqs)
-
-
-class ContextTooLongError(ValueError):
-    """A context the model cannot serve (the server would refuse it as --max-model-len)."""
-
-
-@dataclass(frozen=True)
-class ParallelFit:
-    parallel: int
-    kv_bytes: int  # parallel x context, rounded up to whole blocks
-    total_bytes: int  # weights + KV
-    fits: bool
-
-
-@dataclass(frozen=True)
-class CapacityPlan:
-    model: str
-    dtype: str
-    kv_cache_dtype: str
-    context: int
-    block_size: int
-    kv_bytes_per_token: int
-    kv_bytes_per_request: int  # one full-context request, whole blocks
-    kv_bytes_per_step: int  # sliding-window layers: a step's prefill chunks (0 without them)
-    weight_bytes: int
-    memory_bytes: int
-    kv_budget_bytes: int  # memory - weights
-    max_parallel: int  # largest parallel count that fits
-    rows: list[ParallelFit]
-    warnings: list[str]
-
-
-def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
-                  memory_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_cache_dtype: str = "auto") -> CapacityPlan:
-    """Memory = weights + parallel x context x KV bytes per token (whole blocks; sliding-window
-    layers of a model that keeps them apart count their window, not the context)."""
-    config = summary.config
-    per_token = kv_bytes_per_token(config, element_size, kv_cache_dtype)
-    per_request = kv_bytes_per_request(config, element_size, kv_cache_dtype, context, block_size)
-    per_step = 0
-    if keeps_window_pool(config):  # the window pool's room for a step's chunks (pool_sizes)
-        per_step = (per_token // config.num_layers * len(config.sliding_layers) * block_size
-                    * blocks_for_tokens(DEFAULT_MAX_NUM_BATCHED_TOKENS, block_size))
-    weight_bytes = summary.weight_bytes(element_size)
-    budget = max(0, memory_bytes - weight_bytes)
-    rows = [ParallelFit(n, n * per_request + per_step, weight_bytes + n * per_request + per_step,
-                        weight_bytes + n * per_request + per_step <= memory_bytes)
-            for n in parallels]
-    if context > config.max_position_embeddings:
-        raise ContextTooLongError(f"a context of {context} tokens is longer than {config.name}'s "
-                                  f"{config.max_position_embeddings}; plan for at most that")
-    warnings = []
-    if weight_bytes > memory_bytes:
-        warnings.append(f"the weights alone need {gib(weight_bytes)}, more than the {gib(memory_bytes)} given")
-    for row in rows:
-        if not row.fits:
-            warnings.append(f"{row.parallel} x {context} tokens needs {gib(row.total_bytes)} "
-                            f"(weights {gib(weight_bytes)} + KV {gib(row.kv_bytes)}), "
-                            f"more than the {gib(memory_bytes)} given")
-    return CapacityPlan(config.name, dtype, kv_cache_dtype, context, block_size, per_token,
-                        per_request, per_step, weight_bytes, memory_bytes, budget,
-                        max(0, budget - per_step) // per_request if per_request else 0, rows,
-                        warnings)
-
-
-def gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.2f} GiB"
-
-
-def parse_bytes(text: str) -> int:
-    """'8GiB', '512MiB', '2GB', '1e9' -> bytes."""
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
-             "gb": 10**9, "tb": 10**12, "k": 2**10, "m": 2**20, "g": 2**30, "b": 1}
-    value = text.strip().lower()
-    for unit, scale in sorted(units.items(), key=lambda u: -len(u[0])):
-        if value.endswith(unit):
-            return int(float(value[: -len(unit)]) * scale)
-    return int(float(value))

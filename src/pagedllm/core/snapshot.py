@@ -91,3 +91,31 @@ def fair_share(scheduler: Scheduler) -> dict[str, dict]:
     for user, count in queue.waiting_by_user().items():
         entry(user)["waiting"] += count
     return users
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    kv_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    last_step_tokens: int
+    memory_pressure: bool = False  # new requests wait (engine/memory_guard.py)
+
+
+def sum_stats(rows: list[EngineStats]) -> EngineStats:
+    """Several engines' figures as one (replicas, a model store)."""
+    total = sum(r.kv_blocks_total for r in rows)
+    used = sum(r.kv_blocks_used for r in rows)
+    summed = {name: sum(getattr(r, name) for r in rows) for name in (
+        "num_running", "num_waiting", "prefix_cache_queries", "prefix_cache_hits",
+        "num_preemptions", "num_prompt_tokens", "num_generation_tokens", "last_step_tokens")}
+    return EngineStats(kv_blocks_used=used, kv_blocks_total=total,
+                       kv_usage=used / total if total else 0.0,
+                       memory_pressure=any(r.memory_pressure for r in rows), **summed)

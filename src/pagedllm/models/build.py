@@ -1,8 +1,8 @@
 """Builds a model from a checkpoint's weights: the one place where its implementations are
 chosen. The model (llama.py) is plain PyTorch; here it is filled with canonical weights,
 cast to its dtype, and in bfloat16 given its 4-bit linear layers, its output head and, where
-every layer is on the C++ path, its decode loop, all picked from what the CPU level's kernels
-(pagedllm.kernels: capabilities, kernel_ops, torch_ops) offer.
+every layer is on the C++ path, its decode loop, all picked from what the backend (chosen
+once for the process: backends/) offers. No module below asks for kernels on its own.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.config import ModelConfig
-from pagedllm.kernels import kernel_ops, torch_ops
+from pagedllm.backends import Backend, cpu_backend
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.llama import LlamaForCausalLM
 from pagedllm.models.low_bit import (EMBEDDING_NAMES, FUSED_PROJECTIONS, install_projections,
@@ -32,18 +32,21 @@ PROJECTIONS = tuple((part, fused) for part, fused, _ in FUSED_PROJECTIONS)
 
 
 def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quantized: dict | None = None,
-                dtype: torch.dtype = torch.float32, attention_backend: str = "batched",
-                int8_activations: bool = True) -> LlamaForCausalLM:
+                dtype: torch.dtype = torch.float32, backend: Backend | None = None,
+                attention_backend: str = "batched", int8_activations: bool = True
+                ) -> LlamaForCausalLM:
     """Canonical weights (float32 tensors) and, optionally, their GGUF originals -> a ready
     model. In bfloat16 with the C++ kernels, quantized projections, embedding and head run on
     their codes (low_bit.py: int8-rounded activations for large steps unless int8_activations
-    is off) and are never read from `weights`; everything else is."""
+    is off) and are never read from `weights`; everything else is. backend: the engine's
+    (None: this process's CPU backend, for a model built alone)."""
+    backend = backend or cpu_backend()
     quantized = quantized or {}
     num_layers = config.num_layers
-    low_bit_ops = kernel_ops() if dtype == torch.bfloat16 else None
+    low_bit_ops = backend.kernels if dtype == torch.bfloat16 else None
     kept = kept_originals(config, quantized, low_bit_ops)
     with uninitialised_linears():
-        model = LlamaForCausalLM(config, dtype, attention_backend)
+        model = LlamaForCausalLM(config, dtype, backend, attention_backend)
     dense = {name: weights[name] for name in weights if name not in kept}
     tied = "lm_head.weight" not in weights or config.tie_word_embeddings
     embed, head = dense.pop("embed_tokens.weight", None), dense.pop("lm_head.weight", None)
@@ -58,7 +61,7 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
         dense = _permute_for_partial_rotary(dense, config)
     if config.num_experts:
         dense = fuse_experts(dense, num_layers, config.num_experts)
-    install_projections(model, kept, dense, _int8_layers(num_layers, int8_activations), low_bit_ops)
+    install_projections(model, kept, dense, _int8_layers(num_layers, int8_activations), backend)
     missing, unexpected = model.load_state_dict(dense, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, "
@@ -76,27 +79,28 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
             head_q8 = model.embed_q8
         if head_q8 is not None and kept[head_name].six_bit:  # multiplied as the file holds it
             head_q6 = kept[head_name].q6()
-        model.lm_head = output_head(model.lm_head_weight, head_q8, LOGIT_REFINE_CANDIDATES, head_q6)
-        _prepack_dense_experts(model)
-        if low_bit_ops is None and torch_ops().int4_matmul:
+        model.lm_head = output_head(model.lm_head_weight, head_q8, LOGIT_REFINE_CANDIDATES,
+                                    backend, head_q6)
+        _prepack_dense_experts(model, backend)
+        if low_bit_ops is None and backend.torch_ops.int4_matmul:
             four_bit = {name: original.q4() for name, original in quantized.items()
                         if original.four_bit and name not in EMBEDDING_NAMES}
-            _use_torch_int4(model, fuse_quantized(four_bit, num_layers), int8_activations)
-        model.decode_loop = decode_loop_for(model)
+            _use_torch_int4(model, fuse_quantized(four_bit, num_layers), int8_activations, backend)
+        model.decode_loop = decode_loop_for(model, backend.kernels)
     return model
 
 
-def _prepack_dense_experts(model: LlamaForCausalLM) -> None:
+def _prepack_dense_experts(model: LlamaForCausalLM, backend: Backend) -> None:
     """bfloat16 experts from a float checkpoint: each expert's matrices reordered once for
     oneDNN (DenseLinear), as the dense projections are, instead of on every matmul. Where the
     CPU level has no bfloat16 arithmetic DenseLinear would widen them to float32, twice the
     memory, so the stacked parameters stay."""
-    if not DenseLinear.prepacks_bfloat16():
+    if not backend.prepacks_bfloat16:
         return
     for layer in model.layers:
         mlp = layer.mlp
         if isinstance(mlp, MoE) and mlp.expert_modules is None:
-            mlp.use_expert_modules([(DenseLinear(gate_up, None), DenseLinear(down, None))
+            mlp.use_expert_modules([(DenseLinear(gate_up, None, backend), DenseLinear(down, None, backend))
                                     for gate_up, down in zip(mlp.experts_gate_up, mlp.experts_down)])
 
 
@@ -138,7 +142,8 @@ def _permute_for_partial_rotary(weights: dict, config: ModelConfig) -> dict:
     return out
 
 
-def _use_torch_int4(model: LlamaForCausalLM, quantized: dict, int8_activations: bool) -> None:
+def _use_torch_int4(model: LlamaForCausalLM, quantized: dict, int8_activations: bool,
+                    backend: Backend) -> None:
     """Without the C++ kernels: 4-bit projections on torch's int4 kernel, a dense copy beside."""
     int8_layers = _int8_layers(len(model.layers), int8_activations)
     for i, layer in enumerate(model.layers):
@@ -149,16 +154,15 @@ def _use_torch_int4(model: LlamaForCausalLM, quantized: dict, int8_activations: 
             if q4 is not None:
                 parent = getattr(layer, part)
                 dense = getattr(parent, name)
-                setattr(parent, name, QuantLinear(dense.weight, dense.bias, q4,
+                setattr(parent, name, QuantLinear(dense.weight, dense.bias, q4, backend,
                                                   int8_activations=i in int8_layers))
 
 
-def decode_loop_for(model: LlamaForCausalLM) -> DecodeLoop | None:
+def decode_loop_for(model: LlamaForCausalLM, ops) -> DecodeLoop | None:
     """The C++ decode loop, given the layers' weights, where every layer is on the fast
     bfloat16 path (projections on pagedllm's low-bit kernels without bias, in parts where a
     fused projection mixes formats; the C++ layer ops and decode attention; one exact-row
-    limit a layer); None elsewhere."""
-    ops = kernel_ops()
+    limit a layer); None elsewhere. ops: the backend's compiled kernels."""
     config = model.config
     if (ops is None or model.dtype != torch.bfloat16 or config.num_experts
             or config.sandwich_norms or config.sliding_window is not None):

@@ -1,7 +1,7 @@
 """The element-wise parts of a decoder layer, in two interchangeable implementations.
 
 `TorchLayerOps` is plain torch and the reference; the C++ module from pagedllm.kernels has
-the same three functions fused into one pass each (`layer_ops` picks it when it is built).
+the same three functions fused into one pass each (the backend picks: Backend.layer_ops).
 Signatures:
   rms_norm(x, residual, weight, eps) -> normed; with a residual, residual += x in place first
   rope_write_kv(qkv, positions, cos, sin, key_cache, value_cache, slot_mapping, num_heads,
@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.attention.torch_reference import write_kv
-from pagedllm.kernels import kernel_ops
 
 
 class TorchLayerOps:
@@ -58,8 +57,3 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
-
-def layer_ops(use_kernels: bool = True):
-    """The fused C++ ops when asked for and built, else the torch reference."""
-    ops = kernel_ops() if use_kernels else None
-    return ops if ops is not None else TorchLayerOps

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.attention import BACKENDS, AttentionMetadata, LayerKVCache
+from pagedllm.attention import AttentionMetadata, BatchedBackend, LayerKVCache, TorchReferenceBackend
 from pagedllm.attention.softcap import SoftcapBackend
+from pagedllm.backends import Backend
 from pagedllm.config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
-from pagedllm.models.layer_ops import layer_ops
 from pagedllm.models.gemma import SandwichDecoderLayer
 from pagedllm.models.moe import MoE
 from pagedllm.weights.q8 import Q8Rows
@@ -68,7 +68,7 @@ class RotaryEmbedding:
 
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops,
-                 layer_index: int = 0):
+                 kernels, layer_index: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_heads, config.num_kv_heads, config.head_dim)
@@ -92,10 +92,12 @@ class Attention(nn.Module):
         options = {name: value for name, value in (("scale", config.attn_scale),
                    ("softcap", config.attn_softcap), ("window", self.window)) if value is not None}
         shape = (self.num_heads, self.num_kv_heads, self.head_dim)
-        if options and backend != "batched":
+        if backend == "batched":
+            self.backend = BatchedBackend(*shape, kernels, **options)
+        elif options:
             self.backend = SoftcapBackend(*shape, **options)
         else:
-            self.backend = BACKENDS[backend](*shape, **options)
+            self.backend = TorchReferenceBackend(*shape)
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata):
         if self.window is not None and meta.window is not None:
@@ -131,10 +133,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops, kernels):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = Attention(config, rotary, backend, ops)
+        self.self_attn = Attention(config, rotary, backend, ops, kernels)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.mlp = MoE(config, ops) if config.num_experts else MLP(config, ops)
 
@@ -152,8 +154,11 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, backend: Backend,
                  attention_backend: str = "batched"):
+        """backend: the kernels chosen for this process (backends/); attention_backend
+        "torch-reference" runs plain torch everywhere, the oracle the kernels are tested
+        against."""
         super().__init__()
         self.config = config
         self.dtype = dtype
@@ -162,10 +167,12 @@ class LlamaForCausalLM(nn.Module):
         local_rotary = rotary if config.local_rope_theta is None else RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.local_rope_theta)
         # The reference attention backend runs with the torch layer ops too: a pure-torch oracle.
-        ops = layer_ops(use_kernels=attention_backend != "torch-reference")
+        reference = attention_backend == "torch-reference"
+        ops = backend.layer_ops(reference)
+        kernels = None if reference else backend.kernels
         self.layers = nn.ModuleList(
             self._layer(config, local_rotary if i in config.sliding_layers else rotary,
-                        attention_backend, ops, i)
+                        attention_backend, ops, kernels, i)
             for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         # Embedding and output head stay exact (float32, or their 8-bit GGUF originals read
@@ -191,12 +198,12 @@ class LlamaForCausalLM(nn.Module):
         return True
 
     @staticmethod
-    def _layer(config: ModelConfig, rotary, backend: str, ops, index: int) -> nn.Module:
+    def _layer(config: ModelConfig, rotary, backend: str, ops, kernels, index: int) -> nn.Module:
         if config.sandwich_norms:  # Gemma 2 and 3
             return SandwichDecoderLayer(
-                config, Attention(config, rotary, backend, ops, index),
+                config, Attention(config, rotary, backend, ops, kernels, index),
                 lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, ops))
-        return DecoderLayer(config, rotary, backend, ops)
+        return DecoderLayer(config, rotary, backend, ops, kernels)
 
     def _embedding_rows(self, index: torch.Tensor) -> torch.Tensor:
         return self.embed_q8.rows(index) if self.embed_q8 is not None else self.embed_weight[index]

@@ -64,7 +64,7 @@ def kept_originals(config: ModelConfig, quantized: dict, ops) -> dict[str, GGUFO
 
 
 def install_projections(model: nn.Module, kept: dict[str, GGUFOriginal], dense: dict,
-                        int8_layers: set[int], ops) -> None:
+                        int8_layers: set[int], backend) -> None:
     """Replaces each projection with a kept part by its low-bit module; dense parts and biases
     it takes are popped from `dense`. int8_layers: layers whose 4-bit projections may round
     activations to int8 (QuantLinear)."""
@@ -77,19 +77,19 @@ def install_projections(model: nn.Module, kept: dict[str, GGUFOriginal], dense: 
             sources = [_source(kept, dense, f"{prefix}{n}.weight") for n in names]
             bias = dense.pop(f"{prefix}{fused}.bias", None)
             setattr(getattr(layer, part), fused,
-                    _module(sources, bias, i in int8_layers, ops))
-        _install_experts(layer.mlp, kept, f"layers.{i}.mlp.", i in int8_layers, ops)
+                    _module(sources, bias, i in int8_layers, backend))
+        _install_experts(layer.mlp, kept, f"layers.{i}.mlp.", i in int8_layers, backend)
 
 
-def _install_experts(mlp: nn.Module, kept: dict, prefix: str, int8: bool, ops) -> None:
+def _install_experts(mlp: nn.Module, kept: dict, prefix: str, int8: bool, backend) -> None:
     """A mixture of experts whose stacked matrices are all kept: each expert's gate and up
     as one low-bit module (stacked if their formats differ), its down as another."""
     gate, up, down = (kept.get(prefix + name) for name in EXPERT_NAMES)
     if gate is None or up is None or down is None:
         return
     mlp.use_expert_modules([
-        (_module([_source_of(gate.expert(e)), _source_of(up.expert(e))], None, int8, ops),
-         _module([_source_of(down.expert(e))], None, int8, ops))
+        (_module([_source_of(gate.expert(e)), _source_of(up.expert(e))], None, int8, backend),
+         _module([_source_of(down.expert(e))], None, int8, backend))
         for e in range(down.shape[0])])
 
 
@@ -104,23 +104,23 @@ def _source_of(original: GGUFOriginal) -> tuple[str, object]:
     return ("q6", original.q6()) if original.six_bit else ("q8", original.q8())
 
 
-def _module(sources: list, bias, int8_activations: bool, ops) -> nn.Module:
+def _module(sources: list, bias, int8_activations: bool, backend) -> nn.Module:
     groups = [(kind, [weight for _, weight in group])
               for kind, group in groupby(sources, key=lambda source: source[0])]
     if len(groups) == 1 and groups[0][0] != "dense":  # one format: one module, its own bias
-        return _part(*groups[0], bias, int8_activations, ops)
-    return StackedLinear([_part(kind, weights, None, int8_activations, ops)
+        return _part(*groups[0], bias, int8_activations, backend)
+    return StackedLinear([_part(kind, weights, None, int8_activations, backend)
                           for kind, weights in groups], bias)
 
 
-def _part(kind: str, weights: list, bias, int8_activations: bool, ops):
+def _part(kind: str, weights: list, bias, int8_activations: bool, backend):
     if kind == "q4":
-        return QuantLinear(None, bias, cat_4bit(weights), int8_activations=int8_activations)
+        return QuantLinear(None, bias, cat_4bit(weights), backend, int8_activations=int8_activations)
     if kind == "q6":
-        return Q6Linear(Q6Weight.cat(weights), bias, ops)
+        return Q6Linear(Q6Weight.cat(weights), bias, backend.kernels)
     if kind == "q8":
-        return Q8Linear(Q8Rows.cat(weights), bias, ops)
-    return DenseLinear(torch.cat(weights).to(torch.bfloat16), bias)
+        return Q8Linear(Q8Rows.cat(weights), bias, backend.kernels)
+    return DenseLinear(torch.cat(weights).to(torch.bfloat16), bias, backend)
 
 
 @contextlib.contextmanager

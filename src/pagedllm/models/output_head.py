@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from pagedllm.kernels import kernel_ops, torch_ops
+from pagedllm.backends import Backend
 from pagedllm.models.quant_linear import DenseLinear, Int8Linear
 from pagedllm.weights.q6 import Q6Weight
 from pagedllm.weights.q8 import Q8Rows
@@ -51,13 +51,15 @@ class RefinedHead:
         return logits.scatter_(1, top, exact)
 
 
-def output_head(weight: torch.Tensor, q8: Q8Rows | None, top: int, q6: Q6Weight | None = None):
+def output_head(weight: torch.Tensor, q8: Q8Rows | None, top: int, backend: Backend,
+                q6: Q6Weight | None = None):
     """Q8Head where the head has Q8_0 codes (and, for a Q6_K head, its 6-bit codes q6) and the
     C++ kernels load, else RefinedHead over int8 per-row codes (or dense bfloat16), its exact
     rows read from the Q8_0 codes or the weight."""
-    ops = kernel_ops()  # every CPU level's build has q8_gemm and q6_gemm
+    ops = backend.kernels  # every CPU level's build has q8_gemm and q6_gemm
     if isinstance(q8, Q8Rows) and ops is not None and q8.codes.shape[0] % TILE == 0:
         return Q8Head(q8, ops, top, q6)
-    approx = Int8Linear(weight) if torch_ops().int8_matmul else DenseLinear(weight.to(torch.bfloat16), None)
+    approx = (Int8Linear(weight, backend) if backend.torch_ops.int8_matmul
+              else DenseLinear(weight.to(torch.bfloat16), None, backend))
     exact_rows = q8.rows if isinstance(q8, Q8Rows) else (lambda index: weight[index])
     return RefinedHead(approx, exact_rows, top)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.kernels import capabilities, kernel_ops, torch_ops
+from pagedllm.backends import Backend
 from pagedllm.weights.q4 import GROUP_SIZE, Q4KWeight, Q4Weight
 from pagedllm.weights.q6 import Q6Weight
 from pagedllm.weights.q8 import Q8Rows
@@ -50,11 +50,13 @@ class DenseLinear:
     bfloat16 inputs are multiplied in float32, the result rounded back. Other dtypes, or
     torch without oneDNN: plain F.linear."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 backend: Backend | None = None):
+        """backend: where bfloat16 weights may be prepacked (None: plain F.linear)."""
         # detach: an autograd record on the packed copy would keep the original alive.
         weight = weight.detach()
         bf16 = weight.dtype == torch.bfloat16
-        self.prepacked = bf16 and self.prepacks_bfloat16()
+        self.prepacked = bf16 and backend is not None and backend.prepacks_bfloat16
         self.widened = bf16 and not self.prepacked
         if self.widened:
             weight = weight.float()
@@ -62,11 +64,6 @@ class DenseLinear:
         self.bias = bias
         self.weight = (torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
                        if self.prepacked else weight)
-
-    @staticmethod
-    def prepacks_bfloat16() -> bool:
-        """Whether bfloat16 weights are prepacked here (else widened to float32)."""
-        return capabilities().native_bf16 and torch_ops().onednn_prepack
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.prepacked:
@@ -84,19 +81,19 @@ class QuantLinear(nn.Module):
     is bfloat16, and a dense copy, where one is needed, is made from the codes."""
 
     def __init__(self, dense_weight: torch.Tensor | None, bias: torch.Tensor | None,
-                 q4: Q4Weight | Q4KWeight, int8_activations: bool = True):
+                 q4: Q4Weight | Q4KWeight, backend: Backend, int8_activations: bool = True):
         super().__init__()
         dtype = torch.bfloat16 if dense_weight is None else dense_weight.dtype
         self.bias = bias
         self.dense = None
         # Both kernels take output rows in tiles of 16; other shapes run dense.
         tileable = q4.codes.shape[0] % _TILE == 0
-        self.q4_ops = kernel_ops() if dtype == torch.bfloat16 and tileable else None
+        self.q4_ops = backend.kernels if dtype == torch.bfloat16 and tileable else None
         if self.q4_ops is not None:
             self.packed = q4.kernel_pack(self.q4_ops)
             self.max_rows = ALL_ROWS
             self.exact_max_rows = Q4_EXACT_MAX_ROWS[self.q4_ops.isa()] if int8_activations else ALL_ROWS
-        elif torch_ops().int4_matmul and tileable:
+        elif backend.torch_ops.int4_matmul and tileable:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
             # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
             scales, zeros = q4.torch_scales_zeros()
@@ -105,7 +102,8 @@ class QuantLinear(nn.Module):
         else:
             self.exact_max_rows = self.max_rows = 0  # dense only
         if self.max_rows < ALL_ROWS:  # [out, in] model dtype, for large batches
-            self.dense = DenseLinear(q4.dequantize().to(dtype) if dense_weight is None else dense_weight, bias)
+            self.dense = DenseLinear(q4.dequantize().to(dtype) if dense_weight is None else dense_weight,
+                                     bias, backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.max_rows:
@@ -170,13 +168,13 @@ class Int8Linear(nn.Module):
     vocabulary (mean error against float32 0.47 vs 0.13, one ad-hoc comparison on the
     default model) but 8 bits do not (0.14, tests/test_real_model.py)."""
 
-    def __init__(self, weight: torch.Tensor, max_int8_rows: int = INT8_MAX_ROWS):
+    def __init__(self, weight: torch.Tensor, backend: Backend, max_int8_rows: int = INT8_MAX_ROWS):
         super().__init__()
         w = weight.float()
         scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12)
         self.codes = (w / scales.unsqueeze(1)).round_().clamp_(-127, 127).to(torch.int8)
         self.scales = scales.to(torch.bfloat16)
-        self.dense = DenseLinear(w.to(torch.bfloat16), None)
+        self.dense = DenseLinear(w.to(torch.bfloat16), None, backend)
         self.max_int8_rows = max_int8_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

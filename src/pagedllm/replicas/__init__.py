@@ -7,7 +7,7 @@ when --replicas is given: the single-process server never loads Ray.
 
     launch.py          starts Ray and the application, waits for signals (SIGHUP, SIGTERM)
     ingress.py         the ingress deployment: the usual FastAPI app over a front
-    front.py           EngineFront / ReplicaAsyncEngine: what the app sees instead of an engine
+    front.py           ReplicaClient: the EngineClient the app sees instead of one engine
     engine_replica.py  the engine deployment: one LLMEngine and its loop thread per replica
     router.py          prefix-cache-aware request router (Ray Serve's RequestRouter API)
     board.py           a small actor where replicas post their figures and read policies

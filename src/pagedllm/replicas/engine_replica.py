@@ -17,8 +17,8 @@ import ray
 from ray import serve
 
 from pagedllm.config import EngineConfig
-from pagedllm.core.async_engine import AsyncEngine
-from pagedllm.core.engine import LLMEngine
+from pagedllm.engine.async_engine import AsyncEngine
+from pagedllm.engine.engine import LLMEngine
 from pagedllm.core.request import Request
 from pagedllm.replicas.board import BOARD_NAME, ReplicaFigures
 from pagedllm.replicas.transport import pack

@@ -1,5 +1,6 @@
 """The ingress deployment: the single-process server's FastAPI app (every route, key check,
-limit and error), built over a front that sends each request to an engine replica."""
+limit and error), built over the replicas' EngineClient (front.py), which sends each
+request to an engine replica."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,7 @@ from ray import serve
 
 from pagedllm.config import ServerConfig
 from pagedllm.replicas.board import BOARD_NAME
-from pagedllm.replicas.front import EngineFront, ReplicaAsyncEngine
+from pagedllm.replicas.front import ReplicaClient
 from pagedllm.server.app import create_app
 from pagedllm.server.metrics import ServerMetrics
 from pagedllm.server.runner import ready_message
@@ -25,17 +26,15 @@ class Ingress:
     async def __init__(self, engine_handle, config: ServerConfig, num_replicas: int,
                        namespace: str):
         description = await engine_handle.describe.remote()
-        self.front = front = EngineFront(description, num_replicas)
         self.board = ray.get_actor(BOARD_NAME, namespace=namespace)
-        name = config.served_model_name or front.model_config.name
+        self.client = client = ReplicaClient(description, num_replicas, engine_handle,
+                                             self.board)
+        name = config.served_model_name or client.info.model_config.name
         # --max-queue is per replica, as max_num_seqs is: the deployment queues N times it.
         if config.max_queue is not None:
             config = dataclasses.replace(config, max_queue=config.max_queue * num_replicas)
-        metrics = ServerMetrics(front, name, figures=front.replica_figures,
-                                label_names=("replica",))
-        self.fastapi_app = create_app(front, name, config,
-                              async_engine=ReplicaAsyncEngine(engine_handle, self.board),
-                              metrics=metrics)
+        metrics = ServerMetrics(client.figures, name, label_names=("replica",))
+        self.fastapi_app = create_app(client, name, config, metrics=metrics)
         self.server_state = self.fastapi_app.state.pagedllm
         self.server_config = config
         self._poller = asyncio.get_running_loop().create_task(self._poll_figures())
@@ -46,7 +45,7 @@ class Ingress:
     async def _poll_figures(self) -> None:
         while True:
             try:
-                self.front.figures = await self.board.live.remote()
+                self.client.posted = await self.board.live.remote()
             except Exception:  # noqa: BLE001 - figures are best effort; serving goes on
                 logger.exception("could not read the replicas' figures")
             await asyncio.sleep(POLL_INTERVAL_S)
@@ -58,7 +57,7 @@ class Ingress:
         """Refuse new work (503), give running requests the grace period, abort the rest;
         answers how many were aborted."""
         self.server_state.draining = True
-        engine = self.server_state.async_engine
+        engine = self.client
         deadline = asyncio.get_running_loop().time() + grace_seconds
         while engine.num_in_flight and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
@@ -67,8 +66,7 @@ class Ingress:
         return left
 
     def ready_message(self, scheme: str = "http") -> str:
-        front, config = self.front, self.server_config
-        compute = (f"{front.num_replicas} replica(s) x {front.threads_per_replica} compute "
-                   f"thread(s) (--threads-per-replica)")
-        return ready_message(front, config.host, config.port, self.server_state.served_model_name,
-                             scheme, len(self.server_state.keys.keys), config.api_key_file, compute)
+        config = self.server_config
+        return ready_message(self.client.info, config.host, config.port,
+                             self.server_state.served_model_name, scheme,
+                             len(self.server_state.keys.keys), config.api_key_file)

@@ -13,8 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pagedllm.config import ServerConfig
-from pagedllm.core.async_engine import AsyncEngine
-from pagedllm.core.engine import LLMEngine
+from pagedllm.errors import FieldError
 from pagedllm.server import errors
 from pagedllm.server.auth import KeyStore
 from pagedllm.server.docs import install_docs
@@ -28,31 +27,30 @@ from pagedllm.server.openapi import install_openapi
 from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       TokenizeRequest)
 from pagedllm.server.state import ServerState
+from pagedllm.serving.client import EngineClient
 from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 
 logger = logging.getLogger("pagedllm.server")
 
 
-def create_app(engine: LLMEngine, served_model_name: str | None = None,
-               config: ServerConfig | None = None, engine_thread: bool = True,
-               async_engine: AsyncEngine | None = None,
+def create_app(client: EngineClient, served_model_name: str | None = None,
+               config: ServerConfig | None = None,
                metrics: ServerMetrics | None = None) -> FastAPI:
-    """engine_thread=False: the caller runs app.state.pagedllm.core.async_engine.run_loop().
-    The replicas' ingress passes its own engine, async_engine and metrics, which stand for
-    engines in other processes (replicas/front.py)."""
+    """The server over any EngineClient (serving/client.py): one local engine, whose loop the
+    caller runs (client.run()), or the replicas' front (its own metrics, labelled by
+    replica)."""
     config = config or ServerConfig()
-    name = served_model_name or engine.model_config.name
-    if async_engine is None:
-        async_engine = AsyncEngine(engine, start_thread=engine_thread)
+    info = client.info
+    name = served_model_name or info.model_config.name
     keys = KeyStore(config.api_key_file)
-    state = ServerState(engine, async_engine, name, metrics or ServerMetrics(engine, name),
+    state = ServerState(client, name, metrics or ServerMetrics(client.figures, name),
                         config, keys, int(time.time()))
     state.apply_key_policies()
 
     @asynccontextmanager
     async def lifespan(_app):
         yield
-        async_engine.shutdown()
+        client.shutdown()
 
     app = FastAPI(title="pagedllm", version="0.1.0", lifespan=lifespan, docs_url=None,
                   redoc_url=None)
@@ -67,25 +65,26 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
                            allow_headers=["Authorization", "X-Api-Key", "Content-Type"])
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(APIError, errors.api_error_handler)
+    app.add_exception_handler(FieldError, errors.field_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
     app.add_exception_handler(Exception, errors.unexpected_error_handler)
 
     @app.get("/health")
     async def health():
-        if async_engine.dead:
-            raise APIError(503, f"the engine is unusable: {async_engine.dead}", None,
+        if client.dead:
+            raise APIError(503, f"the engine is unusable: {client.dead}", None,
                            "engine_dead")
         if state.draining:  # still listening, so a load balancer hears it and moves on
             raise APIError(503, "server is shutting down", None, "shutting_down")
         return {"status": "ok"}
 
-    card = _model_card(engine)
+    card = _model_card(info)
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
-            "max_model_len": engine.scheduler_config.max_model_len, **card}]}
+            "max_model_len": info.max_model_len, **card}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: HTTPRequest):
@@ -98,7 +97,7 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         state.check_model(body.model)
-        tok = engine.tokenizer
+        tok = client.tokenizer
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt or messages", "prompt", "invalid_value")
         if body.messages is not None:
@@ -106,10 +105,10 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
                 text = tok.apply_chat_template([{"role": m.role, "content": m.text()}
                                                 for m in body.messages], body.add_generation_prompt)
             except ChatTemplateError as exc:
-                raise APIError(400, str(exc), "messages", "invalid_value") from exc
+                raise FieldError("messages", str(exc)) from exc
         else:
             text = body.prompt
-        limit = engine.scheduler_config.max_model_len
+        limit = info.max_model_len
         try:  # bounded like a generation request's prompt: no text stalls the HTTP thread
             ids = tok.encode_within(text, limit, body.prompt is not None and body.add_special_tokens)
         except TokenLimitError as exc:
@@ -117,19 +116,18 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
                                 f"server's context of {limit}", "prompt",
                            "context_length_exceeded") from exc
         except ValueError as exc:
-            raise APIError(400, str(exc), "prompt", "invalid_value") from exc
-        return {"tokens": ids, "count": len(ids),
-                "max_model_len": engine.scheduler_config.max_model_len}
+            raise FieldError("prompt", str(exc)) from exc
+        return {"tokens": ids, "count": len(ids), "max_model_len": limit}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         state.check_model(body.model)
-        vocab = engine.model_config.vocab_size
+        vocab = info.model_config.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token ids must be in [0, {vocab}), got {bad[:3]}", "tokens",
                            "invalid_value")
-        return {"prompt": engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        return {"prompt": client.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     @app.get("/metrics")
     async def metrics():
@@ -142,15 +140,15 @@ def create_app(engine: LLMEngine, served_model_name: str | None = None,
     return app
 
 
-def _model_card(engine) -> dict:
+def _model_card(info) -> dict:
     """What /v1/models adds to OpenAI's fields: what is served, in what format and dtype."""
     from pagedllm.weights.inspect import summarize_checkpoint
 
     try:
-        file_type = summarize_checkpoint(engine.model_path).file_type
+        file_type = summarize_checkpoint(info.model_path).file_type
     except Exception:  # noqa: BLE001 - a listing must not fail on a header it cannot read
         file_type = None
-    return {"architecture": engine.model_config.architecture,
+    return {"architecture": info.model_config.architecture,
             # the GGUF's file type ("Q4_1"); a Hugging Face folder's weights are not quantized
-            "quantization": file_type or "none", "dtype": engine.dtype,
-            "context_length": engine.scheduler_config.max_model_len}
+            "quantization": file_type or "none", "dtype": info.dtype,
+            "context_length": info.max_model_len}

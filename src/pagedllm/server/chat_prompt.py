@@ -7,14 +7,14 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pagedllm.core.request import SamplingParams
-from pagedllm.server.choices import compile_grammar
+from pagedllm.core.request import PromptTooLongError, SamplingParams
+from pagedllm.errors import FieldError
 from pagedllm.server.errors import APIError
 from pagedllm.server.state import ServerState
-from pagedllm.structured.spec import GrammarError, json_schema_spec
+from pagedllm.structured.spec import json_schema_spec
 from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 from pagedllm.tool_calls.prompt import template_inputs
-from pagedllm.tool_calls.spec import Function, ToolChoice, ToolError, parse_tool_choice, parse_tools
+from pagedllm.tool_calls.spec import Function, ToolChoice, parse_tool_choice, parse_tools
 from pagedllm.tool_calls.syntax import TemplateTools, template_tools
 
 
@@ -46,34 +46,30 @@ class ChatPrompt:
 
 def tool_use(state: ServerState, tools: Any, tool_choice: Any = None, tools_param: str = "tools",
              choice_param: str = "tool_choice") -> ToolUse:
-    """Raises APIError (400) naming the field for a bad tool or tool_choice."""
-    try:
-        functions = parse_tools(tools, tools_param)
-        choice = parse_tool_choice(tool_choice, functions, choice_param)
-    except ToolError as exc:
-        raise APIError(400, str(exc), exc.param, "invalid_value") from exc
-    return ToolUse(functions, choice, template_tools(state.engine.tokenizer.chat_template),
+    """Raises ToolError naming the field for a bad tool or tool_choice."""
+    functions = parse_tools(tools, tools_param)
+    choice = parse_tool_choice(tool_choice, functions, choice_param)
+    return ToolUse(functions, choice, template_tools(state.client.tokenizer.chat_template),
                    tools_param)
 
 
 def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
                 add_generation_prompt: bool = True) -> ChatPrompt:
-    tok = state.engine.tokenizer
+    tok = state.client.tokenizer
     template_messages, tools = template_inputs(messages, use.functions, use.choice, use.template)
     try:
         text = tok.apply_chat_template(template_messages, add_generation_prompt, tools=tools)
     except ChatTemplateError as exc:
-        raise APIError(400, str(exc), "messages", "invalid_value") from exc
-    limit = state.engine.scheduler_config.max_model_len
+        raise FieldError("messages", str(exc)) from exc
+    limit = state.client.info.max_model_len
     # The template writes special tokens as text; encode without adding BOS twice.
     try:
         ids = tok.encode_within(text, limit, add_special_tokens=False)
     except TokenLimitError as exc:  # refused before tokenizing all of it
-        raise APIError(400, f"the conversation has at least {exc.num_tokens} tokens, over this "
-                            f"model's context of {limit}", "messages",
-                       "context_length_exceeded") from exc
+        raise PromptTooLongError(exc.num_tokens, 0, limit, at_least=True,
+                                 param="messages") from exc
     except ValueError as exc:  # not valid Unicode
-        raise APIError(400, str(exc), "messages", "invalid_value") from exc
+        raise FieldError("messages", str(exc)) from exc
     offered = use.functions and use.choice.mode != "none"
     return ChatPrompt(ids, use if offered else None)
 
@@ -81,12 +77,8 @@ def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
 async def check_tool_schemas(state: ServerState, use: ToolUse) -> None:
     """Every function's parameters must compile as a JSON schema (cached; on a worker thread)."""
     for i, function in enumerate(use.functions):
-        param = f"{use.tools_param}[{i}].function.parameters"
-        try:
-            spec = json_schema_spec(function.parameters, param)
-        except GrammarError as exc:
-            raise APIError(400, str(exc), exc.param, "invalid_value") from exc
-        await asyncio.to_thread(compile_grammar, state, spec)
+        spec = json_schema_spec(function.parameters, f"{use.tools_param}[{i}].function.parameters")
+        await asyncio.to_thread(state.client.compile_grammar, spec)
 
 
 def with_tool_grammar(params: SamplingParams, prompt: ChatPrompt, parallel: bool) -> SamplingParams:

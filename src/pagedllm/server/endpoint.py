@@ -1,18 +1,16 @@
-"""The one driver behind the generation endpoints: choices built and checked, submitted,
-then streamed (SSE) or collected into one JSON body. An endpoint (completions, chat) only
-says how its answer looks: its `Endpoint` record."""
+"""How an OpenAI-style answer looks (completions, chat): an `Endpoint` record says how one
+choice reads as a streamed delta and in the whole answer; `OpenAIShape` makes the SSE stream
+(ending with `data: [DONE]`) or the one JSON body of it. The pipeline (pipeline.py) does the
+rest."""
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
 
-from pagedllm.core.request import RequestOutput, SamplingParams
-from pagedllm.server.choices import (CLIENT_CLOSED, Choice, build_choices, collect, compile_grammar,
-                                     public_finish, submit_choices, usage_of)
+from pagedllm.core.request import RequestOutput
+from pagedllm.server.choice import Choice, public_finish, usage_of
 from pagedllm.server.protocol import now, random_id
 from pagedllm.server.sse import StreamSpec, sse_response
 from pagedllm.server.state import ServerState
@@ -28,15 +26,15 @@ class Endpoint:
     first_delta: dict | None = None  # streamed once per choice before any output (chat: role)
 
 
-async def answer(state: ServerState, endpoint: Endpoint, body, prompts: list[str | list[int]],
-                 params: SamplingParams, http_request: HTTPRequest) -> Response:
-    if params.guided is not None:
-        # Compile (cached by spec) on a worker thread: neither this event loop nor the engine
-        # loop waits for a large schema; the per-request matchers are then cheap.
-        await asyncio.to_thread(compile_grammar, state, params.guided)
-    choices = build_choices(state, prompts, params, http_request, body.user)
-    response_id, model = random_id(endpoint.id_prefix), state.served_model_name
-    if body.stream:
+class OpenAIShape:
+    def __init__(self, endpoint: Endpoint, include_usage: bool = False):
+        self.endpoint = endpoint
+        self.include_usage = include_usage
+        self.response_id = random_id(endpoint.id_prefix)
+
+    def stream(self, state: ServerState, choices: list[Choice]) -> Response:
+        endpoint, response_id, model = self.endpoint, self.response_id, state.served_model_name
+
         def chunk(choice: Choice, out: RequestOutput) -> dict | None:
             if not out.new_text and not out.finished and not out.new_logprobs:
                 return None
@@ -51,17 +49,16 @@ async def answer(state: ServerState, endpoint: Endpoint, body, prompts: list[str
             {"id": response_id, "object": endpoint.chunk_object, "created": now(), "model": model,
              "choices": [{"index": c.index, "delta": endpoint.first_delta, "logprobs": None,
                           "finish_reason": None} for c in choices]},)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        submit_choices(state, choices, body.queue_position)
         return sse_response(state, choices, StreamSpec(response_id, model, endpoint.chunk_object,
-                                                       include_usage, first), chunk)
-    submit_choices(state, choices)
-    if not await collect(state, http_request, choices):
-        return Response(status_code=CLIENT_CLOSED)
-    return JSONResponse({"id": response_id, "object": endpoint.object_name, "created": now(),
-                         "model": model, "choices": [_tell_finish(state, c, endpoint.final_choice(c))
-                                                     for c in choices],
-                         "usage": usage_of(choices)})
+                                                       self.include_usage, first), chunk)
+
+    def whole(self, state: ServerState, choices: list[Choice]) -> Response:
+        endpoint = self.endpoint
+        return JSONResponse({"id": self.response_id, "object": endpoint.object_name,
+                             "created": now(), "model": state.served_model_name,
+                             "choices": [_tell_finish(state, c, endpoint.final_choice(c))
+                                         for c in choices],
+                             "usage": usage_of(choices)})
 
 
 def _tell_finish(state: ServerState, choice: Choice, payload: dict) -> dict:

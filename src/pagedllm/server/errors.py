@@ -68,6 +68,12 @@ async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
                           request.url.path)
 
 
+async def field_error_handler(request: Request, exc) -> JSONResponse:
+    """Every FieldError (errors.py) the core, the engine or a parse step raises: a 400 naming
+    the field, in the called API's shape. No route translates them by hand."""
+    return error_response(400, str(exc), exc.param, exc.code, path=request.url.path)
+
+
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     return error_response(exc.status_code, str(exc.detail), None, None,
                           getattr(exc, "headers", None), request.url.path)

@@ -1,22 +1,19 @@
-"""POST /v1/completions and /v1/chat/completions: what each answer looks like (an `Endpoint`
-record each) and how each request becomes prompts and sampling parameters; the driver
-(endpoint.py) does the rest, streamed as SSE chunks ending with `data: [DONE]` or as one
-JSON body."""
+"""POST /v1/completions and /v1/chat/completions: how each request body becomes a Job
+(prompts and sampling parameters) and how each answer looks (an `Endpoint` record each);
+the pipeline (pipeline.py) does the rest."""
 from __future__ import annotations
-
 
 from fastapi import Request as HTTPRequest
 
-from pagedllm.core.request import RequestOutput, SamplingParams, SamplingParamsError
+from pagedllm.core.request import RequestOutput, SamplingParams
 from pagedllm.server.chat_prompt import (ToolUse, check_tool_schemas, render_chat, tool_use,
                                          with_tool_grammar)
-from pagedllm.server.choices import Choice
-from pagedllm.server.endpoint import Endpoint, answer
+from pagedllm.server.choice import Choice
+from pagedllm.server.endpoint import Endpoint, OpenAIShape
 from pagedllm.server.errors import APIError
-from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest
+from pagedllm.server.pipeline import Job, run
+from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from pagedllm.server.state import ServerState
-from pagedllm.structured.spec import GrammarError
-from pagedllm.tool_calls.spec import ToolError
 
 
 # -- completions ---------------------------------------------------------------------------
@@ -24,7 +21,7 @@ from pagedllm.tool_calls.spec import ToolError
 def _completion_logprobs(state: ServerState, outs_logprobs, text_offset_start: int = 0):
     if outs_logprobs is None:
         return None
-    tok = state.engine.tokenizer
+    tok = state.client.tokenizer
     tokens, token_logprobs, top, offsets = [], [], [], []
     offset = text_offset_start
     for lp in outs_logprobs:
@@ -53,8 +50,9 @@ async def create_completion(state: ServerState, body: CompletionRequest, http_re
     state.check_model(body.model)
     if body.echo:
         raise APIError(400, "echo is not supported", "echo", "unsupported")
-    params = _params(body, body.max_tokens, body.logprobs)
-    return await answer(state, completion_endpoint(state), body, body.prompts(), params, http_request)
+    params = body.sampling_params(body.max_tokens, body.logprobs)
+    return await run(state, http_request, _job(body, body.prompts(), params),
+                     _shape(completion_endpoint(state), body))
 
 
 # -- chat ----------------------------------------------------------------------------------
@@ -62,7 +60,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, http_re
 def _chat_logprobs(state: ServerState, lps):
     if lps is None:
         return None
-    tok = state.engine.tokenizer
+    tok = state.client.tokenizer
 
     def entry(token_id, logprob):
         text = tok.token_text(token_id)
@@ -131,23 +129,18 @@ def _finish_reason(reason: str | None, calls: list) -> str | None:
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http_request: HTTPRequest):
     state.check_model(body.model)
     use = tool_use(state, body.tools, body.tool_choice)
-    try:
-        messages = body.template_messages()
-    except ToolError as exc:
-        raise APIError(400, str(exc), exc.param, "invalid_value") from exc
-    prompt = render_chat(state, messages, use, body.add_generation_prompt)
+    prompt = render_chat(state, body.template_messages(), use, body.add_generation_prompt)
     await check_tool_schemas(state, use)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    params = _params(body, body.max_completion_tokens or body.max_tokens, top)
+    params = body.sampling_params(body.max_completion_tokens or body.max_tokens, top)
     params = with_tool_grammar(params, prompt, body.parallel_tool_calls)
-    return await answer(state, chat_endpoint(state, prompt.tools), body, [prompt.token_ids],
-                        params, http_request)
+    return await run(state, http_request, _job(body, [prompt.token_ids], params),
+                     _shape(chat_endpoint(state, prompt.tools), body))
 
 
-def _params(body, max_tokens, logprobs) -> SamplingParams:
-    try:
-        return body.sampling_params(max_tokens, logprobs)
-    except SamplingParamsError as exc:
-        raise APIError(400, str(exc), exc.param, "invalid_value") from exc
-    except GrammarError as exc:
-        raise APIError(400, str(exc), exc.param, "invalid_grammar") from exc
+def _job(body: SamplingFields, prompts: list, params: SamplingParams) -> Job:
+    return Job(prompts, params, body.stream, body.user, report_position=body.queue_position)
+
+
+def _shape(endpoint: Endpoint, body: SamplingFields) -> OpenAIShape:
+    return OpenAIShape(endpoint, bool(body.stream_options and body.stream_options.include_usage))

@@ -25,7 +25,8 @@ class TokenRateLimiter:
     """Tokens (prompt + completion) per key over a sliding minute, enforced while answers are
     generated: a request reserves its prompt and its max_tokens when admitted, so requests
     running at once can never together pass the limit; the reservation shrinks to what was
-    really used when it ends. A request without max_tokens gets what the key has left."""
+    really used when it ends. A request without max_tokens gets what the key has left
+    (OutputCaps.key_budget)."""
 
     def __init__(self, clock=time.monotonic):
         self._used: dict[str, deque[TokenUse]] = {}
@@ -68,25 +69,19 @@ class TokenRateLimiter:
                              f"{retry_after}s", None, "rate_limit_exceeded",
                         {"Retry-After": str(retry_after)})
 
-    def reserve(self, name: str, limit: int | None, num_prompt_tokens: int, max_tokens: int,
-                fixed: bool) -> tuple[TokenUse, int]:
-        """Reserve a request's tokens; returns the reservation and the max_tokens it may use:
-        all of them when `fixed` (the client chose max_tokens: 429 if they do not fit), else
-        up to what the key has left (429 if not even one does)."""
+    def reserve(self, name: str, limit: int | None, num_prompt_tokens: int,
+                max_tokens: int) -> TokenUse:
+        """Reserve a request's prompt and its whole max_tokens (decided by resolve_max_tokens,
+        which held an open-ended request to what the key had left): 429 if they do not fit."""
         with self._lock:
             now = self._clock()
             window = self._trim(name, now)
             used = sum(use.tokens for use in window)
-            if limit is not None:
-                room = limit - used - num_prompt_tokens
-                if not fixed:
-                    max_tokens = min(max_tokens, max(room, 1))
-                if room < max_tokens:
-                    refusal = self._refusal(name, limit, used, num_prompt_tokens + max_tokens, now)
-                    raise refusal
+            if limit is not None and used + num_prompt_tokens + max_tokens > limit:
+                raise self._refusal(name, limit, used, num_prompt_tokens + max_tokens, now)
             use = TokenUse(now, num_prompt_tokens + max_tokens)
             window.append(use)
-            return use, max_tokens
+            return use
 
     def settle(self, use: TokenUse, num_tokens: int) -> None:
         """The request ended having used `num_tokens`: its reservation becomes that."""

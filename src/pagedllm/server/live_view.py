@@ -18,7 +18,7 @@ import time
 import psutil
 
 from pagedllm.core import sizing
-from pagedllm.core.engine import LLMEngine
+from pagedllm.core.snapshot import sum_stats
 from pagedllm.server.state import ServerState
 
 STREAM_INTERVAL_S = 0.5
@@ -32,8 +32,8 @@ class LiveView:
         self._process = psutil.Process()
 
     async def snapshot(self) -> dict:
-        engine_snapshot = await self.state.async_engine.snapshot()
-        stats = self.state.engine.stats()
+        engine_snapshot = await self.state.client.snapshot()
+        stats = sum_stats([figures.stats for figures in self.state.client.figures()])
         data = engine_snapshot.to_json()
         now = time.monotonic()
         for view in data["requests"]:
@@ -64,34 +64,31 @@ class LiveView:
     @functools.cached_property
     def config(self) -> dict:
         """What the server runs with (read once: the quantization comes from the file)."""
-        import torch
-
-        from pagedllm.kernels import capabilities
         from pagedllm.weights.inspect import summarize_checkpoint
 
-        engine: LLMEngine = self.state.engine
-        cache, scheduler = engine.cache_config, engine.scheduler_config
-        summary = summarize_checkpoint(engine.model_path)
-        cpu = capabilities()
+        info = self.state.client.info
+        cache, scheduler = info.cache_config, info.scheduler_config
+        summary = summarize_checkpoint(info.model_path)
+        cpu = info.cpu
         return {
-            "model": self.state.served_model_name, "architecture": engine.model_config.architecture,
-            "quantization": summary.file_type or engine.dtype, "dtype": engine.dtype,
-            "kv_cache_dtype": cache.cache_dtype, "kv_cache_bytes": engine.kv_memory_bytes,
+            "model": self.state.served_model_name, "architecture": info.model_config.architecture,
+            "quantization": summary.file_type or info.dtype, "dtype": info.dtype,
+            "kv_cache_dtype": cache.cache_dtype, "kv_cache_bytes": info.kv_memory_bytes,
             "num_blocks": cache.num_blocks, "block_size": cache.block_size,
             "prefix_caching": cache.enable_prefix_caching,
             "max_num_seqs": scheduler.max_num_seqs, "max_model_len": scheduler.max_model_len,
-            "cpu_isa": cpu.level, "cpu_best_isa": cpu.best, "threads": torch.get_num_threads(),
+            "cpu_isa": cpu.level, "cpu_best_isa": cpu.best, "threads": info.num_threads,
             "keys": self.state.keys.enabled}
 
     def plan(self) -> list[dict]:
         """KV memory for N parallel requests at the full context and at a typical length,
         with this server's bytes per token: what raising --max-num-seqs would cost."""
-        engine = self.state.engine
-        cache = engine.cache_config
-        per_token = sizing.kv_bytes_per_token(engine.model_config, sizing.ELEMENT_SIZES[engine.dtype],
+        info = self.state.client.info
+        cache = info.cache_config
+        per_token = sizing.kv_bytes_per_token(info.model_config, sizing.ELEMENT_SIZES[info.dtype],
                                               cache.cache_dtype)
-        full = sizing.blocks_for_tokens(engine.scheduler_config.max_model_len, cache.block_size)
-        typical_len = min(engine.scheduler_config.max_model_len, sizing.AUTO_TYPICAL_REQUEST_TOKENS)
+        full = sizing.blocks_for_tokens(info.max_model_len, cache.block_size)
+        typical_len = min(info.max_model_len, sizing.AUTO_TYPICAL_REQUEST_TOKENS)
         typical = sizing.blocks_for_tokens(typical_len, cache.block_size)
         return [{"parallel": n, "full_context_bytes": n * full * cache.block_size * per_token,
                  "typical_bytes": n * typical * cache.block_size * per_token,

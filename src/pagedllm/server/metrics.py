@@ -1,15 +1,14 @@
 """Prometheus metrics under vLLM's names with a `pagedllm:` prefix.
 
-Engine counters are read from EngineStats at scrape time (a custom collector), so the
-engine thread never touches prometheus objects; request latencies are observed by the
-HTTP handlers as histograms.
+Engine counters are read at scrape time (a custom collector) from the figures the engines
+last published (EngineClient.figures(): plain records), so neither thread touches the
+other's objects; request latencies are observed by the HTTP handlers as histograms.
 """
 from __future__ import annotations
 
 import collections
 import threading
 import time
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -20,23 +19,6 @@ RECENT_MAX = 4096
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                     40.0, 80.0, 160.0)
 _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
-
-
-@dataclass
-class EngineFigures:
-    """One engine's figures for a scrape; `labels` tells engines apart (a replica's id)."""
-    stats: object  # EngineStats
-    waiting_by_user: dict
-    cache: object  # CacheConfig
-    cpu: object  # kernels.Capabilities
-    labels: tuple[str, ...] = ()
-    pid: int | None = None  # a replica's process (replica_info), None for this process
-
-
-def figures_of(engine) -> list[EngineFigures]:
-    """The single-process server's one engine."""
-    return [EngineFigures(engine.stats(), engine.waiting_by_user(), engine.cache_config,
-                          engine.cpu)]
 
 
 class EngineStatsCollector:
@@ -104,11 +86,10 @@ _COUNTERS = (
 
 
 class ServerMetrics:
-    def __init__(self, engine, model_name: str, figures=None, label_names: tuple[str, ...] = ()):
-        """figures: a callable giving every engine's EngineFigures (default: `engine`'s)."""
+    def __init__(self, figures, model_name: str, label_names: tuple[str, ...] = ()):
+        """figures: a callable giving every engine's published EngineFigures."""
         self.registry = CollectorRegistry()
-        self.registry.register(EngineStatsCollector(figures or (lambda: figures_of(engine)),
-                                                    model_name, label_names))
+        self.registry.register(EngineStatsCollector(figures, model_name, label_names))
         # (finish time, ttft s, tpot s) of recent requests, for recent_latencies().
         self._recent: collections.deque = collections.deque(maxlen=RECENT_MAX)
         self._recent_lock = threading.Lock()

@@ -3,7 +3,8 @@
 /api/tags, /api/show, /api/ps, /api/version; the routes of a model manager (pull, delete,
 embed, ...) answer with an error saying what this server does not do. Requests go through
 the same choices as the OpenAI routes (keys, fair share, queue and token limits); errors
-are Ollama's {"error": "..."} (errors.py picks the shape by path)."""
+are Ollama's {"error": "..."} (errors.py picks the shape by path). The answer's NDJSON lines
+or JSON object are this API's Shape in the one pipeline (pipeline.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,19 +16,18 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pagedllm.core.async_engine import QueuePosition
-from pagedllm.core.request import RequestOutput, SamplingParams, SamplingParamsError
+from pagedllm.core.request import QueuePosition, RequestOutput
 from pagedllm.server.chat_prompt import (ChatPrompt, check_tool_schemas, render_chat, tool_use,
                                          with_tool_grammar)
-from pagedllm.server.choices import (CLIENT_CLOSED, Choice, build_choices, collect,
-                                     compile_grammar, merged, public_finish, submit_choices)
+from pagedllm.server.choice import Choice, public_finish
+from pagedllm.server.drive import merged
 from pagedllm.server.errors import APIError
+from pagedllm.server.pipeline import Job, run
 from pagedllm.server.ollama_models import ModelInfo
 from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields,
                                              OllamaGenerateRequest, OllamaModelRequest)
 from pagedllm.server.ollama_shapes import ChatShape, GenerateShape
 from pagedllm.server.state import ServerState
-from pagedllm.structured.spec import GrammarError
 
 NOT_A_MODEL_MANAGER = {
     "/api/pull": "pulling models", "/api/push": "pushing models", "/api/create": "creating models",
@@ -46,9 +46,9 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         prompt = _chat_prompt(state, body)
         if prompt.tools is not None:
             await check_tool_schemas(state, prompt.tools)
-        params = with_tool_grammar(_params(state, body, len(prompt.token_ids)), prompt, True)
-        return await _answer(state, body, prompt.token_ids, params, request,
-                             lambda: ChatShape(prompt.tools))
+        params = with_tool_grammar(body.sampling_params(), prompt, True)
+        return await run(state, request, _job(body, prompt.token_ids, params),
+                         OllamaShape(body.model, lambda: ChatShape(prompt.tools)))
 
     @app.post("/api/generate")
     async def generate(body: OllamaGenerateRequest, request: HTTPRequest):
@@ -63,8 +63,8 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
             return JSONResponse({"model": body.model, "created_at": _now(), "response": "",
                                  "done": True, "done_reason": "load"})
         prompt_ids = list(body.context or []) + _generate_prompt(state, body)
-        params = _params(state, body, len(prompt_ids))
-        return await _answer(state, body, prompt_ids, params, request, GenerateShape)
+        return await run(state, request, _job(body, prompt_ids, body.sampling_params()),
+                         OllamaShape(body.model, GenerateShape))
 
     # The model's details are read from its file once, on a worker thread (a GGUF's header
     # takes seconds to parse), never on the event loop.
@@ -78,7 +78,7 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         listing = await asyncio.to_thread(info.listing)
         return {"models": [{**listing, "size": info.memory_bytes(), "size_vram": 0,
                             "expires_at": far.isoformat(),
-                            "context_length": state.engine.scheduler_config.max_model_len}]}
+                            "context_length": state.client.info.max_model_len}]}
 
     @app.post("/api/show")
     async def show(body: OllamaModelRequest):
@@ -125,7 +125,7 @@ def _chat_prompt(state: ServerState, body: OllamaChatRequest) -> ChatPrompt:
 
 
 def _generate_prompt(state: ServerState, body: OllamaGenerateRequest) -> list[int]:
-    tok = state.engine.tokenizer
+    tok = state.client.tokenizer
     if body.raw:
         return tok.encode(body.prompt, add_special_tokens=False)
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
@@ -133,38 +133,24 @@ def _generate_prompt(state: ServerState, body: OllamaGenerateRequest) -> list[in
     return render_chat(state, messages, tool_use(state, None)).token_ids
 
 
-def _params(state: ServerState, body: OllamaFields, num_prompt_tokens: int) -> SamplingParams:
-    try:
-        params = body.sampling_params()
-    except (SamplingParamsError, GrammarError) as exc:
-        raise APIError(400, str(exc), getattr(exc, "param", None)) from exc
-    num_ctx = body.options.num_ctx
-    if num_ctx is None:
-        return params
-    limit = state.engine.scheduler_config.max_model_len
-    if num_ctx > limit:
-        raise APIError(400, f"options.num_ctx {num_ctx} is over this server's context of "
-                            f"{limit} tokens", "options.num_ctx")
-    room = num_ctx - num_prompt_tokens
-    if room < 1:
-        raise APIError(400, f"the prompt has {num_prompt_tokens} tokens; options.num_ctx "
-                            f"{num_ctx} leaves no room for an answer", "options.num_ctx")
-    params.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-    return params
+def _job(body: OllamaFields, prompt_ids: list[int], params) -> Job:
+    # options.num_ctx is the client's own context: the answer ends there (OutputCaps).
+    return Job([prompt_ids], params, body.stream, context=body.options.num_ctx)
 
 
-async def _answer(state: ServerState, body: OllamaFields, prompt_ids: list[int],
-                  params: SamplingParams, http_request: HTTPRequest, shape) -> Response:
-    """shape(): a fresh ChatShape or GenerateShape, saying how text goes into a line."""
-    if params.guided is not None:
-        await asyncio.to_thread(compile_grammar, state, params.guided)
-    choices = build_choices(state, [prompt_ids], params, http_request, None)
-    choice = choices[0]
-    head = {"model": body.model}
-    submit_choices(state, choices)
-    if body.stream:
+class OllamaShape:
+    """NDJSON lines (streamed, the default) or one JSON object, in Ollama's fields."""
+
+    def __init__(self, model: str, pieces):
+        """pieces(): a fresh ChatShape or GenerateShape, saying how text goes into a line."""
+        self.head = {"model": model}
+        self.pieces = pieces
+
+    def stream(self, state: ServerState, choices: list[Choice]) -> Response:
+        head, choice = self.head, choices[0]
+
         async def lines():
-            pieces = shape()
+            pieces = self.pieces()
             try:
                 async for _, out in merged(state, choices):
                     if isinstance(out, QueuePosition):
@@ -179,11 +165,12 @@ async def _answer(state: ServerState, body: OllamaFields, prompt_ids: list[int],
                 yield _line({"error": str(exc)})
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
-    if not await collect(state, http_request, choices):
-        return Response(status_code=CLIENT_CLOSED)
-    out, pieces = choice.final, shape()
-    return JSONResponse({**head, "created_at": _now(), **pieces.whole(out.text),
-                         **_done(state, choice, out), **pieces.final_extra(out)})
+
+    def whole(self, state: ServerState, choices: list[Choice]) -> Response:
+        choice = choices[0]
+        out, pieces = choice.final, self.pieces()
+        return JSONResponse({**self.head, "created_at": _now(), **pieces.whole(out.text),
+                             **_done(state, choice, out), **pieces.final_extra(out)})
 
 
 def _line(payload: dict) -> str:

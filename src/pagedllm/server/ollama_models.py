@@ -19,8 +19,7 @@ class ModelInfo:
         name = state.served_model_name
         self.name = name if ":" in name else f"{name}:latest"
         self._accepted = {name, self.name}
-        engine = state.engine
-        path = engine.model_path
+        path = state.client.info.model_path
         self.path = path
         stat = os.stat(path)
         self.size = stat.st_size if os.path.isfile(path) else sum(
@@ -47,14 +46,14 @@ class ModelInfo:
         # Read from the file once (its header and every tensor's shape: ~1 s for a GGUF).
         from pagedllm.weights.inspect import summarize_checkpoint
 
-        config = self.state.engine.model_config
+        config = self.state.client.info.model_config
         summary = summarize_checkpoint(self.path)
         params = summary.num_embedding_params + summary.num_body_params
         return {"parent_model": "", "format": "gguf" if os.path.isfile(self.path) else "safetensors",
                 "family": config.architecture, "families": [config.architecture],
                 "parameter_size": f"{params / 1e6:.0f}M" if params < 1e9 else f"{params / 1e9:.1f}B",
                 # a GGUF: the type it was written as; a folder: the dtype served
-                "quantization_level": summary.file_type or self.state.engine.dtype.upper(),
+                "quantization_level": summary.file_type or self.state.client.info.dtype.upper(),
                 "parameter_count": params}
 
     def listing(self) -> dict:
@@ -64,12 +63,11 @@ class ModelInfo:
                 "size": self.size, "digest": self.digest, "details": details}
 
     def memory_bytes(self) -> int:
-        engine = self.state.engine
-        return self.size + int(engine.kv_memory_bytes or 0)
+        return self.size + int(self.state.client.info.kv_memory_bytes or 0)
 
     def show(self) -> dict:
-        engine = self.state.engine
-        config = engine.model_config
+        client = self.state.client
+        config = client.info.model_config
         details = self.details()
         arch = config.architecture
         params = details.pop("parameter_count")
@@ -77,11 +75,11 @@ class ModelInfo:
             "modelfile": f"# served by pagedllm\nFROM {self.path}\n",
             "parameters": (f"temperature {DEFAULT_TEMPERATURE}\ntop_k {DEFAULT_TOP_K}\n"
                            f"top_p {DEFAULT_TOP_P}"),
-            "template": engine.tokenizer.chat_template or "",
+            "template": client.tokenizer.chat_template or "",
             "details": details,
             "model_info": {
                 "general.architecture": arch, "general.parameter_count": params,
-                f"{arch}.context_length": engine.scheduler_config.max_model_len,
+                f"{arch}.context_length": client.info.max_model_len,
                 f"{arch}.embedding_length": config.hidden_size,
                 f"{arch}.block_count": config.num_layers,
                 f"{arch}.attention.head_count": config.num_heads,

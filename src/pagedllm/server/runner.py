@@ -15,29 +15,17 @@ import time
 
 import uvicorn
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from pagedllm.config import EngineConfig, ServerConfig
+from pagedllm.config import ServerConfig
 from pagedllm.core import sizing
-from pagedllm.core.engine import LLMEngine
 from pagedllm.server.app import create_app
 from pagedllm.server.auth import is_loopback
 from pagedllm.server.connections import guarded_protocol
+from pagedllm.serving.client import EngineClient, EngineInfo
 
 logger = logging.getLogger("pagedllm.server")
 EXIT_ENGINE_DEAD = 70  # EX_SOFTWARE: the engine failed step after step
 console = Console(stderr=True)
-
-
-def load_engine_with_progress(config: EngineConfig) -> LLMEngine:
-    with Progress(TextColumn("loading model"), BarColumn(), MofNCompleteColumn(),
-                  console=console, transient=True) as progress:
-        task = progress.add_task("load", total=None)
-
-        def update(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-
-        return LLMEngine(config, load_progress=update)
 
 
 class DrainingServer(uvicorn.Server):
@@ -65,12 +53,12 @@ class DrainingServer(uvicorn.Server):
         state = self.pagedllm_state
         state.draining = True
         logger.info("shutting down: %d request(s) in flight get %.0fs to finish",
-                    state.async_engine.num_in_flight, self.grace_seconds)
+                    state.client.num_in_flight, self.grace_seconds)
         threading.Thread(target=self._drain, args=(sig, frame), name="pagedllm-drain",
                          daemon=True).start()
 
     def _drain(self, sig, frame) -> None:
-        engine = self.pagedllm_state.async_engine
+        engine = self.pagedllm_state.client
         deadline = time.monotonic() + self.grace_seconds
         while engine.num_in_flight and time.monotonic() < deadline and not self.should_exit:
             time.sleep(0.05)
@@ -80,33 +68,26 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def ready_message(engine: LLMEngine, host: str, port: int, served_name: str, scheme: str = "http",
-                  keys: int | None = None, key_file: str | None = None,
-                  compute: str | None = None) -> str:
+def ready_message(info: EngineInfo, host: str, port: int, served_name: str, scheme: str = "http",
+                  keys: int | None = None, key_file: str | None = None) -> str:
     """What an admin needs to see once: where, what model, how much fits, who may use it."""
-    import torch
-
-    from pagedllm.kernels import capabilities
-
-    cache, scheduler = engine.cache_config, engine.scheduler_config
+    cache, scheduler = info.cache_config, info.scheduler_config
     wildcard = host in ("0.0.0.0", "::", "")
     shown_host = socket.gethostname() if wildcard else (f"[{host}]" if ":" in host else host)
     where = f"{scheme}://{shown_host}:{port}"
     lines = [f"pagedllm ready at {where}/v1 (OpenAI API) and {where}/api (Ollama API)"
              + (f", listening on every interface ({host})" if wildcard else "")]
-    lines.append(f"  model {served_name}: {engine.dtype}, KV cache {cache.cache_dtype}, "
+    lines.append(f"  model {served_name}: {info.dtype}, KV cache {cache.cache_dtype}, "
                  f"context up to {scheduler.max_model_len:,} tokens")
     full = sizing.max_full_context_requests(cache.num_blocks, cache.block_size, scheduler.max_model_len)
-    lines.append(f"  KV cache {engine.kv_memory_bytes / 2**20:,.0f} MiB = {engine.capacity_tokens:,} "
+    lines.append(f"  KV cache {info.kv_memory_bytes / 2**20:,.0f} MiB = {info.capacity_tokens:,} "
                  f"tokens; {scheduler.max_num_seqs} requests run in parallel (max_num_seqs), "
                  f"{full} of them at the full context at once")
     lines.append("  API keys: " + (
         f"on, {keys} key(s) from {key_file}" if key_file else
         "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
         "off: ANYONE who can reach this address may use it"))
-    cpu = capabilities()
-    compute = compute or f"{torch.get_num_threads()} compute thread(s) (--threads)"
-    lines.append(f"  CPU: {cpu.level} kernels, {compute} of {os.cpu_count()} cores")
+    lines.append(f"  CPU: {info.cpu.level} kernels, {info.compute} of {os.cpu_count()} cores")
     return "\n".join(lines)
 
 
@@ -137,37 +118,12 @@ def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -
             f"and pass --api-key-file keys.txt (or --insecure-no-auth if you really mean it).")
 
 
-# Test hooks, read only here: sampling fails for requests with this seed; or every engine
-# step fails (a broken engine, for the exit-status test).
-FAULT_SEED_ENV = "PAGEDLLM_TEST_FAIL_SAMPLING_SEED"
-BROKEN_ENGINE_ENV = "PAGEDLLM_TEST_BREAK_ENGINE"
-
-
-def _inject_faults(engine: LLMEngine) -> None:
-    if os.environ.get(FAULT_SEED_ENV):
-        seed = int(os.environ[FAULT_SEED_ENV])
-        logger.warning("%s=%d: sampling fails for requests with that seed (a test hook)",
-                       FAULT_SEED_ENV, seed)
-
-        def fail(request_id, row):
-            if row.params.seed == seed:
-                raise RuntimeError(f"injected sampling fault for seed {seed}")
-
-        engine.runner.fault_injector = fail
-    if os.environ.get(BROKEN_ENGINE_ENV):
-        logger.warning("%s: every engine step fails (a test hook)", BROKEN_ENGINE_ENV)
-
-        def broken_step():
-            raise RuntimeError("injected engine fault")
-
-        engine.step = broken_step
-
-
-def serve(engine: LLMEngine, config: ServerConfig) -> int:
-    _inject_faults(engine)
+def serve(client: EngineClient, config: ServerConfig) -> int:
+    """Serve HTTP from a helper thread while the engine client runs on this (the main)
+    thread, until SIGTERM/SIGINT and the drain; SIGHUP reloads the API keys."""
     host, port, grace_seconds = config.host, config.port, config.shutdown_grace
     ssl_certfile, ssl_keyfile = config.ssl_certfile, config.ssl_keyfile
-    app = create_app(engine, config.served_model_name, config, engine_thread=False)
+    app = create_app(client, config.served_model_name, config)
     state = app.state.pagedllm
     http_config = uvicorn.Config(app, host=host, port=port, log_level=config.log_level,
                                  http=guarded_protocol(config.header_timeout,
@@ -178,7 +134,7 @@ def serve(engine: LLMEngine, config: ServerConfig) -> int:
     if config.log_level != "debug":
         logging.getLogger("uvicorn.access").addFilter(PollFilter())
     server = DrainingServer(http_config, state, grace_seconds,
-                            ready_message(engine, host, port, state.served_model_name, scheme,
+                            ready_message(client.info, host, port, state.served_model_name, scheme,
                                           len(state.keys.keys), config.api_key_file))
     http = threading.Thread(target=server.run, name="pagedllm-http", daemon=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -186,14 +142,13 @@ def serve(engine: LLMEngine, config: ServerConfig) -> int:
     signal.signal(signal.SIGHUP, lambda *_: state.reload_keys())
     http.start()
     # uvicorn's lifespan shutdown stops the loop; if uvicorn dies early, stop too.
-    watchdog = threading.Thread(target=lambda: (http.join(), state.async_engine.shutdown()),
-                                daemon=True)
+    watchdog = threading.Thread(target=lambda: (http.join(), client.shutdown()), daemon=True)
     watchdog.start()
-    state.async_engine.run_loop()
-    if state.async_engine.dead:
+    client.run()
+    if client.dead:
         # Unusable: every stream already has its error; exit non-zero so a supervisor
         # (systemd's Restart=, a container's restart policy) starts a fresh process.
-        logger.critical("exiting: the engine is unusable (%s)", state.async_engine.dead)
+        logger.critical("exiting: the engine is unusable (%s)", client.dead)
         server.should_exit = True
         http.join(timeout=10)
         return EXIT_ENGINE_DEAD

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from fastapi.responses import StreamingResponse
 
-from pagedllm.core.async_engine import QueuePosition
+from pagedllm.core.request import QueuePosition
 from pagedllm.core.request import RequestOutput
-from pagedllm.server.choices import Choice, merged, usage_of
+from pagedllm.server.choice import Choice, usage_of
+from pagedllm.server.drive import merged
 from pagedllm.server.protocol import now
 from pagedllm.server.state import ServerState
 

@@ -1,4 +1,4 @@
-"""What every request handler shares: the engine and its loop, the served name, metrics,
+"""What every request handler shares: the engine client, the served name, metrics,
 config, keys and rate limits; who is asking; admission (queue room, tokens per minute).
 Built once by app.create_app; the handlers take it as their first argument."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from fastapi import Request as HTTPRequest
 
 from pagedllm.config import ServerConfig
-from pagedllm.core.async_engine import AsyncEngine
-from pagedllm.core.engine import LLMEngine
+from pagedllm.core.request import OutputCaps
+from pagedllm.serving.client import EngineClient
 from pagedllm.server.auth import ApiKey, KeyStore
 from pagedllm.server.errors import APIError
 from pagedllm.server.limits import TokenRateLimiter, check_queue
@@ -18,8 +18,7 @@ from pagedllm.server.metrics import ServerMetrics
 
 @dataclass
 class ServerState:
-    engine: LLMEngine
-    async_engine: AsyncEngine
+    client: EngineClient
     served_model_name: str
     metrics: ServerMetrics
     config: ServerConfig
@@ -52,18 +51,28 @@ class ServerState:
         # Salted by user so one user cannot learn another's prompts through cache timing.
         return None if self.config.shared_prefix_cache else user
 
+    def output_caps(self, key: ApiKey | None, context: int | None = None) -> OutputCaps:
+        """What bounds a request's output here (resolve_max_tokens decides it from these):
+        the context, --max-tokens-limit, the client's own context (Ollama's num_ctx) and,
+        for a key with a tokens-per-minute limit, what it has left."""
+        budget = None
+        if key is not None and key.tokens_per_minute is not None:
+            budget = key.tokens_per_minute - self.rate_limiter.used(key.name)
+        return OutputCaps(self.client.info.max_model_len, self.config.max_tokens_limit, context,
+                          key_budget=budget)
+
     def admit(self, key: ApiKey | None, num_new: int) -> None:
         """Raise 429 when the queue is full or the key is over its tokens per minute."""
         if key is not None:
             self.rate_limiter.check(key.name, key.tokens_per_minute)
         # Requests in flight fill the parallel slots first; only those beyond them wait.
-        slots = self.engine.scheduler_config.max_num_seqs
-        waiting = max(0, self.async_engine.num_in_flight - slots)
+        slots = self.client.info.scheduler_config.max_num_seqs
+        waiting = max(0, self.client.num_in_flight - slots)
         check_queue(waiting, num_new, self.config.max_queue)
 
     def apply_key_policies(self) -> None:
         """Weights and per-key concurrency caps, sent to the engine's loop thread."""
-        self.async_engine.set_user_policies(
+        self.client.set_user_policies(
             {k.name: k.weight for k in self.keys.keys},
             {k.name: k.max_concurrent for k in self.keys.keys if k.max_concurrent})
 

@@ -8,13 +8,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pagedllm.field_error import FieldError
+from pagedllm.errors import FieldError
 
 KINDS = ("json_schema", "regex", "lark", "gbnf")
 
 
 class GrammarError(FieldError):
     """A grammar or schema cannot be used; `param` names the request field it came from."""
+
+    code = "invalid_grammar"
 
 
 @dataclass(frozen=True)

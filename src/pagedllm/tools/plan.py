@@ -3,32 +3,96 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
 
-from pagedllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE
+from pagedllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from pagedllm.core import sizing
+from pagedllm.units import gib
 from pagedllm.weights.inspect import summarize_checkpoint
 
+
+class ContextTooLongError(ValueError):
+    """A context the model cannot serve (the server would refuse it as --max-model-len)."""
+
+
+@dataclass(frozen=True)
+class ParallelFit:
+    parallel: int
+    kv_bytes: int  # parallel x context, rounded up to whole blocks
+    total_bytes: int  # weights + KV
+    fits: bool
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    model: str
+    dtype: str
+    kv_cache_dtype: str
+    context: int
+    block_size: int
+    kv_bytes_per_token: int
+    kv_bytes_per_request: int  # one full-context request, whole blocks
+    kv_bytes_per_step: int  # sliding-window layers: a step's prefill chunks (0 without them)
+    weight_bytes: int
+    memory_bytes: int
+    kv_budget_bytes: int  # memory - weights
+    max_parallel: int  # largest parallel count that fits
+    rows: list[ParallelFit]
+    warnings: list[str]
+
+
+def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
+                  memory_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_cache_dtype: str = "auto") -> CapacityPlan:
+    """Memory = weights + parallel x context x KV bytes per token (whole blocks; sliding-window
+    layers of a model that keeps them apart count their window, not the context)."""
+    config = summary.config
+    per_token = sizing.kv_bytes_per_token(config, element_size, kv_cache_dtype)
+    per_request = sizing.kv_bytes_per_request(config, element_size, kv_cache_dtype, context, block_size)
+    per_step = 0
+    if sizing.keeps_window_pool(config):  # the window pool's room for a step's chunks (pool_sizes)
+        per_step = (per_token // config.num_layers * len(config.sliding_layers) * block_size
+                    * sizing.blocks_for_tokens(DEFAULT_MAX_NUM_BATCHED_TOKENS, block_size))
+    weight_bytes = summary.weight_bytes(element_size)
+    budget = max(0, memory_bytes - weight_bytes)
+    rows = [ParallelFit(n, n * per_request + per_step, weight_bytes + n * per_request + per_step,
+                        weight_bytes + n * per_request + per_step <= memory_bytes)
+            for n in parallels]
+    if context > config.max_position_embeddings:
+        raise ContextTooLongError(f"a context of {context} tokens is longer than {config.name}'s "
+                                  f"{config.max_position_embeddings}; plan for at most that")
+    warnings = []
+    if weight_bytes > memory_bytes:
+        warnings.append(f"the weights alone need {gib(weight_bytes)}, more than the {gib(memory_bytes)} given")
+    for row in rows:
+        if not row.fits:
+            warnings.append(f"{row.parallel} x {context} tokens needs {gib(row.total_bytes)} "
+                            f"(weights {gib(weight_bytes)} + KV {gib(row.kv_bytes)}), "
+                            f"more than the {gib(memory_bytes)} given")
+    return CapacityPlan(config.name, dtype, kv_cache_dtype, context, block_size, per_token,
+                        per_request, per_step, weight_bytes, memory_bytes, budget,
+                        max(0, budget - per_step) // per_request if per_request else 0, rows,
+                        warnings)
 
 
 def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[int],
               memory: int | None, block_size: int = DEFAULT_BLOCK_SIZE,
-              kv_cache_dtype: str = "auto") -> sizing.CapacityPlan:
+              kv_cache_dtype: str = "auto") -> CapacityPlan:
     summary = summarize_checkpoint(model)
     memory_bytes = memory if memory is not None else sizing.available_memory_bytes()
-    return sizing.plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
+    return plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
                                 context=context, parallels=parallels, memory_bytes=memory_bytes,
                                 block_size=block_size, kv_cache_dtype=kv_cache_dtype)
 
 
-def print_plan(plan: sizing.CapacityPlan, as_json: bool, console: Console | None = None) -> None:
+def print_plan(plan: CapacityPlan, as_json: bool, console: Console | None = None) -> None:
     console = console or Console()
     if as_json:
         print(json.dumps(dataclasses.asdict(plan), indent=2))
         return
-    g = sizing.gib
+    g = gib
     console.print(f"model {plan.model} ({plan.dtype}), context {plan.context} tokens, "
                   f"block size {plan.block_size}")
     formula = ("2 x layers x kv_heads x (head_dim int8 codes + a 4-byte scale)"
@@ -51,7 +115,7 @@ def print_plan(plan: sizing.CapacityPlan, as_json: bool, console: Console | None
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def serve_command(plan: sizing.CapacityPlan) -> str:
+def serve_command(plan: CapacityPlan) -> str:
     """The `serve` flags that run what this plan sized."""
     words = ["pagedllm serve", f"--max-num-seqs {max(plan.max_parallel, 1)}",
              f"--max-model-len {plan.context}",

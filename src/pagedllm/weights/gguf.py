@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from pagedllm.config import ModelConfig
-from pagedllm.weights.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 from pagedllm.weights.gguf_config import model_config
 from pagedllm.weights.gguf_original import GGUFOriginal
 from pagedllm.weights.lazy_weights import LazyWeights

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from pagedllm.config import ModelConfig
-from pagedllm.weights.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, longrope_attention_factor, longrope_fields
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2",

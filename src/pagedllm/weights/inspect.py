@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from pagedllm.config import ModelConfig
-from pagedllm.weights.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import os
 import torch
 
 from pagedllm.config import ModelConfig
-from pagedllm.weights.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, hf_longrope, hf_rope_factors, rope_kind
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "phi3",

@@ -16,24 +16,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from pagedllm.core.engine import LLMEngine
-from pagedllm.core.request import Request, RequestOutput
+from pagedllm.engine.engine import LLMEngine
+from pagedllm.errors import EngineDeadError
+from pagedllm.core.request import QueuePosition, Request, RequestOutput
 from pagedllm.core.snapshot import EngineSnapshot
 
 logger = logging.getLogger("pagedllm.async")
 MAX_CONSECUTIVE_FAULTS = 3  # engine steps failing in a row before the engine counts as dead
-
-
-class EngineDeadError(RuntimeError):
-    """The engine failed while running this request."""
-
-
-@dataclass
-class QueuePosition:
-    """Sent to streams that asked for it while their request waits: 1 = admitted next."""
-
-    position: int
-    queue_length: int
 
 
 # Commands from the HTTP side to the loop thread, applied between steps in the order sent.

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from pagedllm.weights.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 
 # Pre-tokenizer regexes by llama.cpp's `tokenizer.ggml.pre` name.
 _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"

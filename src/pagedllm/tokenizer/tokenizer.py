@@ -1,4 +1,4 @@
-"""Tokenizer built with the `tokenizers` package from GGUF metadata (tokenizer_gguf.py) or
+"""Tokenizer built with the `tokenizers` package from GGUF metadata (tokenizer/gguf.py) or
 tokenizer.json, chat templates rendered in jinja2's sandbox, and incremental detokenization
 for streaming.
 """
@@ -14,8 +14,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders
 
-from pagedllm.tokenizer_gguf import tokenizer_from_gguf
-from pagedllm.weights.errors import ModelLoadError
+from pagedllm.tokenizer.gguf import tokenizer_from_gguf
+from pagedllm.errors import ModelLoadError
 
 # encode_within: pieces of this many characters, each counted with this many tokens less
 # (tokenizing pieces apart can split what the whole text would merge at their edges).

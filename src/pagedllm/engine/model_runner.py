@@ -12,7 +12,7 @@ from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.config import ModelConfig
 from pagedllm.core.request import SamplingParams
 from pagedllm.core.step_records import RunnerOutput, SampledToken, SchedulerOutput
-from pagedllm.sampler import Sampler, SamplingRow
+from pagedllm.engine.sampler import Sampler, SamplingRow
 
 
 class ModelRunner:
@@ -46,7 +46,8 @@ class ModelRunner:
         # seeded request's random stream is made at its first sample and kept across
         # preemption, so a seed gives the same tokens.
         self.sequences: dict[str, SamplingRow] = {}
-        # Tests only: called with (request id, SamplingRow) before sampling; raising fails it.
+        # The fault-injection seam (engine/faults.py): called with (request id, SamplingRow)
+        # before sampling; raising fails that request. None unless a test asks.
         self.fault_injector = None
 
     def add_request(self, request_id: str, params: SamplingParams, prompt_token_ids: list[int],

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pagedllm.config import EngineConfig
-from pagedllm.core.engine import LLMEngine
+from pagedllm.engine.engine import LLMEngine
 from pagedllm.core.request import RequestOutput, SamplingParams
 from pagedllm.tokenizer import Tokenizer
 

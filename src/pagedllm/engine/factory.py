@@ -1,0 +1,153 @@
+"""Building an engine's parts from its config: the checkpoint loaded, the model built on the
+backend chosen once for this process, the KV pool sized, the scheduler's limits set. The
+engine (engine.py) receives the finished parts; nothing here runs a step."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from pagedllm.backends import Backend, cpu_backend
+from pagedllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pagedllm.core import sizing
+from pagedllm.core.kv_cache import KVCacheManager, WindowBlocks
+from pagedllm.engine.model_runner import ModelRunner
+from pagedllm.models.build import build_model
+from pagedllm.structured.compiler import GrammarCompiler
+from pagedllm.tokenizer import Tokenizer
+from pagedllm.weights import load_checkpoint
+
+logger = logging.getLogger("pagedllm")
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class EngineParts:
+    config: EngineConfig
+    backend: Backend
+    model_config: ModelConfig
+    model_path: str
+    tokenizer: Tokenizer
+    grammars: GrammarCompiler
+    kv_memory_bytes: int
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    kv_manager: KVCacheManager
+    runner: ModelRunner
+
+
+def engine_config(config: EngineConfig | str | None, settings: dict) -> EngineConfig:
+    """EngineConfig(...) as given, or one made from a model path and settings."""
+    if not isinstance(config, EngineConfig):
+        return EngineConfig(model=config, **settings)
+    return dataclasses.replace(config, **settings) if settings else config
+
+
+def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
+    # The backend first: a bad PAGEDLLM_CPU_ISA is a clear error before any loading.
+    backend = cpu_backend()
+    started = time.monotonic()
+    checkpoint = load_checkpoint(config.model, load_progress)
+    model_config, model_path = checkpoint.config, checkpoint.path
+    tokenizer = Tokenizer.from_checkpoint(checkpoint)
+    torch_dtype = TORCH_DTYPES[config.dtype]
+    net = build_model(model_config, checkpoint.weights, checkpoint.quantized, torch_dtype,
+                      backend, int8_activations=not config.exact_activations)
+    del checkpoint
+    _return_freed_memory()
+    kv_memory_bytes, cache_config, scheduler_config, window_blocks = _size_kv(
+        config, model_config, torch_dtype)
+    if net.serve_context(scheduler_config.max_model_len):
+        logger.info("LongRoPE: the served context (%d tokens) is longer than the model's "
+                    "original %d, so every request rotates with the long factors",
+                    scheduler_config.max_model_len, model_config.rope_original_context)
+    block_size = config.block_size
+    window = None if window_blocks is None else WindowBlocks(
+        window_blocks, block_size, model_config.sliding_window, config.enable_prefix_caching)
+    kv_manager = KVCacheManager(cache_config.num_blocks, block_size, config.enable_prefix_caching,
+                                window)
+    runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
+                         config.kv_cache_dtype, window_blocks)
+    parts = EngineParts(config, backend, model_config, model_path, tokenizer,
+                        GrammarCompiler(tokenizer, model_config.vocab_size), kv_memory_bytes,
+                        cache_config, scheduler_config, kv_manager, runner)
+    _log_loaded(parts, window_blocks, time.monotonic() - started)
+    return parts
+
+
+def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch.dtype
+             ) -> tuple[int, CacheConfig, SchedulerConfig, int | None]:
+    """The KV pool (bytes, blocks; the sliding-window layers' own pool where they keep one)
+    and the scheduler's limits that follow from it."""
+    block_size, kv_cache_dtype = config.block_size, config.kv_cache_dtype
+    element_size = torch.tensor([], dtype=torch_dtype).element_size()
+    kv_memory_bytes = sizing.resolve_kv_memory(config.kv_cache_memory)
+    num_blocks = sizing.num_blocks_for_memory(kv_memory_bytes, model_config, element_size,
+                                              block_size, kv_cache_dtype)
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory of {kv_memory_bytes} bytes holds no block of "
+                         f"{block_size} tokens")
+    longest = model_config.max_position_embeddings
+    # Sliding-window layers next to full ones keep their own, smaller pool; the full layers
+    # get the memory that saves (sizing.pool_sizes).
+    pools = sizing.pool_sizes(
+        kv_memory_bytes, model_config, element_size, block_size, kv_cache_dtype,
+        config.max_num_seqs, min(config.max_model_len or longest, num_blocks * block_size),
+        config.max_num_batched_tokens)
+    capacity = pools.num_blocks * block_size
+    max_model_len = config.max_model_len
+    if max_model_len is None:
+        max_model_len = min(longest, capacity)
+    if not 1 <= max_model_len <= longest:
+        raise ValueError(f"max_model_len must be 1-{longest}, got {max_model_len}")
+    if max_model_len > capacity:
+        raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache capacity of "
+                         f"{capacity} tokens; raise kv_cache_memory or lower max_model_len")
+    max_num_seqs = config.max_num_seqs
+    if max_num_seqs == "auto":
+        max_num_seqs = sizing.auto_max_num_seqs(pools.num_blocks, block_size, max_model_len)
+        if pools.max_num_seqs is not None:  # what the window pool was sized for
+            max_num_seqs = min(max_num_seqs, pools.max_num_seqs)
+    cache_config = CacheConfig(block_size, pools.num_blocks, config.enable_prefix_caching,
+                               kv_cache_dtype)
+    scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
+                                       max_num_batched_tokens=config.max_num_batched_tokens,
+                                       max_model_len=max_model_len)
+    return kv_memory_bytes, cache_config, scheduler_config, pools.window_num_blocks
+
+
+def _log_loaded(parts: EngineParts, window_blocks: int | None, seconds: float) -> None:
+    model_config, cache, scheduler = parts.model_config, parts.cache_config, parts.scheduler_config
+    if window_blocks is not None:
+        logger.info("sliding-window layers (%d of %d, window %d tokens): a pool of their own, "
+                    "%d blocks, freed as tokens slide out", len(model_config.sliding_layers),
+                    model_config.num_layers, model_config.sliding_window, window_blocks)
+    cpu = parts.backend.cpu
+    logger.info("CPU kernels: %s (this CPU runs up to %s%s)",
+                cpu.level if parts.backend.kernels is not None else "none, torch fallback",
+                cpu.best,
+                "; PAGEDLLM_CPU_ISA chose a lower level" if cpu.level != cpu.best else "")
+    capacity = cache.num_blocks * cache.block_size
+    logger.info(
+        "loaded %s (%s) in %.1fs, %.2f GiB resident; KV cache (%s): %d blocks x %d tokens = "
+        "%d tokens (%.2f GiB); maximum concurrency for %d-token requests: %.2fx; "
+        "max_num_seqs=%d",
+        model_config.name, parts.config.dtype, seconds,
+        psutil.Process().memory_info().rss / 2**30, cache.cache_dtype, cache.num_blocks,
+        cache.block_size, capacity, parts.kv_memory_bytes / 2**30, scheduler.max_model_len,
+        capacity / scheduler.max_model_len, scheduler.max_num_seqs)
+
+
+def _return_freed_memory() -> None:
+    """Loading frees ~1 GB of float32 staging tensors; glibc keeps freed memory mapped unless
+    asked, so resident memory would stay at the loading peak."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,108 @@
+"""EngineClient: the one interface the HTTP server has to whatever generates tokens.
+
+The local engine (serving/local.py), the Ray replicas' front (replicas/front.py) and the
+coming model store implement it; the server (server/) imports this module and nothing of
+the engine's own. The contract:
+
+- `info` and `tokenizer` say what is served; they never change while serving.
+- `make_request` turns a prompt and sampling parameters into a checked Request without
+  touching any engine state (safe on the event loop). It raises a FieldError (errors.py)
+  naming the field for bad input; the output budget is decided there, once
+  (core/request.py resolve_max_tokens, from the OutputCaps given).
+- `compile_grammar` compiles a request's grammar into the shared cache; slow, so the
+  server calls it on a worker thread.
+- `submit` queues a made request and returns its stream: an async iterable of
+  RequestOutput deltas (and QueuePosition records when asked), ending with the finished
+  output; leaving it early aborts the request. `abort`/`abort_all` end requests with
+  finish_reason "abort".
+- `figures()` returns what the engines last published (plain records): the HTTP thread
+  never calls into an engine's state. `snapshot()` asks the engine thread for a full
+  picture between steps (the live view), when one engine can give it.
+- `run()` blocks the calling thread until `shutdown()`: the local engine steps there (torch
+  runs faster on the main thread); a front for remote engines just waits.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from pagedllm.config import CacheConfig, ModelConfig, SchedulerConfig
+from pagedllm.core.request import OutputCaps, QueuePosition, Request, RequestOutput, SamplingParams
+from pagedllm.core.snapshot import EngineSnapshot, EngineStats
+from pagedllm.kernels.cpu import Capabilities
+from pagedllm.structured.spec import GrammarSpec
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What is served and how, as the ready line, /v1/models, /api/ps and the page say it."""
+
+    model_config: ModelConfig
+    model_path: str
+    dtype: str
+    cache_config: CacheConfig  # all engines together (a replica's times the replicas)
+    scheduler_config: SchedulerConfig  # max_num_seqs: all engines together
+    kv_memory_bytes: int
+    cpu: Capabilities
+    compute: str  # the compute threads, in words ("2 compute thread(s) (--threads)")
+    num_threads: int
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler_config.max_model_len
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.cache_config.num_blocks * self.cache_config.block_size
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """One engine's published figures for a scrape; `labels` tell engines apart (a replica's
+    id). Plain data, replaced whole by the engine, read by any thread."""
+
+    stats: EngineStats
+    waiting_by_user: dict
+    cache: CacheConfig
+    cpu: Capabilities
+    labels: tuple[str, ...] = ()
+    pid: int | None = None  # a replica's process (replica_info), None for this process
+
+
+RequestStream = AsyncIterable[RequestOutput | QueuePosition]
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    info: EngineInfo
+    dead: str | None  # why the engines are unusable, once they are
+
+    @property
+    def tokenizer(self): ...
+
+    @property
+    def num_in_flight(self) -> int: ...
+
+    def make_request(self, request_id: str | None, prompt: str | list[int],
+                     params: SamplingParams, *, user: str | None = None,
+                     cache_salt: str | None = None,
+                     caps: OutputCaps | None = None) -> Request: ...
+
+    def compile_grammar(self, spec: GrammarSpec) -> None: ...
+
+    def submit(self, request: Request, report_position: bool = False) -> RequestStream: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def abort_all(self) -> None: ...
+
+    def figures(self) -> list[EngineFigures]: ...
+
+    async def snapshot(self) -> EngineSnapshot: ...
+
+    def set_user_policies(self, weights: dict[str, float], max_running: dict[str, int]) -> None: ...
+
+    def run(self) -> None: ...
+
+    def shutdown(self) -> None: ...
