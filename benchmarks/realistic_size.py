@@ -285,7 +285,7 @@ def cmd_load(args) -> None:
             layer.self_attn.o_proj(hidden)
             layer.mlp.gate_up_proj(hidden)
             layer.mlp.down_proj(inner)
-        model.lm_head(hidden)
+        model.head(hidden)
 
     for _ in range(3):
         weights_pass()

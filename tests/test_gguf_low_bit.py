@@ -69,8 +69,8 @@ def test_bfloat16_model_runs_on_the_codes(q4_k_m, level):
             # Q4_K in its own layout: 8 groups of 32 under one d and dmin (q4k_pack's block).
             for q4 in (qkv.parts[0], layer.self_attn.o_proj, layer.mlp.gate_up_proj):
                 assert q4.packed.shape[-1] == Q4K_BLOCK_BYTES
-        assert model.embed_q8 is not None and model.embed_weight.numel() == 0
-        assert isinstance(model.lm_head, Q8Head)
+        assert model.embedding.q8 is not None and model.embedding.weight is None
+        assert isinstance(model.head, Q8Head)
         # No float copy of any matrix: the parameters left are the norms.
         assert all(p.dim() == 1 for p in model.parameters())
         low_bit = run_paged(model, [PROMPT])[0]

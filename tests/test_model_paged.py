@@ -65,7 +65,7 @@ def test_batched_backend_matches_reference_backend(at_isa, tiny_llama_folder, dt
     for backend in ("batched", "torch-reference"):
         model = build_model(checkpoint.config, checkpoint.weights, dtype=dtype, attention_backend=backend)
         if backend == "batched":  # the fused C++ layer ops of the level under test (head_dim
-            assert model.norm.ops.isa() == at_isa  # 16 is below the attention kernels' shapes)
+            assert model.stack.norm.ops.isa() == at_isa  # 16 is below the attention kernels' shapes)
         # Mixed steps: long sequences still prefilling next to ones already decoding.
         results[backend] = run_paged(model, SEQS, chunk=chunk, block_size=4, seed=5)
     tolerance = 1e-5 if dtype == torch.float32 else 0.1

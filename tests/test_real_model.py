@@ -87,7 +87,7 @@ def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
     fast = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
     model = fast.engine.runner.model
     assert any(type(m).__name__ == "QuantLinear" for m in model.modules())  # 4-bit in use
-    assert model.embed_q8 is not None and model.embed_weight.numel() == 0  # 8-bit embedding
+    assert model.embedding.q8 is not None and model.embedding.weight is None  # 8-bit embedding
     # Whole prompt / one token a step: agreement 1.0 / 1.0 (short), 0.97 / 0.98 (long); mean
     # |difference| 0.22 / 0.15 (short), 0.16 / 0.11 (long). Int8-rounded activations (middle
     # layers, above 8 rows) and the tiled prefill attention raised the whole-prompt errors
@@ -95,7 +95,7 @@ def test_bfloat16_fast_path_stays_close_to_float32(real_llm):
     # it the same algorithms with float32 FMAs and another summation order gave 0.255 (avx2)
     # and 0.233 (portable) on the short prompt (0.16 / 0.15 on the long one), so the stated
     # tolerance is 0.25 on avx512 and 0.3 below it.
-    level = model.lm_head.ops.isa()
+    level = model.head.ops.isa()
     assert_close_to_float32(real_llm, model, f"bf16 ({level})", 0.25 if level == "avx512" else 0.3)
     out = fast.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))[0]
     assert "Paris" in out.text

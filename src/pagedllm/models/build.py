@@ -1,8 +1,9 @@
 """Builds a model from a checkpoint's weights: the one place where its implementations are
-chosen. The model (llama.py) is plain PyTorch; here it is filled with canonical weights,
-cast to its dtype, and in bfloat16 given its 4-bit linear layers, its output head and, where
-every layer is on the C++ path, its decode loop, all picked from what the backend (chosen
-once for the process: backends/) offers. No module below asks for kernels on its own.
+chosen. The decoder stack (llama.py, plain PyTorch) is loaded with canonical weights and
+cast to its dtype, in bfloat16 with its low-bit linear layers; then the embedding, the output
+head and, where every layer is on the C++ path, the decode loop are made, and the model is
+constructed complete from these parts. Everything is picked from what the backend (chosen
+once for the process: backends/) offers; no module below asks for kernels on its own.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from pagedllm.attention.batched import BatchedBackend
 from pagedllm.config import ModelConfig
 from pagedllm.backends import Backend, cpu_backend
 from pagedllm.models.decode_loop import DecodeLoop
-from pagedllm.models.llama import LlamaForCausalLM
+from pagedllm.models.llama import DecoderStack, LlamaForCausalLM
 from pagedllm.models.low_bit import (EMBEDDING_NAMES, FUSED_PROJECTIONS, install_projections,
                                      kept_originals, uninitialised_linears)
-from pagedllm.models.output_head import output_head
+from pagedllm.models.output_head import ExactHead, TokenEmbedding, output_head
 from pagedllm.models.moe import MoE
 from pagedllm.models.quant_linear import (ALL_ROWS, DenseLinear, Int8ActivationLinear, QuantLinear,
                                           StackedLinear)
@@ -42,55 +43,78 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     (None: this process's CPU backend, for a model built alone)."""
     backend = backend or cpu_backend()
     quantized = quantized or {}
-    num_layers = config.num_layers
     low_bit_ops = backend.kernels if dtype == torch.bfloat16 else None
     kept = kept_originals(config, quantized, low_bit_ops)
     with uninitialised_linears():
-        model = LlamaForCausalLM(config, dtype, backend, attention_backend)
+        stack = DecoderStack(config, dtype, backend, attention_backend)
     dense = {name: weights[name] for name in weights if name not in kept}
     tied = "lm_head.weight" not in weights or config.tie_word_embeddings
+    embedding, head_weight = _embedding(config, dense, kept, tied)
+    _load_stack(stack, kept, dense, int8_activations, backend)
+    if dtype != torch.bfloat16:
+        return LlamaForCausalLM(stack, embedding, ExactHead(head_weight))
+    head = _bfloat16_head(head_weight, embedding, kept, tied, backend)
+    _prepack_dense_experts(stack, backend)
+    if low_bit_ops is None and backend.torch_ops.int4_matmul:
+        four_bit = {name: original.q4() for name, original in quantized.items()
+                    if original.four_bit and name not in EMBEDDING_NAMES}
+        _use_torch_int4(stack, fuse_quantized(four_bit, config.num_layers), int8_activations,
+                        backend)
+    return LlamaForCausalLM(stack, embedding, head, decode_loop_for(stack, backend.kernels))
+
+
+def _embedding(config: ModelConfig, dense: dict, kept: dict, tied: bool
+               ) -> tuple[TokenEmbedding, torch.Tensor]:
+    """The token embedding (exact: float32, or rows read back from 8-bit codes, exact for
+    Q8_0) and the output head's float weight (the embedding's when tied; empty where only
+    codes are kept)."""
     embed, head = dense.pop("embed_tokens.weight", None), dense.pop("lm_head.weight", None)
-    if "embed_tokens.weight" in kept:  # rows read back from 8-bit codes (exact for Q8_0)
-        model.embed_q8 = kept["embed_tokens.weight"].q8()
+    scale = config.hidden_size ** 0.5 if config.embedding_scale else None
+    if "embed_tokens.weight" in kept:
+        embedding = TokenEmbedding(None, kept["embed_tokens.weight"].q8(), scale)
+        embed_weight = torch.empty(0)
     else:
-        model.embed_weight = embed.float().contiguous()
-    model.lm_head_weight = (model.embed_weight if tied or head is None
-                            else head.float().contiguous())
+        embed_weight = embed.float().contiguous()
+        embedding = TokenEmbedding(embed_weight, None, scale)
+    head_weight = embed_weight if tied or head is None else head.float().contiguous()
+    return embedding, head_weight
+
+
+def _load_stack(stack: DecoderStack, kept: dict, dense: dict, int8_activations: bool,
+                backend: Backend) -> None:
+    """The decoder layers' weights: low-bit modules where codes are kept, the rest loaded
+    into the stack and cast to its dtype."""
+    config, num_layers = stack.config, stack.config.num_layers
     dense = fuse_projections(dense, num_layers)
     if config.rotary_dim:
         dense = _permute_for_partial_rotary(dense, config)
     if config.num_experts:
         dense = fuse_experts(dense, num_layers, config.num_experts)
-    install_projections(model, kept, dense, _int8_layers(num_layers, int8_activations), backend)
-    missing, unexpected = model.load_state_dict(dense, strict=False)
+    install_projections(stack, kept, dense, _int8_layers(num_layers, int8_activations), backend)
+    missing, unexpected = stack.load_state_dict(dense, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
-    model.layers.to(dtype)
-    model.norm.to(dtype)
-    if dtype == torch.bfloat16:
-        # The output head is the largest matrix (49152 x 576 here): it is read as 8-bit
-        # codes where it has them, and the top candidates are recomputed exactly anyway.
-        head_q8 = head_q6 = None
-        head_name = "embed_tokens.weight" if tied else "lm_head.weight"
-        if not tied and head_name in kept:
-            head_q8 = kept[head_name].q8()
-        elif tied:
-            head_q8 = model.embed_q8
-        if head_q8 is not None and kept[head_name].six_bit:  # multiplied as the file holds it
-            head_q6 = kept[head_name].q6()
-        model.lm_head = output_head(model.lm_head_weight, head_q8, LOGIT_REFINE_CANDIDATES,
-                                    backend, head_q6)
-        _prepack_dense_experts(model, backend)
-        if low_bit_ops is None and backend.torch_ops.int4_matmul:
-            four_bit = {name: original.q4() for name, original in quantized.items()
-                        if original.four_bit and name not in EMBEDDING_NAMES}
-            _use_torch_int4(model, fuse_quantized(four_bit, num_layers), int8_activations, backend)
-        model.decode_loop = decode_loop_for(model, backend.kernels)
-    return model
+    stack.to(stack.dtype)
 
 
-def _prepack_dense_experts(model: LlamaForCausalLM, backend: Backend) -> None:
+def _bfloat16_head(weight: torch.Tensor, embedding: TokenEmbedding, kept: dict, tied: bool,
+                   backend: Backend):
+    """The output head is the largest matrix (49152 x 576 on the default model): it is read
+    as 8-bit codes where it has them (6-bit where the file holds Q6_K), and the top
+    candidates are recomputed exactly anyway."""
+    head_q8 = head_q6 = None
+    head_name = "embed_tokens.weight" if tied else "lm_head.weight"
+    if not tied and head_name in kept:
+        head_q8 = kept[head_name].q8()
+    elif tied:
+        head_q8 = embedding.q8
+    if head_q8 is not None and kept[head_name].six_bit:  # multiplied as the file holds it
+        head_q6 = kept[head_name].q6()
+    return output_head(weight, head_q8, LOGIT_REFINE_CANDIDATES, backend, head_q6)
+
+
+def _prepack_dense_experts(model: DecoderStack, backend: Backend) -> None:
     """bfloat16 experts from a float checkpoint: each expert's matrices reordered once for
     oneDNN (DenseLinear), as the dense projections are, instead of on every matmul. Where the
     CPU level has no bfloat16 arithmetic DenseLinear would widen them to float32, twice the
@@ -142,7 +166,7 @@ def _permute_for_partial_rotary(weights: dict, config: ModelConfig) -> dict:
     return out
 
 
-def _use_torch_int4(model: LlamaForCausalLM, quantized: dict, int8_activations: bool,
+def _use_torch_int4(model: DecoderStack, quantized: dict, int8_activations: bool,
                     backend: Backend) -> None:
     """Without the C++ kernels: 4-bit projections on torch's int4 kernel, a dense copy beside."""
     int8_layers = _int8_layers(len(model.layers), int8_activations)
@@ -158,7 +182,7 @@ def _use_torch_int4(model: LlamaForCausalLM, quantized: dict, int8_activations: 
                                                   int8_activations=i in int8_layers))
 
 
-def decode_loop_for(model: LlamaForCausalLM, ops) -> DecodeLoop | None:
+def decode_loop_for(model: DecoderStack | LlamaForCausalLM, ops) -> DecodeLoop | None:
     """The C++ decode loop, given the layers' weights, where every layer is on the fast
     bfloat16 path (projections on pagedllm's low-bit kernels without bias, in parts where a
     fused projection mixes formats; the C++ layer ops and decode attention; one exact-row

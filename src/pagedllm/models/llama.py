@@ -3,8 +3,9 @@ mixture-of-experts MLP of moe.py) in plain PyTorch.
 
 One flat batch of tokens from many sequences, no padding. Weights use the canonical names
 of pagedllm.weights; the KV cache and attention metadata are passed in, never global. The
-model holds no load logic: models/build.py fills it and picks its linear layers, output head
-and decode loop. Shapes: T = tokens in the step, H = hidden size, D = head dim.
+model holds no load logic: models/build.py loads the decoder stack's weights, picks its
+linear layers, and then constructs the model complete from its parts (embedding, stack,
+output head, decode loop). Shapes: T = tokens in the step, H = hidden size, D = head dim.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.gemma import SandwichDecoderLayer
 from pagedllm.models.moe import MoE
-from pagedllm.weights.q8 import Q8Rows
+from pagedllm.models.output_head import TokenEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -153,7 +154,10 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaForCausalLM(nn.Module):
+class DecoderStack(nn.Module):
+    """The decoder layers and the final norm, on the backend's ops and attention. Built empty;
+    build.py loads the checkpoint's weights into it as into any nn.Module."""
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype, backend: Backend,
                  attention_backend: str = "batched"):
         """backend: the kernels chosen for this process (backends/); attention_backend
@@ -175,13 +179,14 @@ class LlamaForCausalLM(nn.Module):
                         attention_backend, ops, kernels, i)
             for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        # Embedding and output head stay exact (float32, or their 8-bit GGUF originals read
-        # back row by row): bf16 logits flip greedy choices.
-        self.embed_weight = torch.empty(0)
-        self.lm_head_weight = torch.empty(0)
-        self.embed_q8: Q8Rows | None = None
-        self.lm_head = None  # bfloat16: the output head build.py picks (output_head.py)
-        self.decode_loop: DecodeLoop | None = None  # set by build.py where it applies
+
+    @staticmethod
+    def _layer(config: ModelConfig, rotary, backend: str, ops, kernels, index: int) -> nn.Module:
+        if config.sandwich_norms:  # Gemma 2 and 3
+            return SandwichDecoderLayer(
+                config, Attention(config, rotary, backend, ops, kernels, index),
+                lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, ops))
+        return DecoderLayer(config, rotary, backend, ops, kernels)
 
     def serve_context(self, max_model_len: int) -> bool:
         """LongRoPE: rotate with the long factors when the served context is longer than the
@@ -197,39 +202,50 @@ class LlamaForCausalLM(nn.Module):
         self.rotary.sin.copy_(long.sin)
         return True
 
-    @staticmethod
-    def _layer(config: ModelConfig, rotary, backend: str, ops, kernels, index: int) -> nn.Module:
-        if config.sandwich_norms:  # Gemma 2 and 3
-            return SandwichDecoderLayer(
-                config, Attention(config, rotary, backend, ops, kernels, index),
-                lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, ops))
-        return DecoderLayer(config, rotary, backend, ops, kernels)
 
-    def _embedding_rows(self, index: torch.Tensor) -> torch.Tensor:
-        return self.embed_q8.rows(index) if self.embed_q8 is not None else self.embed_weight[index]
+class LlamaForCausalLM(nn.Module):
+    """Constructed complete from its parts (build.py makes them): one forward path, embedding
+    -> decoder layers -> final norm, and logits from the output head."""
+
+    def __init__(self, stack: DecoderStack, embedding: TokenEmbedding, head,
+                 decode_loop: DecodeLoop | None = None):
+        """head(hidden [N, H]) -> float32 logits [N, vocab] (output_head.py); decode_loop: the
+        C++ loop over every layer, where the layers run the fast bfloat16 path throughout."""
+        super().__init__()
+        self.stack = stack
+        self.config, self.dtype = stack.config, stack.dtype
+        self.embedding = embedding
+        self.head = head
+        self.decode_loop = decode_loop
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.stack.layers
+
+    def serve_context(self, max_model_len: int) -> bool:
+        return self.stack.serve_context(max_model_len)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, H] in the model dtype."""
-        hidden = self._embedding_rows(input_ids).to(self.dtype)
-        if self.config.embedding_scale:  # Gemma: by sqrt(hidden), rounded to the dtype first
-            hidden = hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=self.dtype)
+        hidden = self.embedding(input_ids, self.dtype)
+        hidden, residual = self._decoder_layers(positions, hidden, kv_caches, meta)
+        return self.stack.norm(hidden, residual)
+
+    def _decoder_layers(self, positions, hidden, kv_caches, meta):
+        """Every layer in turn: in one C++ call when the step is all decode tokens and the
+        loop applies (bit-identical, without the interpreter between layers), else here."""
         if self.decode_loop is not None and self.decode_loop.applies(meta, hidden.shape[0]):
-            hidden, residual = self.decode_loop(hidden, positions, kv_caches, meta)
-        else:
-            residual = None
-            for layer, kv_cache in zip(self.layers, kv_caches):
-                hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
-        return self.norm(hidden, residual)
+            return self.decode_loop(hidden, positions, kv_caches, meta)
+        residual = None
+        for layer, kv_cache in zip(self.stack.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        return hidden, residual
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled.
-        In bfloat16, the output head (output_head.py) recomputes the top candidates exactly."""
-        if self.dtype != torch.bfloat16:
-            logits = hidden.float() @ self.lm_head_weight.T
-        else:
-            logits = self.lm_head(hidden)
+        """[N, H] -> [N, vocab] float32 logits; call it only for the rows that are sampled."""
+        logits = self.head(hidden)
         cap = self.config.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap  # Gemma 2

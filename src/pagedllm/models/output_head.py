@@ -1,4 +1,6 @@
-"""The bfloat16 model's output head: float32 logits from a fast product over the vocabulary,
+"""The model's two ends: the token embedding, and the output head. A float32 model's head is
+the exact product (ExactHead); the bfloat16 model's gives float32 logits from a fast product
+over the vocabulary,
 with each row's top candidates recomputed exactly (rounded logits alone flip greedy choices
 on the default model).
 
@@ -24,6 +26,32 @@ from pagedllm.weights.q6 import Q6Weight
 from pagedllm.weights.q8 import Q8Rows
 
 TILE = 16  # q8_gemm packs output rows in tiles of 16
+
+
+class TokenEmbedding:
+    """Rows of the embedding, exact: float32, or a GGUF's 8-bit codes read back row by row
+    (bf16 rows would move the logits). Gemma scales them by sqrt(hidden), rounded to the
+    model's dtype first, as its reference does."""
+
+    def __init__(self, weight: torch.Tensor | None, q8: Q8Rows | None, scale: float | None = None):
+        self.weight, self.q8, self.scale = weight, q8, scale
+
+    def __call__(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        rows = self.q8.rows(index) if self.q8 is not None else self.weight[index]
+        hidden = rows.to(dtype)
+        if self.scale is not None:
+            hidden = hidden * torch.tensor(self.scale, dtype=dtype)
+        return hidden
+
+
+class ExactHead:
+    """float32 logits, exactly: the float32 model's head."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.float() @ self.weight.T
 
 
 class Q8Head:
