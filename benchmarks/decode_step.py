@@ -13,7 +13,7 @@ import time
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.kernels import kernel_ops
-from pagedllm.models.layer_ops import TorchLayerOps
+from pagedllm.backends.torch_layer_ops import TorchLayerOps
 from pagedllm.tools.text_prompts import make_prompt_token_ids
 from timing import parse_args
 

@@ -5,7 +5,7 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, LayerKVCache, TorchReferenceBackend
 from pagedllm.attention.batched import BatchedBackend
-from pagedllm.models.layer_ops import TorchLayerOps
+from pagedllm.backends.torch_layer_ops import TorchLayerOps
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

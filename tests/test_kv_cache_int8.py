@@ -6,7 +6,7 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, LayerKVCache, TorchReferenceBackend, allocate_layer_caches
 from pagedllm.attention.layer_cache import quantize_rows
-from pagedllm.models.layer_ops import TorchLayerOps
+from pagedllm.backends.torch_layer_ops import TorchLayerOps
 
 
 def int8_cache(key: torch.Tensor, value: torch.Tensor) -> LayerKVCache:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedllm.backends.torch_layer_ops import TorchLayerOps
 from pagedllm.kernels import Capabilities, TorchOps, capabilities, kernel_ops, torch_ops
 
 
@@ -25,8 +26,6 @@ class Backend:
     def layer_ops(self, reference: bool = False):
         """The fused C++ layer ops where built, else the torch reference (always for the
         reference attention backend: a pure-torch oracle)."""
-        from pagedllm.models.layer_ops import TorchLayerOps
-
         return TorchLayerOps if reference or self.kernels is None else self.kernels
 
     def describe(self) -> str:

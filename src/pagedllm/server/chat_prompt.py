@@ -74,11 +74,20 @@ def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
     return ChatPrompt(ids, use if offered else None)
 
 
-async def check_tool_schemas(state: ServerState, use: ToolUse) -> None:
-    """Every function's parameters must compile as a JSON schema (cached; on a worker thread)."""
-    for i, function in enumerate(use.functions):
+async def prepare_chat(state: ServerState, messages: list[dict], params: SamplingParams, *,
+                       tools=None, tool_choice=None, add_generation_prompt: bool = True,
+                       parallel_tool_calls: bool = True) -> tuple[ChatPrompt, SamplingParams]:
+    """A chat request's prompt and final sampling parameters, for every chat API: its tools
+    read (ToolError names a bad one), the conversation rendered through the model's
+    template, the offered functions' schemas compiled (cached; on a worker thread; tools
+    that will not be used, tool_choice "none", are not), a forced call made a grammar."""
+    prompt = render_chat(state, messages, tool_use(state, tools, tool_choice),
+                         add_generation_prompt)
+    use = prompt.tools
+    for i, function in enumerate(use.functions if use is not None else ()):
         spec = json_schema_spec(function.parameters, f"{use.tools_param}[{i}].function.parameters")
         await asyncio.to_thread(state.client.compile_grammar, spec)
+    return prompt, with_tool_grammar(params, prompt, parallel_tool_calls)
 
 
 def with_tool_grammar(params: SamplingParams, prompt: ChatPrompt, parallel: bool) -> SamplingParams:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from fastapi import Request as HTTPRequest
 
-from pagedllm.core.request import RequestOutput, SamplingParams
-from pagedllm.server.chat_prompt import (ToolUse, check_tool_schemas, render_chat, tool_use,
-                                         with_tool_grammar)
+from pagedllm.core.request import RequestOutput
+from pagedllm.server.chat_prompt import ToolUse, prepare_chat
 from pagedllm.server.choice import Choice
 from pagedllm.server.endpoint import Endpoint, OpenAIShape
 from pagedllm.server.errors import APIError
 from pagedllm.server.pipeline import Job, run
-from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedllm.server.state import ServerState
 
 
@@ -51,12 +50,12 @@ async def create_completion(state: ServerState, body: CompletionRequest, http_re
     if body.echo:
         raise APIError(400, "echo is not supported", "echo", "unsupported")
     params = body.sampling_params(body.max_tokens, body.logprobs)
-    return await run(state, http_request, _job(body, body.prompts(), params),
-                     _shape(completion_endpoint(state), body))
+    job = Job(body.prompts(), params, body.stream, body.user, report_position=body.queue_position)
+    return await run(state, http_request, job, OpenAIShape(completion_endpoint(state),
+                                                           body.include_usage()))
 
 
 # -- chat ----------------------------------------------------------------------------------
-
 def _chat_logprobs(state: ServerState, lps):
     if lps is None:
         return None
@@ -128,19 +127,14 @@ def _finish_reason(reason: str | None, calls: list) -> str | None:
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http_request: HTTPRequest):
     state.check_model(body.model)
-    use = tool_use(state, body.tools, body.tool_choice)
-    prompt = render_chat(state, body.template_messages(), use, body.add_generation_prompt)
-    await check_tool_schemas(state, use)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    params = body.sampling_params(body.max_completion_tokens or body.max_tokens, top)
-    params = with_tool_grammar(params, prompt, body.parallel_tool_calls)
-    return await run(state, http_request, _job(body, [prompt.token_ids], params),
-                     _shape(chat_endpoint(state, prompt.tools), body))
-
-
-def _job(body: SamplingFields, prompts: list, params: SamplingParams) -> Job:
-    return Job(prompts, params, body.stream, body.user, report_position=body.queue_position)
-
-
-def _shape(endpoint: Endpoint, body: SamplingFields) -> OpenAIShape:
-    return OpenAIShape(endpoint, bool(body.stream_options and body.stream_options.include_usage))
+    prompt, params = await prepare_chat(
+        state, body.template_messages(),
+        body.sampling_params(body.max_completion_tokens or body.max_tokens, top),
+        tools=body.tools, tool_choice=body.tool_choice,
+        add_generation_prompt=body.add_generation_prompt,
+        parallel_tool_calls=body.parallel_tool_calls)
+    job = Job([prompt.token_ids], params, body.stream, body.user,
+              report_position=body.queue_position)
+    return await run(state, http_request, job, OpenAIShape(chat_endpoint(state, prompt.tools),
+                                                           body.include_usage()))

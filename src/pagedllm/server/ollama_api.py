@@ -17,8 +17,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pagedllm.core.request import QueuePosition, RequestOutput
-from pagedllm.server.chat_prompt import (ChatPrompt, check_tool_schemas, render_chat, tool_use,
-                                         with_tool_grammar)
+from pagedllm.server.chat_prompt import prepare_chat, render_chat, tool_use
 from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import merged
 from pagedllm.server.errors import APIError
@@ -43,10 +42,9 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/api/chat")
     async def chat(body: OllamaChatRequest, request: HTTPRequest):
         info.check(body.model)
-        prompt = _chat_prompt(state, body)
-        if prompt.tools is not None:
-            await check_tool_schemas(state, prompt.tools)
-        params = with_tool_grammar(body.sampling_params(), prompt, True)
+        # Ollama has no tool_choice: a model offered tools may call them or answer ("auto").
+        prompt, params = await prepare_chat(state, _chat_messages(body), body.sampling_params(),
+                                            tools=body.tools)
         return await run(state, request, _job(body, prompt.token_ids, params),
                          OllamaShape(body.model, lambda: ChatShape(prompt.tools)))
 
@@ -106,7 +104,7 @@ def _refusal(state: ServerState, path: str, what: str):
     return refuse
 
 
-def _chat_prompt(state: ServerState, body: OllamaChatRequest) -> ChatPrompt:
+def _chat_messages(body: OllamaChatRequest) -> list[dict]:
     if not body.messages:
         raise APIError(400, "messages must not be empty", "messages")
     if any(m.images for m in body.messages):
@@ -120,8 +118,7 @@ def _chat_prompt(state: ServerState, body: OllamaChatRequest) -> ChatPrompt:
         if m.tool_name:
             message["name"] = m.tool_name
         messages.append(message)
-    # Ollama has no tool_choice: a model offered tools may call them or answer ("auto").
-    return render_chat(state, messages, tool_use(state, body.tools))
+    return messages
 
 
 def _generate_prompt(state: ServerState, body: OllamaGenerateRequest) -> list[int]:

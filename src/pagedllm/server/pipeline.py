@@ -64,8 +64,7 @@ async def run(state: ServerState, http_request: HTTPRequest, job: Job, shape: Sh
 
 def make_choices(state: ServerState, http_request: HTTPRequest, job: Job) -> list[Choice]:
     """Check admission and make one engine request per prompt x n (nothing is queued yet)."""
-    user, key = state.identity(http_request, job.user_field)
-    state.admit(key, len(job.prompts) * job.params.n)
+    user, key = state.admit(http_request, job.user_field, len(job.prompts) * job.params.n)
     choices: list[Choice] = []
     try:
         arrival = time.monotonic()

@@ -86,6 +86,9 @@ class SamplingFields(RequestModel):
             guided=self.grammar_spec(),
         )
 
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
     def grammar_spec(self) -> GrammarSpec | None:
         """Raises GrammarError naming the field."""
         return spec_from_request(self.response_format, self.guided_json, self.guided_regex,

@@ -37,38 +37,39 @@ class ServerState:
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
                                 f"`{self.served_model_name}`.", "model", "model_not_found")
 
-    def identity(self, http_request: HTTPRequest, user_field: str | None) -> tuple[str, ApiKey | None]:
-        """Who is asking: the API key's name, else the `user` field, else the client address."""
-        key = http_request.scope.get("state", {}).get("api_key")
-        if key is not None:
-            return key.name, key
-        if user_field:
-            return f"user:{user_field}", None
-        client = http_request.client
-        return f"addr:{client.host if client else 'unknown'}", None
-
     def cache_salt_for(self, user: str) -> str | None:
         # Salted by user so one user cannot learn another's prompts through cache timing.
         return None if self.config.shared_prefix_cache else user
 
+    def admit(self, http_request: HTTPRequest, user_field: str | None,
+              num_new: int) -> tuple[str, ApiKey | None]:
+        """Who is asking (the API key's name, else the `user` field, else the client
+        address) and its key; 429 when the queue is full or the key is over its tokens per
+        minute."""
+        key = http_request.scope.get("state", {}).get("api_key")
+        if key is not None:
+            user = key.name
+            self.rate_limiter.check(key.name, key.tokens_per_minute)
+        elif user_field:
+            user = f"user:{user_field}"
+        else:
+            client = http_request.client
+            user = f"addr:{client.host if client else 'unknown'}"
+        # Requests in flight fill the parallel slots first; only those beyond them wait.
+        slots = self.client.info.scheduler_config.max_num_seqs
+        waiting = max(0, self.client.num_in_flight - slots)
+        check_queue(waiting, num_new, self.config.max_queue)
+        return user, key
+
     def output_caps(self, key: ApiKey | None, context: int | None = None) -> OutputCaps:
         """What bounds a request's output here (resolve_max_tokens decides it from these):
         the context, --max-tokens-limit, the client's own context (Ollama's num_ctx) and,
-        for a key with a tokens-per-minute limit, what it has left."""
+        for a key with a tokens-per-minute limit, what it has left now."""
         budget = None
         if key is not None and key.tokens_per_minute is not None:
             budget = key.tokens_per_minute - self.rate_limiter.used(key.name)
         return OutputCaps(self.client.info.max_model_len, self.config.max_tokens_limit, context,
                           key_budget=budget)
-
-    def admit(self, key: ApiKey | None, num_new: int) -> None:
-        """Raise 429 when the queue is full or the key is over its tokens per minute."""
-        if key is not None:
-            self.rate_limiter.check(key.name, key.tokens_per_minute)
-        # Requests in flight fill the parallel slots first; only those beyond them wait.
-        slots = self.client.info.scheduler_config.max_num_seqs
-        waiting = max(0, self.client.num_in_flight - slots)
-        check_queue(waiting, num_new, self.config.max_queue)
 
     def apply_key_policies(self) -> None:
         """Weights and per-key concurrency caps, sent to the engine's loop thread."""
