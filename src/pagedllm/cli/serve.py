@@ -17,7 +17,14 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--print-config", action="store_true",
                        help="print the options in effect as a config file and exit")
     add_engine_args(serve)
-    http = serve.add_argument_group("HTTP")
+    _add_http_args(serve.add_argument_group("HTTP"))
+    _add_shared_args(serve.add_argument_group("shared-server controls"))
+    _add_replica_args(serve.add_argument_group(
+        "replicas (Ray Serve; needs `pip install pagedllm[ray]`)"))
+    serve.set_defaults(func=cmd_serve)
+
+
+def _add_http_args(http) -> None:
     http.add_argument("--host", default="127.0.0.1",
                       help="address to listen on; anything but loopback needs --api-key-file")
     http.add_argument("--port", type=int, default=8000, help="TCP port")
@@ -38,7 +45,12 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
                            "every client shares its address)")
     http.add_argument("--ssl-certfile", default=None, help="TLS certificate (PEM), with --ssl-keyfile (default: plain HTTP)")
     http.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM), with --ssl-certfile (default: plain HTTP)")
-    shared = serve.add_argument_group("shared-server controls")
+    http.add_argument("--bench-results", default=None, metavar="DIR",
+                      help="a folder of `pagedllm bench --out` results; the page at / shows "
+                           "the newest (default: none)")
+
+
+def _add_shared_args(shared) -> None:
     shared.add_argument("--api-key-file", default=None,
                         help="lines of `NAME KEY [weight=W] [max_concurrent=C] "
                              "[tokens_per_minute=T]`, re-read on SIGHUP; manage it with "
@@ -58,10 +70,9 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
                         help="cap on a request's max_tokens (default: the context)")
     shared.add_argument("--request-timeout", type=float, default=None,
                         help="seconds a request may run before it is cut short (default: none)")
-    http.add_argument("--bench-results", default=None, metavar="DIR",
-                      help="a folder of `pagedllm bench --out` results; the page at / shows "
-                           "the newest (default: none)")
-    scale = serve.add_argument_group("replicas (Ray Serve; needs `pip install pagedllm[ray]`)")
+
+
+def _add_replica_args(scale) -> None:
     scale.add_argument("--replicas", type=positive_int, default=None,
                        help="run N engine replicas behind one ingress on Ray Serve, each with "
                             "its own KV pool (default: one engine in this process, no Ray)")
@@ -74,7 +85,6 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     scale.add_argument("--router", default="prefix", choices=("prefix", "pow2"),
                        help="prefix: to the replica holding the request's leading KV blocks "
                             "unless it is busier; pow2: Ray Serve's power of two choices")
-    serve.set_defaults(func=cmd_serve)
 
 
 def server_config(args) -> ServerConfig:

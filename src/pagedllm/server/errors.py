@@ -2,10 +2,12 @@
 "param", "code"}} everywhere but under /api/, where Ollama's clients read {"error": "..."}."""
 from __future__ import annotations
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pagedllm.errors import FieldError
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
@@ -68,7 +70,7 @@ async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
                           request.url.path)
 
 
-async def field_error_handler(request: Request, exc) -> JSONResponse:
+async def field_error_handler(request: Request, exc: FieldError) -> JSONResponse:
     """Every FieldError (errors.py) the core, the engine or a parse step raises: a 400 naming
     the field, in the called API's shape. No route translates them by hand."""
     return error_response(400, str(exc), exc.param, exc.code, path=request.url.path)
@@ -81,3 +83,14 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
     return error_response(500, f"internal error: {type(exc).__name__}", path=request.url.path)
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every error a route can raise, in the called API's shape: the body's validation, the
+    server's APIErrors, the core's FieldErrors, HTTP errors, and anything unexpected (500,
+    never a traceback to the client)."""
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(APIError, api_error_handler)
+    app.add_exception_handler(FieldError, field_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(Exception, unexpected_error_handler)

@@ -64,6 +64,12 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         return await run(state, request, _job(body, prompt_ids, body.sampling_params()),
                          OllamaShape(body.model, GenerateShape))
 
+    _add_model_routes(app, state, info)
+
+
+def _add_model_routes(app: FastAPI, state: ServerState, info: ModelInfo) -> None:
+    """What Ollama's clients ask of the models: tags, ps, show, version; a model manager's
+    routes answer that this server does not do that."""
     # The model's details are read from its file once, on a worker thread (a GGUF's header
     # takes seconds to parse), never on the event loop.
     @app.get("/api/tags")

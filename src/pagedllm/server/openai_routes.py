@@ -1,0 +1,85 @@
+"""The OpenAI-style routes: /v1/models, /v1/completions, /v1/chat/completions (generation.py
+parses and shapes them; the pipeline runs them), and vLLM's /tokenize and /detokenize."""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request as HTTPRequest
+
+from pagedllm.errors import FieldError
+from pagedllm.server.errors import APIError
+from pagedllm.server.generation import create_chat_completion, create_completion
+from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                      TokenizeRequest)
+from pagedllm.server.state import ServerState
+from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
+
+
+def add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    client, info, name = state.client, state.client.info, state.served_model_name
+    card = _model_card(info)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
+            "max_model_len": info.max_model_len, **card}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: HTTPRequest):
+        return await create_completion(state, body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: HTTPRequest):
+        return await create_chat_completion(state, body, request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        state.check_model(body.model)
+        return _tokenize(state, body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        state.check_model(body.model)
+        vocab = info.model_config.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token ids must be in [0, {vocab}), got {bad[:3]}", "tokens",
+                           "invalid_value")
+        return {"prompt": client.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+
+def _tokenize(state: ServerState, body: TokenizeRequest) -> dict:
+    tok = state.client.tokenizer
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of prompt or messages", "prompt", "invalid_value")
+    if body.messages is not None:
+        try:
+            text = tok.apply_chat_template([{"role": m.role, "content": m.text()}
+                                            for m in body.messages], body.add_generation_prompt)
+        except ChatTemplateError as exc:
+            raise FieldError("messages", str(exc)) from exc
+    else:
+        text = body.prompt
+    limit = state.client.info.max_model_len
+    try:  # bounded like a generation request's prompt: no text stalls the HTTP thread
+        ids = tok.encode_within(text, limit, body.prompt is not None and body.add_special_tokens)
+    except TokenLimitError as exc:
+        raise APIError(400, f"the text has at least {exc.num_tokens} tokens, over this "
+                            f"server's context of {limit}", "prompt",
+                       "context_length_exceeded") from exc
+    except ValueError as exc:
+        raise FieldError("prompt", str(exc)) from exc
+    return {"tokens": ids, "count": len(ids), "max_model_len": limit}
+
+
+def _model_card(info) -> dict:
+    """What /v1/models adds to OpenAI's fields: what is served, in what format and dtype."""
+    from pagedllm.weights.inspect import summarize_checkpoint
+
+    try:
+        file_type = summarize_checkpoint(info.model_path).file_type
+    except Exception:  # noqa: BLE001 - a listing must not fail on a header it cannot read
+        file_type = None
+    return {"architecture": info.model_config.architecture,
+            # the GGUF's file type ("Q4_1"); a Hugging Face folder's weights are not quantized
+            "quantization": file_type or "none", "dtype": info.dtype,
+            "context_length": info.max_model_len}
