@@ -119,6 +119,11 @@ class ModelRunner:
                     result.failed[rid] = f"sampling failed: {type(exc).__name__}: {exc}"
         for ids, batch_rows, tokens, logprobs in batches:
             for rid, row, token, logprob in zip(ids, batch_rows, tokens, logprobs):
+                if row.grammar is not None and row.grammar.failed:
+                    # The library gave up (a limit, or a state it cannot go on from): an
+                    # error for this request, never a "stop" the grammar does not accept.
+                    result.failed[rid] = f"structured output failed: {row.grammar.error}"
+                    continue
                 try:
                     if row.grammar is not None:
                         row.grammar.accept(token)

@@ -16,14 +16,21 @@ OPEN_PATHS = ("/health", *docs.OPEN_PATHS, *web_routes.OPEN_PATHS)
 OPEN_PREFIXES = docs.OPEN_PREFIXES + web_routes.OPEN_PREFIXES
 # A JSON escape of a UTF-16 surrogate: only then can a decoded string hold a lone one.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# JSON strings, and every byte that is not a bracket: what is left says how deep a body nests.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+# Nesting a body may have: far beyond any API's shape, far below where parsing it (or a
+# schema in it) recurses past Python's stack limit, which was a 500.
+MAX_BODY_DEPTH = 64
 
 
 class BodyGuard:
     """Reads a request's body before any handler does, whatever its framing (Content-Length
     or chunked): past `max_bytes` it stops reading and answers 413; a body that does not
     arrive within `timeout` seconds (a client trickling it) gets 408; a JSON string holding a
-    lone UTF-16 surrogate, which no text can be made of, gets 400 naming its field. The
-    handler then reads the same bytes; later receives (disconnects) pass through."""
+    lone UTF-16 surrogate, which no text can be made of, gets 400 naming its field; one that
+    nests deeper than MAX_BODY_DEPTH gets 400 (on every route, before anything parses it).
+    The handler then reads the same bytes; later receives (disconnects) pass through."""
 
     def __init__(self, app, max_bytes: int, timeout: float = 30.0):
         self.app = app
@@ -53,6 +60,11 @@ class BodyGuard:
                     400, f"{field or 'body'}: the text holds a lone UTF-16 surrogate, which is "
                          f"not valid Unicode", field or None, "invalid_value", path=path)
                 return await response(scope, receive, send)
+        if too_deep(body):
+            response = errors.error_response(
+                400, f"the request body nests deeper than {MAX_BODY_DEPTH} levels", None,
+                "invalid_value", path=path)
+            return await response(scope, receive, send)
         replayed = False
 
         async def replay():
@@ -147,3 +159,20 @@ class ApiKeyAuth:
             return await response(scope, receive, send)
         scope.setdefault("state", {})["api_key"] = key
         return await self.app(scope, receive, send)
+
+
+def too_deep(body: bytes, limit: int = MAX_BODY_DEPTH) -> bool:
+    """Whether JSON text nests deeper than `limit` levels (at most 2 x limit pass: each round
+    takes away at least one level), at C speed: strings dropped, then innermost pairs
+    removed round by round. Unbalanced brackets are the parser's to refuse."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        shorter = brackets.replace(b"[]", b"").replace(b"{}", b"")
+        if shorter == brackets:
+            return False  # unbalanced: the parser says so
+        brackets = shorter
+        if not brackets:
+            return False
+    return True

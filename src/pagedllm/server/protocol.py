@@ -186,6 +186,8 @@ def _arguments(text: str, param: str) -> dict:
         value = json.loads(text or "{}")
     except json.JSONDecodeError as exc:
         raise ToolError(param, f"is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ToolError(param, "nests too deep") from exc
     if not isinstance(value, dict):
         raise ToolError(param, "must be a JSON object")
     return value

@@ -3,24 +3,41 @@
 llguidance, not xgrammar: both give a batch's token masks in microseconds here
 (benchmarks/grammar_libraries.py, BENCHMARKS.md), but llguidance is one 3 MB wheel with no
 dependencies and builds its tokenizer from our own `tokenizers` JSON, where xgrammar pulls in
-transformers and triton. Grammars are compiled once per spec (an LRU keyed by the spec) and
-each request gets its own matcher, which walks the grammar as tokens are accepted.
+transformers and triton.
+
+A new grammar is held to the counted limits (grammar_limits.py), then compiled first in a
+child process within a time limit (compile_worker.py: a crash or a timeout there is a 400,
+never the server's end), then compiled once here on a worker thread (the library drops the
+GIL meanwhile) into a template matcher. Templates are cached by the spec's content, bounded
+in bytes; each request gets a copy of its template (microseconds), which walks the grammar
+as tokens are accepted. Every matcher has the same explicit parser limits.
 """
 from __future__ import annotations
 
 import ctypes
 import threading
-from functools import lru_cache
+from collections import OrderedDict
 
 import llguidance
 from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
 
+from pagedllm.structured.compile_worker import CompileFailed, CompileWorker, parser_limits
+from pagedllm.structured.grammar_limits import check_limits
 from pagedllm.structured.spec import GrammarError, GrammarSpec
 
 # JSON as json.dumps writes it, no free whitespace: a sampled model must not be able to pad
 # an answer with newlines until max_tokens runs out.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-CACHE_SIZE = 256  # compiled grammars kept
+CACHE_BYTES = 64 << 20  # compiled grammars kept, counted by the size of their text
+COMPILE_TIMEOUT_S = 10.0  # a new grammar's first compilation (in the child)
+# The parser's limits, explicit (llguidance's defaults at 1.9): a row of at most 2,000
+# alternatives, 1M lexer fuel to build a grammar's regexes, and per token at most 200k
+# fuel (~15 ms) and 50k Earley items (~2.5 ms): past them the matcher errs, and the
+# request ends with that error (engine/model_runner.py).
+PARSER_LIMITS = {"max_items_in_row": 2_000, "initial_lexer_fuel": 1_000_000,
+                 "step_lexer_fuel": 200_000, "step_max_items": 50_000,
+                 "max_lexer_states": 250_000, "max_grammar_size": 500_000,
+                 "verbose_errors": False}
 
 
 class GrammarMatcher:
@@ -47,6 +64,11 @@ class GrammarMatcher:
         return self._matcher.is_error()
 
     @property
+    def error(self) -> str:
+        """Why the walk failed (the library gave up: a limit, or a grammar it cannot go on in)."""
+        return _first_lines(self._matcher.get_error() or "the grammar failed")
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self._eos
 
@@ -66,12 +88,18 @@ def fill_bitmasks(matchers: list[GrammarMatcher], bitmask_ptr: int, row_bytes: i
 
 
 class GrammarCompiler:
-    def __init__(self, tokenizer, vocab_size: int):
+    def __init__(self, tokenizer, vocab_size: int, cache_bytes: int = CACHE_BYTES,
+                 timeout_s: float = COMPILE_TIMEOUT_S):
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._lltok: llguidance.LLTokenizer | None = None
+        self._worker: CompileWorker | None = None
+        self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._compile = lru_cache(maxsize=CACHE_SIZE)(self._compile_uncached)
+        self._limits = parser_limits(**PARSER_LIMITS)
+        self.cache_bytes = cache_bytes
+        self._templates: OrderedDict[GrammarSpec, tuple[llguidance.LLMatcher, int]] = OrderedDict()
+        self.cached_bytes = 0
 
     @property
     def lltokenizer(self) -> llguidance.LLTokenizer:
@@ -82,35 +110,67 @@ class GrammarCompiler:
                     eos_token=list(self._tokenizer.eos_token_ids))
             return self._lltok
 
-    def compile(self, spec: GrammarSpec) -> str:
-        """The spec's grammar in llguidance's form, checked; GrammarError when it cannot be
-        used (the message says why, for the client)."""
-        return self._compile(spec)
+    @property
+    def worker(self) -> CompileWorker:
+        with self._lock:
+            if self._worker is None:
+                self._worker = CompileWorker(self._tokenizer.backend.to_str(), self._vocab_size,
+                                             list(self._tokenizer.eos_token_ids), PARSER_LIMITS,
+                                             self._timeout_s)
+            return self._worker
+
+    def compile(self, spec: GrammarSpec) -> None:
+        """Compile the spec into the cache (slow for a new grammar: call it off the event
+        loop); GrammarError when it cannot be used (the message says why, for the client)."""
+        self._template(spec)
 
     def matcher(self, spec: GrammarSpec) -> GrammarMatcher:
-        grammar = self.compile(spec)
-        matcher = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(spec.param, matcher.get_error())
-        return GrammarMatcher(matcher, tuple(self._tokenizer.eos_token_ids))
+        """A fresh walk of the spec's grammar: a copy of its cached template."""
+        return GrammarMatcher(self._template(spec).deep_copy(), tuple(self._tokenizer.eos_token_ids))
 
-    def _compile_uncached(self, spec: GrammarSpec) -> str:
+    def _template(self, spec: GrammarSpec) -> llguidance.LLMatcher:
+        with self._lock:
+            cached = self._templates.get(spec)
+            if cached is not None:
+                self._templates.move_to_end(spec)
+                return cached[0]
+        check_limits(spec)
+        grammar = _grammar_text(spec)
         try:
-            if spec.kind == "json_schema":
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    spec.source, overrides=JSON_OPTIONS)
-            elif spec.kind == "regex":
-                grammar = llguidance.LLMatcher.grammar_from_regex(spec.source)
-            elif spec.kind == "gbnf":
-                grammar = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(spec.source))
-            else:
-                grammar = llguidance.LLMatcher.grammar_from_lark(spec.source)
-        except (ValueError, TypeError, GbnfToLarkError) as exc:
+            problem = self.worker.validate(grammar)
+        except CompileFailed as exc:
             raise GrammarError(spec.param, str(exc)) from exc
-        problem = llguidance.LLMatcher.validate_grammar(grammar, self.lltokenizer)
         if problem:
             raise GrammarError(spec.param, _first_lines(problem))
-        return grammar
+        template = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0, limits=self._limits)
+        if template.is_error():
+            raise GrammarError(spec.param, _first_lines(template.get_error()))
+        self._keep(spec, template, len(grammar) + len(spec.source))
+        return template
+
+    def _keep(self, spec: GrammarSpec, template: llguidance.LLMatcher, size: int) -> None:
+        with self._lock:
+            if spec in self._templates or size > self.cache_bytes:
+                return
+            self._templates[spec] = (template, size)
+            self.cached_bytes += size
+            while self.cached_bytes > self.cache_bytes:
+                _, (_, dropped) = self._templates.popitem(last=False)
+                self.cached_bytes -= dropped
+
+
+def _grammar_text(spec: GrammarSpec) -> str:
+    """The spec in llguidance's grammar form (no compiling yet)."""
+    try:
+        if spec.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(spec.source, overrides=JSON_OPTIONS)
+        if spec.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(spec.source)
+        if spec.kind == "gbnf":
+            return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(spec.source))
+        return llguidance.LLMatcher.grammar_from_lark(spec.source)
+    except (ValueError, TypeError, GbnfToLarkError, RecursionError) as exc:
+        raise GrammarError(spec.param, str(exc) or type(exc).__name__) from exc
 
 
 def _first_lines(message: str, limit: int = 5) -> str:

@@ -36,10 +36,15 @@ def json_schema_spec(schema: Any, param: str) -> GrammarSpec:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise GrammarError(param, f"the schema is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise GrammarError(param, "the schema nests too deep") from exc
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(param, "a JSON schema must be an object")
     # Not sort_keys: properties are generated in the order the schema lists them.
-    return GrammarSpec("json_schema", json.dumps(schema), param)
+    try:
+        return GrammarSpec("json_schema", json.dumps(schema), param)
+    except RecursionError as exc:
+        raise GrammarError(param, "the schema nests too deep") from exc
 
 
 def choice_spec(choices: list[str], param: str = "guided_choice") -> GrammarSpec:
