@@ -53,6 +53,11 @@ class BodyGuard:
             return await response(scope, receive, send)
         if body is None:
             return await self._too_large(scope, receive, send, path)
+        if too_deep(body):
+            response = errors.error_response(
+                400, f"the request body nests deeper than {MAX_BODY_DEPTH} levels", None,
+                "invalid_value", path=path)
+            return await response(scope, receive, send)
         if _SURROGATE_ESCAPE.search(body):
             field = _lone_surrogate_field(body)
             if field is not None:
@@ -60,11 +65,6 @@ class BodyGuard:
                     400, f"{field or 'body'}: the text holds a lone UTF-16 surrogate, which is "
                          f"not valid Unicode", field or None, "invalid_value", path=path)
                 return await response(scope, receive, send)
-        if too_deep(body):
-            response = errors.error_response(
-                400, f"the request body nests deeper than {MAX_BODY_DEPTH} levels", None,
-                "invalid_value", path=path)
-            return await response(scope, receive, send)
         replayed = False
 
         async def replay():
