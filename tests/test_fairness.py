@@ -105,3 +105,22 @@ def test_abort_from_fair_queue():
     sched.add_request(user_req("a0", "alice"))
     sched.finish_request("a0", FinishReason.ABORT)
     assert len(sched.waiting) == 0
+
+
+def test_per_user_state_is_bounded_whatever_the_number_of_users():
+    """A flood of distinct `user` values (each one request) leaves at most MAX_IDLE_USERS
+    idle users' entries, and only those still in debt; a finished user with nothing owed
+    leaves nothing behind."""
+    from pagedllm.core import fair_queue
+
+    sched = make(num_blocks=400, budget=64, max_seqs=4)
+    for i in range(fair_queue.MAX_IDLE_USERS + 300):
+        sched.add_request(user_req(f"u{i}", f"user-{i}", n_prompt=4, max_tokens=1, start=10 + i))
+    finish_order(sched)
+    queue = sched.waiting
+    assert queue.tracked_users() <= fair_queue.MAX_IDLE_USERS
+    assert not queue.num_running and not queue.waiting_by_user()
+    lone = make(num_blocks=400, budget=64, max_seqs=4)
+    lone.add_request(user_req("x0", "only", n_prompt=4, max_tokens=1))
+    finish_order(lone)
+    assert lone.waiting.tracked_users() == 0  # nobody else active: nothing owed to anyone

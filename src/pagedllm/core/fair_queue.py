@@ -6,6 +6,11 @@ comes from the waiting user with the lowest virtual time, so one user flooding t
 cannot starve the others; within a user, arrival order. A user who becomes active starts at
 the lowest virtual time among active users, so idle time is not banked as credit (as in
 fair queueing and Linux's CFS). Pure Python, no torch.
+
+Bounded: a user's entries go when the user is idle (nothing waiting, nothing running) and
+its virtual time is at or below the floor an arrival would get anyway (it carries nothing);
+idle users still in debt are kept, at most MAX_IDLE_USERS of them (the least in debt go
+first), so a flood of distinct `user` values cannot grow this without end.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from collections.abc import Callable
 from pagedllm.core.request import Request
 
 DEFAULT_USER = ""
+MAX_IDLE_USERS = 1024  # idle users whose virtual time is kept (their debt)
 
 
 class FairQueue:
@@ -52,7 +58,9 @@ class FairQueue:
         self._queues.setdefault(self.user_of(request), deque()).appendleft(request)
 
     def remove(self, request: Request) -> None:
-        self._queues[self.user_of(request)].remove(request)
+        user = self.user_of(request)
+        self._queues[user].remove(request)
+        self._forget_if_idle(user)
 
     def peek(self, can_run: Callable[[str], bool] = lambda user: True) -> Request | None:
         """The request to admit next: head of the lowest-virtual-time user allowed to run."""
@@ -66,9 +74,36 @@ class FairQueue:
         return best[1] if best else None
 
     def pop(self, request: Request) -> None:
-        queue = self._queues[self.user_of(request)]
+        user = self.user_of(request)
+        queue = self._queues[user]
         assert queue[0] is request
         queue.popleft()
+        self._forget_if_idle(user)
+
+    def count_running(self, user: str, delta: int) -> None:
+        """The scheduler's count of a user's running requests."""
+        self.num_running[user] = self.num_running.get(user, 0) + delta
+        if self.num_running[user] <= 0:
+            self._forget_if_idle(user)
+
+    def _forget_if_idle(self, user: str) -> None:
+        if self._queues.get(user) or self.num_running.get(user, 0) > 0:
+            return
+        self._queues.pop(user, None)
+        self.num_running.pop(user, None)
+        active = [self.virtual_time.get(u, 0.0) for u in self._active_users()]
+        floor = min(active, default=None)
+        if floor is None or self.virtual_time.get(user, 0.0) <= floor:
+            self.virtual_time.pop(user, None)
+        idle = [u for u in self.virtual_time if u not in self._queues and u not in self.num_running]
+        if len(idle) > MAX_IDLE_USERS:
+            idle.sort(key=lambda u: self.virtual_time[u])
+            for stale in idle[:len(idle) - MAX_IDLE_USERS]:
+                del self.virtual_time[stale]
+
+    def tracked_users(self) -> int:
+        """Users with any entry here (tests hold the bound)."""
+        return len(set(self._queues) | set(self.num_running) | set(self.virtual_time))
 
     def charge(self, user: str, num_tokens: int) -> None:
         """Account tokens computed for a user in a step."""

@@ -133,8 +133,7 @@ class Scheduler:
         return cap is None or self.waiting.num_running.get(user, 0) < cap
 
     def _count_running(self, request: Request, delta: int) -> None:
-        user = FairQueue.user_of(request)
-        self.waiting.num_running[user] = self.waiting.num_running.get(user, 0) + delta
+        self.waiting.count_running(FairQueue.user_of(request), delta)
 
     def _pick_victim(self, protected: int) -> Request:
         """The newest running request of the user with the highest virtual time; requests

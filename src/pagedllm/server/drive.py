@@ -62,7 +62,8 @@ def _observe_finish(state: ServerState, choice: Choice, out: RequestOutput) -> N
     state.metrics.observe_request(
         ttft=ttft, e2e=time.monotonic() - choice.arrival, num_output_tokens=len(out.token_ids),
         queue_time=out.queue_time, finish_reason=out.finish_reason)
-    state.metrics.observe_user(choice.user, len(out.prompt_token_ids), len(out.token_ids))
+    state.metrics.observe_user(choice.user, len(out.prompt_token_ids), len(out.token_ids),
+                               is_key=choice.key is not None)
     choice.settle_tokens(state)
 
 

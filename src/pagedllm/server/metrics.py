@@ -7,6 +7,7 @@ other's objects; request latencies are observed by the HTTP handlers as histogra
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 import time
 
@@ -14,6 +15,30 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 P = "pagedllm:"
+# Per-user series are bounded: a `user` field or client address is a label only as a short
+# form (hashed past USER_LABEL_CHARS), the first MAX_USER_LABELS of them get series of their
+# own and the rest count as "other"; API key names (bounded by the key file) always do. The
+# waiting-per-user gauge shows the MAX_WAITING_LABELS users with most waiting, plus "other".
+USER_LABEL_CHARS = 48
+MAX_USER_LABELS = 64
+MAX_WAITING_LABELS = 16
+OTHER_USERS = "other"
+
+
+def user_label(user: str) -> str:
+    """A user as a metric label: key names as they are; a long `user:`/`addr:` value hashed."""
+    if len(user) <= USER_LABEL_CHARS:
+        return user
+    kind = user.split(":", 1)[0] if ":" in user[:8] else "user"
+    return f"{kind}:sha256-{hashlib.sha256(user.encode('utf-8', 'replace')).hexdigest()[:16]}"
+
+
+def waiting_labels(waiting: dict[str, int]) -> list[tuple[str, int]]:
+    """The users with most waiting, as labels, and the rest summed as "other"."""
+    busiest = sorted(waiting.items(), key=lambda item: -item[1])
+    shown = [(user_label(user), n) for user, n in busiest[:MAX_WAITING_LABELS]]
+    rest = sum(n for _, n in busiest[MAX_WAITING_LABELS:])
+    return shown + ([(OTHER_USERS, rest)] if rest else [])
 RECENT_SECONDS = 60.0  # the page's latency charts look at the last minute
 RECENT_MAX = 4096
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -46,7 +71,8 @@ class EngineStatsCollector:
             yield self._family(CounterMetricFamily, name, doc, rows, one(get))
         yield self._family(GaugeMetricFamily, "num_requests_waiting_by_user",
                            "Waiting requests per user.", rows,
-                           lambda row: [((user,), n) for user, n in row.waiting_by_user.items()],
+                           lambda row: [((user,), n) for user, n in
+                                        waiting_labels(row.waiting_by_user)],
                            ["user"])
         # As vLLM's cache_config_info: the pool's settings as labels, for dashboards that
         # divide usage by capacity or tell an int8 cache from a full-precision one.
@@ -93,6 +119,7 @@ class ServerMetrics:
         # (finish time, ttft s, tpot s) of recent requests, for recent_latencies().
         self._recent: collections.deque = collections.deque(maxlen=RECENT_MAX)
         self._recent_lock = threading.Lock()
+        self._user_labels: set[str] = set()  # the users (not keys) with series of their own
         labels = ["model_name"]
         self.model_name = model_name
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Time to first token.", labels,
@@ -132,10 +159,23 @@ class ServerMetrics:
 
         return {"ttft_ms": percentiles(r[1] for r in rows), "tpot_ms": percentiles(r[2] for r in rows)}
 
-    def observe_user(self, user: str, prompt_tokens: int, completion_tokens: int) -> None:
-        self.user_requests.labels(user).inc()
-        self.user_prompt_tokens.labels(user).inc(prompt_tokens)
-        self.user_completion_tokens.labels(user).inc(completion_tokens)
+    def observe_user(self, user: str, prompt_tokens: int, completion_tokens: int,
+                     is_key: bool = False) -> None:
+        label = self._user_series(user, is_key)
+        self.user_requests.labels(label).inc()
+        self.user_prompt_tokens.labels(label).inc(prompt_tokens)
+        self.user_completion_tokens.labels(label).inc(completion_tokens)
+
+    def _user_series(self, user: str, is_key: bool) -> str:
+        """The label a user's counts go under (bounded: USER_LABEL_CHARS, MAX_USER_LABELS)."""
+        if is_key:
+            return user
+        label = user_label(user)
+        with self._recent_lock:
+            if label in self._user_labels or len(self._user_labels) < MAX_USER_LABELS:
+                self._user_labels.add(label)
+                return label
+        return OTHER_USERS
 
     def observe_request(self, *, ttft: float | None, e2e: float, num_output_tokens: int,
                         queue_time: float | None, finish_reason: str | None) -> None:
