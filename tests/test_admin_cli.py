@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import json
 import os
 import stat
 import subprocess
@@ -325,8 +326,21 @@ def test_a_running_server_honours_keys_added_and_revoked(tmp_path):
         added = _keys(path, "add", "bob")
         assert "told 1 running server(s) to reload" in added.stdout
         eventually(added.stdout.strip().splitlines()[1], 200)
-        revoked = _keys(path, "revoke", "alice")
-        assert "told 1 running server(s) to reload" in revoked.stdout
+        # A stream of alice's that is running when her key is revoked ends then, with a
+        # final chunk saying why (it would otherwise run its 2,000 tokens).
+        lines: list[str] = []
+        body = {"prompt": "Once", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=300,
+                          headers={"Authorization": f"Bearer {alice}"}) as stream:
+            for line in stream.iter_lines():
+                lines.append(line)
+                if len(lines) == 6:  # streaming: revoke now
+                    revoked = _keys(path, "revoke", "alice")
+                    assert "told 1 running server(s) to reload" in revoked.stdout
+        final = [json.loads(line[6:]) for line in lines if line.startswith("data: {")][-1]
+        assert final["choices"][0]["finish_reason"] == "length"
+        assert "revoked" in final["choices"][0]["error"]["message"]
+        assert sum(1 for line in lines if line.startswith("data: {")) < 2000
         eventually(alice, 401)
     finally:
         server.stop()

@@ -57,3 +57,20 @@ def test_a_bystander_streams_on_while_the_corpus_is_sent(server):
     assert all(400 <= s < 500 for s in statuses), statuses
     assert reason == "length" and chunks >= 40  # it ran to its end, untouched
     assert server.proc.poll() is None
+
+
+def test_a_prompt_list_past_the_cap_is_one_400_not_thousands_of_requests(server):
+    response = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": "smollm2", "prompt": ["hi"] * 20_000, "max_tokens": 1})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "too_many_prompts" and error["param"] == "prompt"
+    assert "--max-prompts-per-request" in error["message"]
+
+
+def test_an_ollama_raw_prompt_past_the_context_is_refused_without_tokenizing_it_all(server):
+    response = httpx.post(server.url + "/api/generate", timeout=60, json={
+        "model": "smollm2", "raw": True, "stream": False, "prompt": "word " * 800_000})
+    assert response.status_code == 400
+    assert "maximum context length" in response.json()["error"]
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200

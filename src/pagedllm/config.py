@@ -161,6 +161,9 @@ class ServerConfig:
     max_queue: int | None = None  # waiting requests; beyond -> 429
     max_body_bytes: int = 4 << 20
     max_prompt_tokens: int | None = None
+    # Prompts one request may list (each prompt x n is an engine request); OpenAI's own cap
+    # on a list input is 2,048.
+    max_prompts_per_request: int = 256
     max_tokens_limit: int | None = None  # cap on a request's max_tokens
     request_timeout: float | None = None  # seconds
     shutdown_grace: float = 30.0  # seconds running requests get on SIGTERM

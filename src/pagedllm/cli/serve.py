@@ -66,6 +66,9 @@ def _add_shared_args(shared) -> None:
                         help="waiting requests before 429 (default: unbounded)")
     shared.add_argument("--max-prompt-tokens", type=positive_int, default=None,
                         help="longest prompt accepted (default: the context)")
+    shared.add_argument("--max-prompts-per-request", type=positive_int,
+                        default=ServerConfig.max_prompts_per_request,
+                        help="prompts one /v1/completions request may list")
     shared.add_argument("--max-tokens-limit", type=positive_int, default=None,
                         help="cap on a request's max_tokens (default: the context)")
     shared.add_argument("--request-timeout", type=float, default=None,
@@ -95,6 +98,7 @@ def server_config(args) -> ServerConfig:
         shared_prefix_cache=args.shared_prefix_cache,
         allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
         max_queue=args.max_queue, max_prompt_tokens=args.max_prompt_tokens,
+        max_prompts_per_request=args.max_prompts_per_request,
         max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout,
         shutdown_grace=args.shutdown_grace, ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile, header_timeout=args.header_timeout,

@@ -16,7 +16,8 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pagedllm.core.request import QueuePosition, RequestOutput
+from pagedllm.core.request import PromptTooLongError, QueuePosition, RequestOutput
+from pagedllm.errors import FieldError
 from pagedllm.server.chat_prompt import prepare_chat, render_chat, tool_use
 from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import merged
@@ -27,6 +28,7 @@ from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields,
                                              OllamaGenerateRequest, OllamaModelRequest)
 from pagedllm.server.ollama_shapes import ChatShape, GenerateShape
 from pagedllm.server.state import ServerState
+from pagedllm.tokenizer import TokenLimitError
 
 NOT_A_MODEL_MANAGER = {
     "/api/pull": "pulling models", "/api/push": "pushing models", "/api/create": "creating models",
@@ -60,7 +62,9 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         if not body.prompt and not body.context:  # Ollama's "load the model" request
             return JSONResponse({"model": body.model, "created_at": _now(), "response": "",
                                  "done": True, "done_reason": "load"})
-        prompt_ids = list(body.context or []) + _generate_prompt(state, body)
+        # Tokenized off the event loop, and stopped at the context (a raw prompt of megabytes
+        # is refused after about as much work as one that fits).
+        prompt_ids = list(body.context or []) + await asyncio.to_thread(_generate_prompt, state, body)
         return await run(state, request, _job(body, prompt_ids, body.sampling_params()),
                          OllamaShape(body.model, GenerateShape))
 
@@ -130,7 +134,13 @@ def _chat_messages(body: OllamaChatRequest) -> list[dict]:
 def _generate_prompt(state: ServerState, body: OllamaGenerateRequest) -> list[int]:
     tok = state.client.tokenizer
     if body.raw:
-        return tok.encode(body.prompt, add_special_tokens=False)
+        limit = state.client.info.max_model_len
+        try:
+            return tok.encode_within(body.prompt, limit, add_special_tokens=False)
+        except TokenLimitError as exc:
+            raise PromptTooLongError(exc.num_tokens, 0, limit, at_least=True, param="prompt") from exc
+        except ValueError as exc:  # not valid Unicode
+            raise FieldError("prompt", str(exc)) from exc
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
         {"role": "user", "content": body.prompt}]
     return render_chat(state, messages, tool_use(state, None)).token_ids

@@ -64,6 +64,11 @@ async def run(state: ServerState, http_request: HTTPRequest, job: Job, shape: Sh
 
 def make_choices(state: ServerState, http_request: HTTPRequest, job: Job) -> list[Choice]:
     """Check admission and make one engine request per prompt x n (nothing is queued yet)."""
+    cap = state.config.max_prompts_per_request
+    if len(job.prompts) > cap:
+        raise APIError(400, f"the request lists {len(job.prompts)} prompts; this server takes "
+                            f"at most {cap} (--max-prompts-per-request)", "prompt",
+                       "too_many_prompts")
     user, key = state.admit(http_request, job.user_field, len(job.prompts) * job.params.n)
     choices: list[Choice] = []
     try:

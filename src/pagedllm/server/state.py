@@ -78,5 +78,19 @@ class ServerState:
             {k.name: k.max_concurrent for k in self.keys.keys if k.max_concurrent})
 
     def reload_keys(self) -> None:
+        """Re-read the key file (SIGHUP): new policies apply at once, and a revoked key's
+        running requests end now, each stream with a final chunk saying why."""
         if self.keys.reload():
             self.apply_key_policies()
+            self.end_revoked()
+
+    def end_revoked(self) -> int:
+        """Abort the requests of keys no longer in the file; returns how many."""
+        names = {key.name for key in self.keys.keys}
+        ended = 0
+        for request_id, choice in list(self.live_choices.items()):  # one C call: atomic
+            if choice.key is not None and choice.key.name not in names:
+                choice.cut_reason = "its API key was revoked"
+                self.client.abort(request_id)
+                ended += 1
+        return ended
