@@ -13,6 +13,24 @@ from pagedllm.kernels import ENV_VAR, capabilities, kernels_for  # noqa: E402  (
 NUM_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cpu-hogs", type=int, default=0, metavar="N",
+                     help="run N busy-looping processes for the whole session, as on a loaded "
+                          "CI host (make test-busy): no test may depend on the CPU's speed")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_hogs(request):
+    import subprocess
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(request.config.getoption("--cpu-hogs"))]
+    yield len(hogs)
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
 def pytest_runtest_setup(item):
     # At most 2 compute threads, as on the project's machine, once a test module brought torch.
     torch = sys.modules.get("torch")
@@ -119,4 +137,5 @@ def server(tmp_path_factory):
 def client(server):
     from openai import OpenAI
 
-    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    # A bound, not a speed: a loaded 2-core host may take minutes for a batch of answers.
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)

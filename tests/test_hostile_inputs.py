@@ -74,3 +74,25 @@ def test_an_ollama_raw_prompt_past_the_context_is_refused_without_tokenizing_it_
     assert response.status_code == 400
     assert "maximum context length" in response.json()["error"]
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_the_server_answers_while_a_costly_schema_compiles(server):
+    """The schema of 300 patterns once froze every client for 16 s (compiled on the event
+    loop, then again per choice): now it compiles in the child, then once on a worker
+    thread, and /health answers every poll meanwhile."""
+    import time
+
+    schema = {"type": "object", "patternProperties": {
+        f"^p{i}[a-z]*$": {"type": "integer"} for i in range(300)}}
+    body = {"model": "smollm2", "n": 4, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    polls = []
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        costly = pool.submit(httpx.post, server.url + "/v1/chat/completions", json=body,
+                             timeout=300)
+        while not costly.done():
+            polls.append(httpx.get(server.url + "/health", timeout=10).status_code)
+            time.sleep(0.05)
+    assert costly.result().status_code in (200, 400)  # compiled, or refused past its time
+    assert polls and set(polls) == {200}
