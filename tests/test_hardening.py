@@ -231,6 +231,39 @@ def test_a_burst_fills_the_free_slots_before_the_queue_counts(hardened):
 
 # -- the engine, in process ------------------------------------------------------------------
 
+def test_a_grammar_the_library_gives_up_on_ends_its_request_with_an_error(real_llm):
+    """Not a "stop" the grammar does not accept (the library's failed walk allows only the
+    end token): finish_reason "error", naming why; the request beside it is untouched."""
+    from pagedllm.structured.spec import GrammarSpec
+
+    engine = real_llm.engine
+    spec = GrammarSpec("regex", "a{5}", "guided_regex")
+    engine.add_request("given-up", "Say a:", SamplingParams(max_tokens=8, guided=spec))
+    engine.add_request("bystander", "Hello", SamplingParams(max_tokens=4, ignore_eos=True))
+    walk = engine.runner.sequences["given-up"].grammar._matcher
+
+    class GivenUp:  # the library's own error state, as after a limit was hit
+        def __getattr__(self, name):
+            return getattr(walk, name)
+
+        def is_error(self):
+            return True
+
+        def get_error(self):
+            return "step_max_items limit exceeded"
+
+    engine.runner.sequences["given-up"].grammar._matcher = GivenUp()
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    given_up = finished["given-up"]
+    assert given_up.finish_reason == "error" and given_up.token_ids == []
+    assert "structured output failed" in given_up.error and "step_max_items" in given_up.error
+    assert finished["bystander"].finish_reason == "length"
+
+
 def test_engine_fails_the_faulty_request_alone_with_the_same_tokens_for_the_rest(real_llm):
     engine = real_llm.engine
     prompts = ["The sky is", "Cats are", "Paris is", "Numbers are"]
