@@ -128,7 +128,8 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     # float32: outputs must not depend on the batch (bfloat16 switches kernels with batch size).
     proc = ServerProcess("--dtype", "float32", "--kv-cache-memory", str(512 << 20), "--max-num-seqs", "16",
-                         "--served-model-name", "smollm2", log_path=str(log))
+                         "--served-model-name", "smollm2", "--model-alias", "gpt-4o-mini,claude-*",
+                         log_path=str(log))
     yield proc
     proc.stop()
 

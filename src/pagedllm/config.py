@@ -154,10 +154,14 @@ class ServerConfig:
     host: str = "127.0.0.1"  # loopback unless told otherwise
     port: int = 8000
     served_model_name: str | None = None  # None: the model's own name
+    # Other names requests may use for it (fnmatch patterns: "claude-*"); answers still say
+    # the served name.
+    model_aliases: tuple[str, ...] = ()
     api_key_file: str | None = None
     public_metrics: bool = False  # /metrics without a key
     shared_prefix_cache: bool = False  # share cached blocks across users
-    allowed_origins: tuple[str, ...] = ()  # CORS
+    # CORS: origins ("http://app.example:3000"), or "localhost": any port on a loopback host.
+    allowed_origins: tuple[str, ...] = ()
     max_queue: int | None = None  # waiting requests; beyond -> 429
     max_body_bytes: int = 4 << 20
     max_prompt_tokens: int | None = None

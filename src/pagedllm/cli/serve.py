@@ -30,6 +30,9 @@ def _add_http_args(http) -> None:
     http.add_argument("--port", type=int, default=8000, help="TCP port")
     http.add_argument("--served-model-name", default=None,
                       help="the model name clients send (default: the model's own name)")
+    http.add_argument("--model-alias", default=None, metavar="NAMES",
+                      help="comma-separated other names the model answers to, so a tool with "
+                           "a hard-coded name connects; * matches any text (gpt-4o-mini,claude-*)")
     http.add_argument("--log-level", default="info", choices=LOG_LEVELS,
                       help="info logs API requests; debug also /health and /metrics polls")
     http.add_argument("--shutdown-grace", type=float, default=30.0,
@@ -96,7 +99,7 @@ def server_config(args) -> ServerConfig:
         host=args.host, port=args.port, served_model_name=args.served_model_name,
         api_key_file=args.api_key_file, public_metrics=args.public_metrics,
         shared_prefix_cache=args.shared_prefix_cache,
-        allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
+        model_aliases=_names(args.model_alias), allowed_origins=_names(args.allowed_origins),
         max_queue=args.max_queue, max_prompt_tokens=args.max_prompt_tokens,
         max_prompts_per_request=args.max_prompts_per_request,
         max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout,
@@ -105,6 +108,10 @@ def server_config(args) -> ServerConfig:
         max_connections_per_client=args.max_connections_per_client,
         max_body_bytes=args.max_body_bytes, log_level=args.log_level,
         bench_results=args.bench_results)
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
 def cmd_serve(args) -> int:

@@ -49,6 +49,7 @@ class RequestTextState:
         self.num_emitted_chars = 0
         self.num_emitted_tokens = 0
         self.stopped_by_string = False
+        self.matched_stop: str | None = None  # the stop string that ended it (Anthropic says)
 
     def add_token(self, token_id: int) -> bool:
         """Detokenize one new token; True when it completes a stop string."""
@@ -60,9 +61,11 @@ class RequestTextState:
         search_from = max(0, len(self.text) - self.hold_back)
         self.text += piece
         if self.stops:
-            hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
+            hits = [(i, s) for i, s in ((self.text.find(s, search_from), s) for s in self.stops)
+                    if i >= 0]
             if hits:
-                self.text = self.text[:min(hits)]
+                at, self.matched_stop = min(hits, key=lambda hit: hit[0])
+                self.text = self.text[:at]
                 self.stopped_by_string = True
         return self.stopped_by_string
 
@@ -91,6 +94,7 @@ class RequestTextState:
             num_cached_tokens=max(request.num_cached_tokens, 0),
             logprobs=logprobs,
             new_logprobs=new_logprobs,
+            stop_string=self.matched_stop if finished else None,
             queue_time=(request.first_scheduled_time - request.arrival_time
                         if request.first_scheduled_time is not None else None),
         )

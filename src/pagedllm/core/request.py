@@ -21,6 +21,8 @@ MAX_INT32 = 2**31 - 1
 SEED_RANGE = (-(2**63), 2**64 - 1 - 16)  # torch's generator range, room for n samples' +j
 MIN_REPETITION_PENALTY = 0.01
 MAX_STOP_STRINGS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 16, 1000, 64
+# OpenAI's bounds on logit_bias: at most 300 tokens, each biased by -100..100.
+MAX_LOGIT_BIAS_TOKENS, LOGIT_BIAS_RANGE = 300, (-100.0, 100.0)
 
 
 @dataclass
@@ -41,12 +43,15 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the chosen token's logprob plus top-k
     skip_special_tokens: bool = True
     guided: GrammarSpec | None = None  # structured output: the grammar the tokens must follow
+    # Added to these tokens' logits before anything else (-100 bans a token, +100 forces it).
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = dict(self.logit_bias or {})
         if self.top_k == -1:
             self.top_k = 0
         self.validate()
@@ -81,6 +86,13 @@ class SamplingParams:
             isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_INT32
             for t in self.stop_token_ids), "stop_token_ids",
             f"at most {MAX_STOP_TOKEN_IDS} token ids, each in [0, {MAX_INT32}]")
+        check(len(self.logit_bias) <= MAX_LOGIT_BIAS_TOKENS, "logit_bias",
+              f"at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(self.logit_bias)}")
+        low, high = LOGIT_BIAS_RANGE
+        check(all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_INT32
+                  and isinstance(b, (int, float)) and not isinstance(b, bool)
+                  and low <= b <= high for t, b in self.logit_bias.items()), "logit_bias",
+              f"maps token ids to biases in [{low:g}, {high:g}]")
         check(self.guided is None or isinstance(self.guided, GrammarSpec), "guided",
               "must be a GrammarSpec (pagedllm.structured.spec)")
 
@@ -245,6 +257,7 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduling
     error: str | None = None  # why it failed, with finish_reason "error"
+    stop_string: str | None = None  # the stop string that ended it, when one did
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -52,6 +52,8 @@ class RequestMaker:
         vocab = self.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be in [0, {vocab})")
+        if any(t >= vocab for t in params.logit_bias):
+            raise SamplingParamsError("logit_bias", f"token ids must be in [0, {vocab})")
         caps = caps or OutputCaps(self.max_model_len)
         try:
             prompt_ids = self.tokenize_prompt(prompt)

@@ -1,9 +1,10 @@
 """Next-token sampling for a batch of rows with per-row parameters.
 
-Order (as in vLLM): grammar masks (structured output) -> penalties on raw logits -> greedy rows take the argmax -> temperature ->
+Order (as in vLLM): logit_bias -> grammar masks (structured output) -> penalties -> greedy
+rows take the argmax -> temperature ->
 top-k / top-p / min-p masks -> sample. Sampling inverts the cumulative distribution at one
 uniform draw from the row's own generator when seeded, so a seed gives the same tokens
-whatever else is in the batch. Logprobs are of the raw model distribution.
+whatever else is in the batch. Logprobs are of the raw model distribution (before logit_bias, as vLLM reports them).
 
 A grammar row that is greedy or samples at a plain temperature (no top-k/top-p/min-p) draws
 first and asks its grammar afterwards (as llama.cpp does): a token the grammar allows is
@@ -34,6 +35,17 @@ class SamplingRow:
     output_token_ids: list[int]
     generator: torch.Generator | None = None
     grammar: GrammarMatcher | None = None  # structured output: its mask applies first
+
+
+def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Each row's logit_bias added to its tokens' logits (ids checked against the vocabulary
+    when the request was made)."""
+    for i, row in enumerate(rows):
+        bias = row.params.logit_bias
+        if bias:
+            ids = torch.tensor(list(bias), dtype=torch.long)
+            logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -141,6 +153,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
         """logits [N, vocab] float32 -> (token ids [N] list, logprobs list of TokenLogprob|None)."""
         raw = logits
+        if any(r.params.logit_bias for r in rows):
+            logits = apply_logit_bias(logits.clone(), rows)
         draw_first = [r.grammar is not None and _draws_before_mask(r.params) for r in rows]
         mask_first = [r.grammar if r.grammar is not None and not first else None
                       for r, first in zip(rows, draw_first)]

@@ -6,13 +6,14 @@ import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pagedllm.config import ServerConfig
 from pagedllm.server import errors
+from pagedllm.server.anthropic_api import add_anthropic_routes
 from pagedllm.server.auth import KeyStore
+from pagedllm.server.cors import add_cors
 from pagedllm.server.docs import install_docs
 from pagedllm.server.web_routes import add_web_routes
 from pagedllm.server.errors import APIError
@@ -21,6 +22,7 @@ from pagedllm.server.middleware import ApiKeyAuth, BodyGuard
 from pagedllm.server.ollama_api import add_ollama_routes
 from pagedllm.server.openai_routes import add_openai_routes
 from pagedllm.server.openapi import install_openapi
+from pagedllm.server.responses_api import add_responses_routes
 from pagedllm.server.state import ServerState
 from pagedllm.serving.client import EngineClient
 
@@ -68,6 +70,8 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     add_ollama_routes(app, state)
+    add_anthropic_routes(app, state)
+    add_responses_routes(app, state)
     add_web_routes(app, state, config.bench_results)
     install_openapi(app, name)
     install_docs(app)
@@ -79,7 +83,4 @@ def _add_guards(app: FastAPI, config: ServerConfig, keys: KeyStore) -> None:
     # so a client without a key never gets its body read.
     app.add_middleware(BodyGuard, max_bytes=config.max_body_bytes)
     app.add_middleware(ApiKeyAuth, keys=keys, public_metrics=config.public_metrics)
-    if config.allowed_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
-                           allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["Authorization", "X-Api-Key", "Content-Type"])
+    add_cors(app, config.allowed_origins)

@@ -54,13 +54,18 @@ def tool_use(state: ServerState, tools: Any, tool_choice: Any = None, tools_para
 
 
 def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
-                add_generation_prompt: bool = True) -> ChatPrompt:
+                add_generation_prompt: bool = True, continue_final: bool = False) -> ChatPrompt:
+    """continue_final: the last message is the assistant's start (prefill); the prompt ends
+    with its text, so the answer continues it."""
     tok = state.client.tokenizer
     template_messages, tools = template_inputs(messages, use.functions, use.choice, use.template)
     try:
-        text = tok.apply_chat_template(template_messages, add_generation_prompt, tools=tools)
+        text = tok.apply_chat_template(template_messages, add_generation_prompt and not
+                                       continue_final, tools=tools)
     except ChatTemplateError as exc:
         raise FieldError("messages", str(exc)) from exc
+    if continue_final:
+        text = cut_after_final(text, messages)
     limit = state.client.info.max_model_len
     # The template writes special tokens as text; encode without adding BOS twice.
     try:
@@ -74,15 +79,34 @@ def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
     return ChatPrompt(ids, use if offered else None)
 
 
+def cut_after_final(text: str, messages: list[dict]) -> str:
+    """The rendered conversation up to the end of the final assistant message's text: what
+    the template closes it with (an end-of-turn token) is cut, as vLLM does."""
+    last = messages[-1]
+    final = last.get("content") or ""
+    if last.get("role") != "assistant" or not final:
+        raise FieldError("messages", "continuing the final message needs the conversation to "
+                                     "end with an assistant message that has text")
+    end = text.rfind(final)
+    if end < 0:  # the template rewrote it (stripped it, say): try without outer spaces
+        final = final.strip()
+        end = text.rfind(final) if final else -1
+    if end < 0:
+        raise FieldError("messages", "the chat template does not keep the final assistant "
+                                     "message's text as given, so it cannot be continued")
+    return text[:end + len(final)]
+
+
 async def prepare_chat(state: ServerState, messages: list[dict], params: SamplingParams, *,
                        tools=None, tool_choice=None, add_generation_prompt: bool = True,
+                       continue_final: bool = False,
                        parallel_tool_calls: bool = True) -> tuple[ChatPrompt, SamplingParams]:
     """A chat request's prompt and final sampling parameters, for every chat API: its tools
     read (ToolError names a bad one), the conversation rendered through the model's
     template, the offered functions' schemas compiled (cached; on a worker thread; tools
     that will not be used, tool_choice "none", are not), a forced call made a grammar."""
     prompt = render_chat(state, messages, tool_use(state, tools, tool_choice),
-                         add_generation_prompt)
+                         add_generation_prompt, continue_final)
     use = prompt.tools
     for i, function in enumerate(use.functions if use is not None else ()):
         spec = json_schema_spec(function.parameters, f"{use.tools_param}[{i}].function.parameters")

@@ -1,5 +1,7 @@
 """Errors in the shape of the API that was called: OpenAI's {"error": {"message", "type",
-"param", "code"}} everywhere but under /api/, where Ollama's clients read {"error": "..."}."""
+"param", "code"}} everywhere but under /api/, where Ollama's clients read {"error": "..."},
+and under /v1/messages, where Anthropic's read {"type": "error", "error": {"type",
+"message"}}."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
@@ -31,6 +33,14 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 OLLAMA_PREFIX = "/api/"
+ANTHROPIC_PREFIX = "/v1/messages"
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 408: "timeout_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
 def error_response(status: int, message: str, param: str | None = None,
@@ -38,6 +48,10 @@ def error_response(status: int, message: str, param: str | None = None,
                    path: str = "") -> JSONResponse:
     if path.startswith(OLLAMA_PREFIX):
         return JSONResponse({"error": message}, status_code=status, headers=headers)
+    if path.startswith(ANTHROPIC_PREFIX):
+        return JSONResponse({"type": "error", "error": {"type": anthropic_error_type(status),
+                                                        "message": message}},
+                            status_code=status, headers=headers)
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
@@ -60,6 +74,10 @@ async def validation_error_handler(request: Request, exc: RequestValidationError
         return error_response(400, f"request body is not valid JSON: {first.get('msg')}", None,
                               "invalid_json", path=request.url.path)
     message = first.get("msg", "invalid request")
+    if first.get("type") == "extra_forbidden":  # refused, never silently ignored
+        return error_response(400, f"{param}: this server does not support this field; it "
+                                   f"refuses it rather than ignore it", param,
+                              "unsupported_field", path=request.url.path)
     if param:
         message = f"{param}: {message}"
     return error_response(400, message, param, "invalid_value", path=request.url.path)

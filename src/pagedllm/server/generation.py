@@ -132,9 +132,10 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
         state, body.template_messages(),
         body.sampling_params(body.max_completion_tokens or body.max_tokens, top),
         tools=body.tools, tool_choice=body.tool_choice,
-        add_generation_prompt=body.add_generation_prompt,
+        add_generation_prompt=body.generation_prompt(),
+        continue_final=body.continue_final_message,
         parallel_tool_calls=body.parallel_tool_calls)
     job = Job([prompt.token_ids], params, body.stream, body.user,
-              report_position=body.queue_position)
+              report_position=body.queue_position, api="openai.chat")
     return await run(state, http_request, job, OpenAIShape(chat_endpoint(state, prompt.tools),
                                                            body.include_usage()))

@@ -133,6 +133,9 @@ class ServerMetrics:
                                labels, registry=self.registry, buckets=_LATENCY_BUCKETS)
         self.success = Counter(P + "request_success", "Finished requests by reason.",
                                labels + ["finished_reason"], registry=self.registry)
+        self.api_requests = Counter(P + "api_requests", "Accepted generation requests by the "
+                                    "API they came through (openai.chat, anthropic.messages, ...).",
+                                    labels + ["api"], registry=self.registry)
         self.user_requests = Counter(P + "user_requests", "Finished requests per user (API key).",
                                      ["user"], registry=self.registry)
         self.user_prompt_tokens = Counter(P + "user_prompt_tokens", "Prompt tokens per user.",

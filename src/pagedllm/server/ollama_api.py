@@ -47,7 +47,7 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         # Ollama has no tool_choice: a model offered tools may call them or answer ("auto").
         prompt, params = await prepare_chat(state, _chat_messages(body), body.sampling_params(),
                                             tools=body.tools)
-        return await run(state, request, _job(body, prompt.token_ids, params),
+        return await run(state, request, _job(body, prompt.token_ids, params, "ollama.chat"),
                          OllamaShape(body.model, lambda: ChatShape(prompt.tools)))
 
     @app.post("/api/generate")
@@ -65,7 +65,8 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
         # Tokenized off the event loop, and stopped at the context (a raw prompt of megabytes
         # is refused after about as much work as one that fits).
         prompt_ids = list(body.context or []) + await asyncio.to_thread(_generate_prompt, state, body)
-        return await run(state, request, _job(body, prompt_ids, body.sampling_params()),
+        return await run(state, request, _job(body, prompt_ids, body.sampling_params(),
+                                              "ollama.generate"),
                          OllamaShape(body.model, GenerateShape))
 
     _add_model_routes(app, state, info)
@@ -146,9 +147,9 @@ def _generate_prompt(state: ServerState, body: OllamaGenerateRequest) -> list[in
     return render_chat(state, messages, tool_use(state, None)).token_ids
 
 
-def _job(body: OllamaFields, prompt_ids: list[int], params) -> Job:
+def _job(body: OllamaFields, prompt_ids: list[int], params, api: str) -> Job:
     # options.num_ctx is the client's own context: the answer ends there (OutputCaps).
-    return Job([prompt_ids], params, body.stream, context=body.options.num_ctx)
+    return Job([prompt_ids], params, body.stream, context=body.options.num_ctx, api=api)
 
 
 class OllamaShape:

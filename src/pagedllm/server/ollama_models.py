@@ -34,7 +34,7 @@ class ModelInfo:
         self.state.check_model(None)  # draining
         if not model:
             raise APIError(400, "model is required", "model")
-        if model not in self._accepted:
+        if model not in self._accepted and not self.state.answers_to(model):
             raise APIError(404, f"model '{model}' not found; this server serves "
                                 f"'{self.name}'", "model")
 

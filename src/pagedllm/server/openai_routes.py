@@ -1,5 +1,7 @@
 """The OpenAI-style routes: /v1/models, /v1/completions, /v1/chat/completions (generation.py
-parses and shapes them; the pipeline runs them), and vLLM's /tokenize and /detokenize."""
+parses and shapes them; the pipeline runs them), and vLLM's /tokenize and /detokenize. Each
+/v1 route also answers without the prefix (a client whose base_url lacks /v1), unpublished
+in the schema."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request as HTTPRequest
@@ -18,16 +20,19 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     card = _model_card(info)
 
     @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
     async def models():
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
             "max_model_len": info.max_model_len, **card}]}
 
     @app.post("/v1/completions")
+    @app.post("/completions", include_in_schema=False)
     async def completions(body: CompletionRequest, request: HTTPRequest):
         return await create_completion(state, body, request)
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(body: ChatCompletionRequest, request: HTTPRequest):
         return await create_chat_completion(state, body, request)
 

@@ -13,6 +13,10 @@ OPENAI_ERROR = {"type": "object", "required": ["error"], "properties": {"error":
                    "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 OLLAMA_ERROR = {"type": "object", "required": ["error"],
                 "properties": {"error": {"type": "string"}}}
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
 # What any request may meet, whatever its route: bad input, no key, unknown model, a body
 # over the limit or too slow, a full queue or a rate limit, a failed request, draining.
 ERRORS = {400: "a field is invalid (the error names it)", 401: "missing or invalid API key",
@@ -20,7 +24,8 @@ ERRORS = {400: "a field is invalid (the error names it)", 401: "missing or inval
           413: "the body is over --max-body-bytes", 429: "queue full or over a rate limit",
           500: "this request failed in the engine", 503: "shutting down, or the engine is unusable"}
 STREAMED = {"/v1/completions": "text/event-stream", "/v1/chat/completions": "text/event-stream",
-            "/v1/server/state": "text/event-stream",
+            "/v1/server/state": "text/event-stream", "/v1/messages": "text/event-stream",
+            "/v1/responses": "text/event-stream",
             "/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson"}
 TEXT_ROUTES = {"/metrics": "text/plain"}
 
@@ -37,7 +42,8 @@ def install_openapi(app: FastAPI, served_model_name: str) -> None:
 
 def _accurate(schema: dict, served_model_name: str) -> dict:
     for path, operations in schema.get("paths", {}).items():
-        error = OLLAMA_ERROR if path.startswith("/api/") else OPENAI_ERROR
+        error = OLLAMA_ERROR if path.startswith("/api/") else \
+            ANTHROPIC_ERROR if path.startswith("/v1/messages") else OPENAI_ERROR
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)

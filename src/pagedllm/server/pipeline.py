@@ -38,6 +38,7 @@ class Job:
     user_field: str | None = None  # the body's `user` (without keys: who asks)
     context: int | None = None  # the client's own context window (Ollama's num_ctx)
     report_position: bool = False  # stream queue positions while waiting
+    api: str = "openai.completions"  # the API it came through: the metrics' `api` label
 
 
 class Shape(Protocol):
@@ -55,6 +56,7 @@ async def run(state: ServerState, http_request: HTTPRequest, job: Job, shape: Sh
         await asyncio.to_thread(state.client.compile_grammar, job.params.guided)
     choices = make_choices(state, http_request, job)
     submit(state, choices, job.report_position and job.stream)
+    state.metrics.api_requests.labels(state.metrics.model_name, job.api).inc()
     if job.stream:
         return shape.stream(state, choices)
     if not await collect(state, http_request, choices):

@@ -10,8 +10,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, field_validator
 
 from pagedllm.config import CHAT_DEFAULT_MAX_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS
-from pagedllm.core.request import (MAX_INT32, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
-                                   MIN_REPETITION_PENALTY, SEED_RANGE, SamplingParams)
+from pagedllm.core.request import (LOGIT_BIAS_RANGE, MAX_INT32, MAX_LOGIT_BIAS_TOKENS,
+                                   MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+                                   MIN_REPETITION_PENALTY, SEED_RANGE, SamplingParams,
+                                   SamplingParamsError)
+from pagedllm.errors import FieldError
 from pagedllm.structured.spec import GrammarSpec, spec_from_request
 from pagedllm.tool_calls.spec import ToolError
 
@@ -27,19 +30,23 @@ TokenId = Annotated[StrictInt, Field(ge=0, le=MAX_INT32)]
 
 class RequestModel(BaseModel):
     """Request bodies are read strictly, as the published schema says: 0 is not false, "1"
-    is not 1, true is not a token id."""
+    is not 1, true is not a token id. A field the model does not declare is refused (a 400
+    naming it); a model that takes others says so."""
 
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class SamplingFields(RequestModel):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+Bias = Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]
 
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
+
+class SamplingFields(RequestModel):
+    """Fields shared by /v1/completions and /v1/chat/completions. Every field is honoured
+    or listed as having no effect on the answer (README's field table, held by a test); any
+    other field is refused with a 400 naming it, never silently ignored (as OpenAI does)."""
 
     model: str | None = None
     max_tokens: int | None = Field(default=CHAT_DEFAULT_MAX_TOKENS, ge=1)
@@ -66,6 +73,17 @@ class SamplingFields(RequestModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # llama.cpp's names for the same: a GBNF (or Lark) grammar, a JSON schema.
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    # OpenAI's: token id (as a string) -> bias added to its logit; -100 bans, 100 forces.
+    logit_bias: dict[str, Bias] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_TOKENS)
+    # Accepted with no effect on the answer: bookkeeping for the client's own side (metadata,
+    # store, service_tier) and llama.cpp's cache_prompt (the prefix cache is always on).
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    cache_prompt: bool | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         return SamplingParams(
@@ -84,7 +102,16 @@ class SamplingFields(RequestModel):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             guided=self.grammar_spec(),
+            logit_bias=self.token_biases(),
         )
+
+    def token_biases(self) -> dict[int, float]:
+        biases = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit() or len(key) > 10:
+                raise SamplingParamsError("logit_bias", f"keys are token ids, got {key[:20]!r}")
+            biases[int(key)] = value
+        return biases
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -92,7 +119,8 @@ class SamplingFields(RequestModel):
     def grammar_spec(self) -> GrammarSpec | None:
         """Raises GrammarError naming the field."""
         return spec_from_request(self.response_format, self.guided_json, self.guided_regex,
-                                 self.guided_choice, self.guided_grammar)
+                                 self.guided_choice, self.guided_grammar, grammar=self.grammar,
+                                 json_schema=self.json_schema)
 
 
 class CompletionRequest(SamplingFields):
@@ -156,9 +184,21 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     add_generation_prompt: bool = True
+    # vLLM's: the last message is the assistant's, and the answer continues it (prefill).
+    continue_final_message: bool = False
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+
+    def generation_prompt(self) -> bool:
+        """Whether the template opens a new assistant turn: not when continuing the last."""
+        if not self.continue_final_message:
+            return self.add_generation_prompt
+        if self.add_generation_prompt and "add_generation_prompt" in self.model_fields_set:
+            raise FieldError("continue_final_message", "cannot be combined with "
+                             "add_generation_prompt: true (one continues the last message, "
+                             "the other starts a new one)")
+        return False
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The conversation in tool_calls/prompt.py's shape. Raises ToolError for a call

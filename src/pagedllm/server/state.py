@@ -3,6 +3,7 @@ config, keys and rate limits; who is asking; admission (queue room, tokens per m
 Built once by app.create_app; the handlers take it as their first argument."""
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 
 from fastapi import Request as HTTPRequest
@@ -14,6 +15,7 @@ from pagedllm.server.auth import ApiKey, KeyStore
 from pagedllm.server.errors import APIError
 from pagedllm.server.limits import TokenRateLimiter, check_queue
 from pagedllm.server.metrics import ServerMetrics
+from pagedllm.server.response_store import ResponseStore
 
 
 @dataclass
@@ -29,32 +31,45 @@ class ServerState:
     # Submitted choices by engine request id, until their stream ends: the live view reads
     # their time to first token (only the event loop changes it).
     live_choices: dict = field(default_factory=dict)
+    # The Responses API's finished responses, for previous_response_id (bounded).
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
     def check_model(self, model: str | None) -> None:
         if self.draining:
             raise APIError(503, "server is shutting down", None, "shutting_down")
-        if model is not None and model != self.served_model_name:
+        if model is not None and not self.answers_to(model):
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
                                 f"`{self.served_model_name}`.", "model", "model_not_found")
+
+    def answers_to(self, model: str) -> bool:
+        """The served name, or one of the admin's aliases (--model-alias; * patterns)."""
+        return model == self.served_model_name or any(
+            fnmatch.fnmatchcase(model, alias) for alias in self.config.model_aliases)
 
     def cache_salt_for(self, user: str) -> str | None:
         # Salted by user so one user cannot learn another's prompts through cache timing.
         return None if self.config.shared_prefix_cache else user
+
+    def identify(self, http_request: HTTPRequest,
+                 user_field: str | None) -> tuple[str, ApiKey | None]:
+        """Who is asking: the API key's name, else the `user` field, else the client
+        address; and the key."""
+        key = http_request.scope.get("state", {}).get("api_key")
+        if key is not None:
+            return key.name, key
+        if user_field:
+            return f"user:{user_field}", None
+        client = http_request.client
+        return f"addr:{client.host if client else 'unknown'}", None
 
     def admit(self, http_request: HTTPRequest, user_field: str | None,
               num_new: int) -> tuple[str, ApiKey | None]:
         """Who is asking (the API key's name, else the `user` field, else the client
         address) and its key; 429 when the queue is full or the key is over its tokens per
         minute."""
-        key = http_request.scope.get("state", {}).get("api_key")
+        user, key = self.identify(http_request, user_field)
         if key is not None:
-            user = key.name
             self.rate_limiter.check(key.name, key.tokens_per_minute)
-        elif user_field:
-            user = f"user:{user_field}"
-        else:
-            client = http_request.client
-            user = f"addr:{client.host if client else 'unknown'}"
         # Requests in flight fill the parallel slots first; only those beyond them wait.
         slots = self.client.info.scheduler_config.max_num_seqs
         waiting = max(0, self.client.num_in_flight - slots)

@@ -64,12 +64,18 @@ def grammar_spec(text: str, param: str = "guided_grammar") -> GrammarSpec:
 
 def spec_from_request(response_format: dict | None = None, guided_json: Any = None,
                       guided_regex: str | None = None, guided_choice: list[str] | None = None,
-                      guided_grammar: str | None = None) -> GrammarSpec | None:
-    """The one grammar a request asks for, or None. More than one is an error."""
+                      guided_grammar: str | None = None, *, grammar: str | None = None,
+                      json_schema: Any = None) -> GrammarSpec | None:
+    """The one grammar a request asks for, or None. More than one is an error. `grammar`
+    and `json_schema` are llama.cpp's names for guided_grammar and guided_json."""
     asked = [name for name, value in (("guided_json", guided_json), ("guided_regex", guided_regex),
                                       ("guided_choice", guided_choice),
-                                      ("guided_grammar", guided_grammar)) if value is not None]
+                                      ("guided_grammar", guided_grammar), ("grammar", grammar),
+                                      ("json_schema", json_schema)) if value is not None]
     fmt_type = (response_format or {}).get("type", "text")
+    if response_format is not None:
+        _check_keys(response_format, _RESPONSE_FORMAT_KEYS.get(fmt_type, {"type"}),
+                    "response_format")
     if fmt_type != "text":
         asked.insert(0, "response_format")
     if len(asked) > 1:
@@ -87,18 +93,38 @@ def spec_from_request(response_format: dict | None = None, guided_json: Any = No
         return GrammarSpec("regex", guided_regex, "guided_regex")
     if which == "guided_choice":
         return choice_spec(guided_choice)
+    if which == "json_schema":
+        return json_schema_spec(json_schema, "json_schema")
+    if which == "grammar":
+        return grammar_spec(grammar, "grammar")
     return grammar_spec(guided_grammar)
+
+
+# What each response_format type may hold: anything else is refused, not ignored.
+_RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "schema"},
+                         "json_schema": {"type", "json_schema"}}
+_JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+
+
+def _check_keys(value: dict, allowed: set[str], param: str) -> None:
+    unknown = sorted(k for k in value if k not in allowed)
+    if unknown:
+        raise GrammarError(f"{param}.{unknown[0]}", "is not a field this server supports here "
+                                                    f"(it takes {', '.join(sorted(allowed))})")
 
 
 def _response_format_spec(response_format: dict) -> GrammarSpec:
     fmt_type = response_format.get("type")
     if fmt_type == "json_object":
+        if "schema" in response_format:  # llama.cpp's form: a schema beside json_object
+            return json_schema_spec(response_format["schema"], "response_format.schema")
         return GrammarSpec("json_schema", json.dumps({"type": "object"}), "response_format")
     if fmt_type == "json_schema":
         wrapper = response_format.get("json_schema")
         if not isinstance(wrapper, dict) or "schema" not in wrapper:
             raise GrammarError("response_format",
                                'json_schema needs {"name": ..., "schema": {...}}')
+        _check_keys(wrapper, _JSON_SCHEMA_KEYS, "response_format.json_schema")
         return json_schema_spec(wrapper["schema"], "response_format")
     raise GrammarError("response_format", f"unknown type {fmt_type!r}; use text, json_object "
                                           f"or json_schema")

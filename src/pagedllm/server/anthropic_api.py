@@ -1,0 +1,174 @@
+"""Anthropic's Messages API: POST /v1/messages (streamed as Anthropic's event sequence, or one
+message) and /v1/messages/count_tokens. The body becomes a conversation (anthropic_protocol.py)
+that goes through the same chat preparation (chat_prompt.py) and the one pipeline as every
+other API; this module only says how the answer looks. Errors under /v1/messages come in
+Anthropic's shape (errors.py)."""
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedllm.core.request import QueuePosition
+from pagedllm.server.answer_parts import AnswerParts
+from pagedllm.server.anthropic_protocol import CountTokensRequest, MessagesRequest, tool_input
+from pagedllm.server.chat_prompt import ToolUse, prepare_chat, render_chat, tool_use
+from pagedllm.server.choice import Choice, public_finish
+from pagedllm.server.drive import merged
+from pagedllm.server.errors import anthropic_error_type
+from pagedllm.server.pipeline import Job, run
+from pagedllm.server.protocol import random_id
+from pagedllm.server.state import ServerState
+
+
+def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: HTTPRequest):
+        state.check_model(body.model)
+        prompt, params = await prepare_chat(
+            state, body.conversation(), body.sampling_params(), tools=body.openai_tools(),
+            tool_choice=body.openai_tool_choice(), continue_final=body.prefill(),
+            parallel_tool_calls=body.parallel_tool_calls())
+        job = Job([prompt.token_ids], params, body.stream, body.user(), api="anthropic.messages")
+        return await run(state, request, job, MessageShape(body.model, prompt.tools))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest):
+        state.check_model(body.model)
+        use = tool_use(state, body.openai_tools(), body.openai_tool_choice())
+        prompt = render_chat(state, body.conversation(), use, continue_final=body.prefill())
+        return {"input_tokens": len(prompt.token_ids)}
+
+
+class MessageShape:
+    """One message (Anthropic's answer has no n): content blocks of text and tool_use."""
+
+    def __init__(self, model: str, tools: ToolUse | None):
+        self.model = model  # Anthropic's answer names the model as asked
+        self.tools = tools
+        self.message_id = random_id("msg")
+
+    def whole(self, state: ServerState, choices: list[Choice]) -> Response:
+        choice = choices[0]
+        final = choice.final
+        text, calls = self.tools.parse(final.text) if self.tools else (final.text, [])
+        content = ([{"type": "text", "text": text}] if text else []) + [
+            {"type": "tool_use", "id": call.id, "name": call.name,
+             "input": tool_input(call.arguments)} for call in calls]
+        reason, error = _stop_reason(state, choice, final.finish_reason, final.stop_string, calls)
+        body = {**self._head(choice), "content": content, "stop_reason": reason,
+                "stop_sequence": final.stop_string if reason == "stop_sequence" else None,
+                "usage": _usage(choice, len(final.token_ids))}
+        if error is not None:
+            body["error"] = error
+        return JSONResponse(body)
+
+    def stream(self, state: ServerState, choices: list[Choice]) -> Response:
+        choice = choices[0]
+
+        async def events():
+            blocks = _Blocks(self.tools)
+            start = {**self._head(choice), "content": [], "stop_reason": None,
+                     "stop_sequence": None, "usage": _usage(choice, 0)}
+            yield _event("message_start", {"type": "message_start", "message": start})
+            yield _event("ping", {"type": "ping"})
+            try:
+                async for _, out in merged(state, choices):
+                    if isinstance(out, QueuePosition):
+                        continue
+                    for event in blocks.feed(out.new_text, out.finished):
+                        yield _event(event["type"], event)
+                    if out.finished:
+                        reason, error = _stop_reason(state, choice, out.finish_reason,
+                                                     out.stop_string, blocks.calls)
+                        if error is not None:
+                            yield _event("error", {"type": "error", "error": {
+                                "type": "api_error", "message": error["message"]}})
+                        yield _event("message_delta", {
+                            "type": "message_delta",
+                            "delta": {"stop_reason": reason, "stop_sequence":
+                                      out.stop_string if reason == "stop_sequence" else None},
+                            "usage": {"output_tokens": len(out.token_ids)}})
+                        yield _event("message_stop", {"type": "message_stop"})
+            except Exception as exc:  # noqa: BLE001 - the status line is sent; say it in-band
+                yield _event("error", {"type": "error", "error": {
+                    "type": anthropic_error_type(getattr(exc, "status", 500)),
+                    "message": str(exc)}})
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def _head(self, choice: Choice) -> dict:
+        return {"id": self.message_id, "type": "message", "role": "assistant",
+                "model": self.model}
+
+
+class _Blocks:
+    """A streamed answer as content blocks: text while it is text, each tool call as one
+    tool_use block (start, its whole input as one input_json_delta, stop), as the SDK
+    reassembles them."""
+
+    def __init__(self, tools: ToolUse | None):
+        self.parts = AnswerParts(tools)
+        self.index = 0
+        self.text_open = False
+
+    @property
+    def calls(self) -> list:
+        return self.parts.calls
+
+    def feed(self, new_text: str, finished: bool) -> list[dict]:
+        text, calls = self.parts.feed(new_text, finished)
+        events = []
+        if text:
+            if not self.text_open:
+                events.append({"type": "content_block_start", "index": self.index,
+                               "content_block": {"type": "text", "text": ""}})
+                self.text_open = True
+            events.append({"type": "content_block_delta", "index": self.index,
+                           "delta": {"type": "text_delta", "text": text}})
+        for call in calls:
+            events += self._close_text()
+            events += [
+                {"type": "content_block_start", "index": self.index,
+                 "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
+                                   "input": {}}},
+                {"type": "content_block_delta", "index": self.index,
+                 "delta": {"type": "input_json_delta",
+                           "partial_json": json.dumps(tool_input(call.arguments))}},
+                {"type": "content_block_stop", "index": self.index}]
+            self.index += 1
+        if finished:
+            events += self._close_text()
+        return events
+
+    def _close_text(self) -> list[dict]:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        self.index += 1
+        return [{"type": "content_block_stop", "index": self.index - 1}]
+
+
+def _stop_reason(state: ServerState, choice: Choice, finish_reason: str | None,
+                 stop_string: str | None, calls: list) -> tuple[str, dict | None]:
+    """Anthropic's stop_reason for an engine finish, and the error when the server cut it."""
+    reason, error = public_finish(state, choice, finish_reason)
+    if reason == "length":
+        return "max_tokens", error
+    if calls:
+        return "tool_use", None
+    return ("stop_sequence" if stop_string else "end_turn"), None
+
+
+def _usage(choice: Choice, output_tokens: int) -> dict:
+    final = choice.final
+    cached = final.num_cached_tokens if final is not None else 0
+    return {"input_tokens": choice.request.num_prompt_tokens - cached,
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0,
+            "output_tokens": output_tokens}
+
+
+def _event(name: str, payload: dict) -> str:
+    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"

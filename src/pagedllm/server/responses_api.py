@@ -1,0 +1,259 @@
+"""OpenAI's Responses API: POST /v1/responses (streamed as its typed events, or one response
+object), GET and DELETE /v1/responses/{id}. The body becomes a conversation
+(responses_protocol.py), continued from a stored response when `previous_response_id` names
+one (response_store.py: bounded, each entry visible to its owner alone), and goes through
+the same chat preparation (chat_prompt.py) and the one pipeline as every other API; this
+module says how the answer looks and keeps it."""
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pagedllm.core.request import QueuePosition
+from pagedllm.server.answer_parts import AnswerParts
+from pagedllm.server.chat_prompt import ToolUse, prepare_chat
+from pagedllm.server.choice import Choice, public_finish
+from pagedllm.server.drive import merged
+from pagedllm.server.errors import APIError
+from pagedllm.server.pipeline import Job, run
+from pagedllm.server.protocol import random_id
+from pagedllm.server.responses_protocol import ResponsesRequest
+from pagedllm.server.state import ServerState
+from pagedllm.tool_calls.spec import ToolCall
+
+
+def add_responses_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/responses")
+    @app.post("/responses", include_in_schema=False)
+    async def create(body: ResponsesRequest, request: HTTPRequest):
+        state.check_model(body.model)
+        owner = _owner(state, request)
+        conversation = _earlier(state, body, owner) + body.conversation()
+        prompt, params = await prepare_chat(
+            state, conversation, body.sampling_params(), tools=body.chat_tools(),
+            tool_choice=body.chat_tool_choice(), parallel_tool_calls=body.parallel_tool_calls)
+        job = Job([prompt.token_ids], params, body.stream, body.user, api="openai.responses")
+        shape = ResponseShape(body, prompt.tools, conversation, owner)
+        return await run(state, request, job, shape)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str, request: HTTPRequest):
+        entry = state.responses.get(response_id, _owner(state, request))
+        if entry is None:
+            raise _not_found(response_id)
+        return entry.body
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str, request: HTTPRequest):
+        if not state.responses.delete(response_id, _owner(state, request)):
+            raise _not_found(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+
+def _owner(state: ServerState, request: HTTPRequest) -> str:
+    """Whose stored responses a request may read: its API key's, else its address's (not
+    the body's `user`, which anyone can write)."""
+    return state.identify(request, None)[0]
+
+
+def _earlier(state: ServerState, body: ResponsesRequest, owner: str) -> list[dict]:
+    if body.previous_response_id is None:
+        return []
+    entry = state.responses.get(body.previous_response_id, owner)
+    if entry is None:
+        raise APIError(404, f"no stored response {body.previous_response_id!r}: responses are "
+                            f"kept for an hour, within a bounded store, and only for whoever "
+                            f"made them", "previous_response_id", "not_found")
+    earlier = list(entry.conversation)
+    if body.instructions:  # the new instructions replace the earlier ones, as OpenAI does
+        earlier = [turn for turn in earlier if turn["role"] != "system"]
+    return earlier
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, f"no stored response {response_id!r}", "response_id", "not_found")
+
+
+class ResponseShape:
+    def __init__(self, body: ResponsesRequest, tools: ToolUse | None,
+                 conversation: list[dict], owner: str):
+        self.body = body
+        self.tools = tools
+        self.conversation = conversation
+        self.owner = owner
+        self.response_id = random_id("resp")
+        self.created_at = int(time.time())
+
+    def whole(self, state: ServerState, choices: list[Choice]) -> Response:
+        choice = choices[0]
+        final = choice.final
+        text, calls = self.tools.parse(final.text) if self.tools else (final.text, [])
+        output = ([_message_item(random_id("msg"), text, "completed")] if text else []) + [
+            _call_item(call, "completed") for call in calls]
+        return JSONResponse(self._finish(state, choice, output, text, calls))
+
+    def stream(self, state: ServerState, choices: list[Choice]) -> Response:
+        choice = choices[0]
+
+        async def events():
+            items = _Items(self.tools)
+            yield items.event("response.created", response=self._body("in_progress", []))
+            yield items.event("response.in_progress", response=self._body("in_progress", []))
+            try:
+                async for _, out in merged(state, choices):
+                    if isinstance(out, QueuePosition):
+                        continue
+                    for event in items.feed(out.new_text, out.finished):
+                        yield event
+                    if out.finished:
+                        body = self._finish(state, choice, items.output, items.text,
+                                            items.parts.calls)
+                        kind = {"completed": "response.completed",
+                                "incomplete": "response.incomplete"}[body["status"]]
+                        yield items.event(kind, response=body)
+            except Exception as exc:  # noqa: BLE001 - the status line is sent; say it in-band
+                yield items.event("error", code=getattr(exc, "code", None), message=str(exc),
+                                  param=getattr(exc, "param", None))
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def _finish(self, state: ServerState, choice: Choice, output: list[dict], text: str,
+                calls: list[ToolCall]) -> dict:
+        """The final response object; kept in the store when the request asked (store)."""
+        final = choice.final
+        reason, error = public_finish(state, choice, final.finish_reason)
+        body = self._body("incomplete" if reason == "length" else "completed", output)
+        if reason == "length":
+            body["incomplete_details"] = {"reason": "max_output_tokens"}
+        if error is not None:
+            body["error"] = {"code": "server_error", "message": error["message"]}
+        cached = final.num_cached_tokens
+        prompt_tokens, output_tokens = len(final.prompt_token_ids), len(final.token_ids)
+        body["usage"] = {"input_tokens": prompt_tokens,
+                         "input_tokens_details": {"cached_tokens": cached},
+                         "output_tokens": output_tokens,
+                         "output_tokens_details": {"reasoning_tokens": 0},
+                         "total_tokens": prompt_tokens + output_tokens}
+        if self.body.store:
+            answer = {"role": "assistant", "content": text}
+            if calls:
+                answer["tool_calls"] = [{"id": c.id, "name": c.name,
+                                         "arguments": c.arguments_dict} for c in calls]
+            state.responses.put(self.response_id, self.owner, self.conversation + [answer],
+                                body)
+        return body
+
+    def _body(self, status: str, output: list[dict]) -> dict:
+        body = self.body
+        fmt = body.text.format if body.text and body.text.format else None
+        return {
+            "id": self.response_id, "object": "response", "created_at": self.created_at,
+            "status": status, "model": body.model, "output": output, "error": None,
+            "incomplete_details": None, "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "parallel_tool_calls": body.parallel_tool_calls,
+            "previous_response_id": body.previous_response_id,
+            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "top_p": 1.0 if body.top_p is None else body.top_p,
+            "tool_choice": _tool_choice(body),
+            "tools": [t.model_dump() for t in body.tools or []],
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt
+                     else {"type": "text"}},
+            "metadata": body.metadata or {}, "store": body.store, "truncation": "disabled",
+            "usage": None, "user": body.user}
+
+
+def _tool_choice(body: ResponsesRequest):
+    choice = body.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": [_text_part(text)] if status == "completed" else []}
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _call_item(call: ToolCall, status: str) -> dict:
+    return {"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id,
+            "name": call.name, "arguments": call.arguments if status == "completed" else "",
+            "status": status}
+
+
+class _Items:
+    """A streamed answer as the Responses API's output items and their events: a message item
+    while the answer is text, one function_call item per tool call."""
+
+    def __init__(self, tools: ToolUse | None):
+        self.parts = AnswerParts(tools)
+        self.output: list[dict] = []  # finished items
+        self.text = ""  # all text shown
+        self.sequence = 0
+        self.message_id: str | None = None  # the open message item
+        self.message_text = ""
+
+    def event(self, kind: str, **fields) -> str:
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def feed(self, new_text: str, finished: bool) -> list[str]:
+        text, calls = self.parts.feed(new_text, finished)
+        events = []
+        if text:
+            if self.message_id is None:
+                self.message_id = random_id("msg")
+                self.message_text = ""
+                where = self._where()
+                events.append(self.event("response.output_item.added",
+                                         output_index=where["output_index"],
+                                         item=_message_item(self.message_id, "", "in_progress")))
+                events.append(self.event("response.content_part.added", **where,
+                                         part=_text_part("")))
+            self.message_text += text
+            self.text += text
+            events.append(self.event("response.output_text.delta", **self._where(), delta=text,
+                                     logprobs=[]))
+        for call in calls:
+            events += self._close_message()
+            index = len(self.output)
+            item_id = f"fc_{call.id}"
+            events += [
+                self.event("response.output_item.added", output_index=index,
+                           item=_call_item(call, "in_progress")),
+                self.event("response.function_call_arguments.delta", item_id=item_id,
+                           output_index=index, delta=call.arguments),
+                self.event("response.function_call_arguments.done", item_id=item_id,
+                           output_index=index, arguments=call.arguments)]
+            self.output.append(_call_item(call, "completed"))
+            events.append(self.event("response.output_item.done", output_index=index,
+                                     item=self.output[-1]))
+        if finished:
+            events += self._close_message()
+        return events
+
+    def _where(self) -> dict:
+        return {"item_id": self.message_id, "output_index": len(self.output),
+                "content_index": 0}
+
+    def _close_message(self) -> list[str]:
+        if self.message_id is None:
+            return []
+        where, text = self._where(), self.message_text
+        item = _message_item(self.message_id, text, "completed")
+        events = [self.event("response.output_text.done", **where, text=text, logprobs=[]),
+                  self.event("response.content_part.done", **where, part=_text_part(text)),
+                  self.event("response.output_item.done", output_index=where["output_index"],
+                             item=item)]
+        self.output.append(item)
+        self.message_id = None
+        return events
