@@ -71,6 +71,10 @@ def test_cli_builds_one_frozen_server_config():
         ["serve", "--allowed-origins", "http://a.example, http://b.example", "--max-body-bytes", "1000",
          "--max-queue", "5", "--shutdown-grace", "2"]))
     assert config.allowed_origins == ("http://a.example", "http://b.example")
+    aliased = server_config(build_parser().parse_args(
+        ["serve", "--model-alias", "gpt-4o-mini, claude-*", "--allowed-origins", "localhost"]))
+    assert aliased.model_aliases == ("gpt-4o-mini", "claude-*")
+    assert aliased.allowed_origins == ("localhost",)
     assert (config.max_body_bytes, config.max_queue, config.shutdown_grace) == (1000, 5, 2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.max_queue = 6

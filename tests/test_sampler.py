@@ -177,3 +177,30 @@ def test_candidate_mask_equals_full_sort_on_a_large_vocabulary():
     k = torch.where(top_k > 0, top_k, vocab)
     assert torch.equal(fast, _full_sort_mask(logits, k, top_p, min_p))
     assert fast[4].sum() > TRUNCATION_CANDIDATES  # a flat row really went past the candidates
+
+
+def test_logit_bias_bans_and_forces_per_row_before_sampling():
+    logits = torch.tensor([[0.1, 3.0, 2.9, -1, 0, 0, 0, 0]] * 3)
+    rows = [row(temperature=0, logit_bias={1: -100.0}), row(temperature=0),
+            row(temperature=0.8, seed=5, logit_bias={6: 100.0})]
+    tokens, logprobs = Sampler()(logits, rows)
+    assert tokens == [2, 1, 6]  # banned, untouched, forced; each row its own bias
+    bias_only = sample_many(torch.tensor([[0.0] * V]), lambda: row(logit_bias={3: -100.0}))
+    assert bias_only[3] == 0.0 and bias_only.sum() == pytest.approx(1.0)
+
+
+def test_logit_bias_logprobs_are_of_the_model():
+    logits = torch.tensor([[0.1, 3.0, 2.9, -1, 0, 0, 0, 0]])
+    _, (plain,) = Sampler()(logits, [row(temperature=0, logprobs=1)])
+    _, (biased,) = Sampler()(logits, [row(temperature=0, logprobs=1, logit_bias={2: 1.0})])
+    assert biased.token_id == 2
+    assert biased.logprob == pytest.approx(float(logits[0].log_softmax(-1)[2]))
+    assert plain.token_id == 1
+
+
+@pytest.mark.parametrize("bias", [{1: 100.5}, {1: -101}, {-1: 1.0}, {True: 1.0},
+                                  {i: 1.0 for i in range(301)}])
+def test_bad_logit_bias_is_refused(bias):
+    with pytest.raises(SamplingParamsError) as caught:
+        SamplingParams(logit_bias=bias)
+    assert caught.value.param == "logit_bias"
