@@ -32,7 +32,8 @@ def _add_http_args(http) -> None:
                       help="the model name clients send (default: the model's own name)")
     http.add_argument("--model-alias", default=None, metavar="NAMES",
                       help="comma-separated other names the model answers to, so a tool with "
-                           "a hard-coded name connects; * matches any text (gpt-4o-mini,claude-*)")
+                           "a hard-coded name connects; * matches any text (gpt-4o-mini,claude-*); "
+                           "default: none")
     http.add_argument("--log-level", default="info", choices=LOG_LEVELS,
                       help="info logs API requests; debug also /health and /metrics polls")
     http.add_argument("--shutdown-grace", type=float, default=30.0,
