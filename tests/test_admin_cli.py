@@ -250,6 +250,49 @@ def test_keys_refuses_to_edit_a_broken_file(tmp_path):
     assert path.read_text() == "alice short\n"
 
 
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as and run as another user")
+def test_keys_keep_a_service_users_file_readable_by_its_server(tmp_path):
+    """Root edits a key file a service user owns: owner, group and mode stay, so the server
+    (running as that user) re-reads it and a revoked key stops working; a file that server
+    could not read is refused before it is written."""
+    path = tmp_path / "keys.txt"
+    assert _keys(path, "add", "alice").returncode == 0 and _keys(path, "add", "bob").returncode == 0
+    os.chmod(tmp_path, 0o755)
+    os.chown(path, NOBODY, NOBODY)
+    os.chmod(path, 0o640)
+    assert _keys(path, "revoke", "alice").returncode == 0
+    after = os.stat(path)
+    assert (after.st_uid, after.st_gid, stat.S_IMODE(after.st_mode)) == (NOBODY, NOBODY, 0o640)
+    # A "server" reading the file, as nobody (its command line is all the CLI looks at).
+    server = subprocess.Popen(["/bin/bash", "-c", "trap '' HUP; sleep 60; true  # pagedllm", "serve",
+                               "--api-key-file", str(path)], user=NOBODY, group=NOBODY)
+    try:
+        added = _keys(path, "add", "carol")
+        assert added.returncode == 0 and f"pid {server.pid}" in added.stdout
+        os.chown(path, 0, 0)
+        os.chmod(path, 0o600)
+        refused = _keys(path, "add", "dave")
+        assert refused.returncode == 2 and f"pid {server.pid}" in refused.stderr
+        assert "dave" not in path.read_text()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_who_can_read_a_key_file():
+    from pagedllm.cli.keys import _can_read
+
+    assert _can_read(0, {0}, 1000, 1000, 0o600)  # root reads anything
+    assert _can_read(1000, {1000}, 1000, 1000, 0o600)
+    assert not _can_read(1001, {1001}, 1000, 1000, 0o600)
+    assert _can_read(1001, {1001, 50}, 1000, 50, 0o640)  # through a group
+    assert not _can_read(1001, {1001}, 1000, 50, 0o640)
+    assert _can_read(1001, {1001}, 1000, 50, 0o604)
+
+
 def test_keys_finds_the_servers_that_read_the_file(tmp_path):
     from pagedllm.cli.keys import _served_key_file
 

@@ -1,14 +1,19 @@
 """`pagedllm keys add | list | revoke`: the API key file edited safely, running servers told.
 
-The file is rewritten whole into a new file readable by its owner only (0600) and moved over
-the old one, so a server reloading meanwhile reads one version or the other. Afterwards every
-running `pagedllm serve` that reads this file gets SIGHUP, its signal to reload keys.
+The file is rewritten whole into a new file and moved over the old one, so a server
+reloading meanwhile reads one version or the other. The new file keeps the old one's owner,
+group and mode (a new file is 0600): a key file given to a service user (`chown pagedllm:`)
+stays readable by that service after root edits it. Before writing, every running `pagedllm
+serve` that reads this file is checked to be able to read the result; if one could not, the
+edit is refused (a server that cannot re-read its keys keeps the old ones, so a revoked key
+would go on working). Afterwards each gets SIGHUP, its signal to reload keys.
 """
 from __future__ import annotations
 
 import os
 import secrets
 import signal
+import stat
 import sys
 import tempfile
 
@@ -106,31 +111,99 @@ def _revoke(path: str, name: str) -> str:
 
 def _write(path: str, lines: list[str]) -> None:
     folder = os.path.dirname(os.path.abspath(path))
+    old = os.stat(path) if os.path.exists(path) else None
+    if old is not None:
+        _check_servers_can_read(path, old.st_uid, old.st_gid, old.st_mode)
     fd, temp = tempfile.mkstemp(dir=folder, prefix=".keys-")  # mkstemp makes it 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
+        if old is not None:
+            _keep_owner_and_mode(temp, path, old)
         os.replace(temp, path)
     except BaseException:
         os.unlink(temp)
         raise
 
 
+def _keep_owner_and_mode(temp: str, path: str, old: os.stat_result) -> None:
+    os.chmod(temp, stat.S_IMODE(old.st_mode))
+    if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.chown(temp, old.st_uid, old.st_gid)
+        except PermissionError as exc:
+            raise KeyFileError(
+                f"{path} belongs to uid {old.st_uid} (gid {old.st_gid}); rewritten by this user "
+                f"it would belong to uid {os.geteuid()} and a server running as its owner might "
+                f"not read it. Run this as root or as the file's owner") from exc
+
+
+def _check_servers_can_read(path: str, uid: int, gid: int, mode: int) -> None:
+    """Refuse an edit a running server reading this file could not re-read."""
+    import psutil
+
+    for pid in _server_pids(path):
+        try:
+            proc = psutil.Process(pid)
+            if not _can_read(proc.uids().effective, _groups(proc), uid, gid, mode):
+                raise KeyFileError(
+                    f"the server pid {pid} (uid {proc.uids().effective}) reads {path} but could "
+                    f"not read it (owner uid {uid}, gid {gid}, mode {stat.S_IMODE(mode):o}); it "
+                    f"would keep its old keys. Give the file to the server's user (chown) first")
+        except psutil.Error:
+            continue
+
+
+def _can_read(proc_uid: int, proc_groups: set[int], uid: int, gid: int, mode: int) -> bool:
+    if proc_uid == 0:
+        return True
+    if proc_uid == uid:
+        return bool(mode & stat.S_IRUSR)
+    if gid in proc_groups:
+        return bool(mode & stat.S_IRGRP)
+    return bool(mode & stat.S_IROTH)
+
+
+def _groups(proc) -> set[int]:
+    groups = {proc.gids().effective}
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    groups |= {int(g) for g in line.split()[1:]}
+    except OSError:
+        pass
+    return groups
+
+
 def signal_servers(path: str) -> list[int]:
     """SIGHUP every running `pagedllm serve` whose key file is this one; their pids."""
     import psutil
 
-    target = os.path.realpath(path)
     told = []
+    for pid in _server_pids(path):
+        try:
+            psutil.Process(pid).send_signal(signal.SIGHUP)
+            told.append(pid)
+        except psutil.Error:
+            continue
+    return told
+
+
+def _server_pids(path: str) -> list[int]:
+    """The running `pagedllm serve` processes whose key file is this one."""
+    import psutil
+
+    target = os.path.realpath(path)
+    pids = []
     for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
         try:
             key_file = _served_key_file(proc.info["cmdline"] or [], proc.info["cwd"])
             if key_file and os.path.realpath(key_file) == target:
-                proc.send_signal(signal.SIGHUP)
-                told.append(proc.info["pid"])
+                pids.append(proc.info["pid"])
         except (psutil.Error, OSError):
             continue
-    return told
+    return pids
 
 
 def _served_key_file(cmdline: list[str], cwd: str | None) -> str | None:
