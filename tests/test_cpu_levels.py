@@ -224,3 +224,46 @@ def test_a_quiet_build_lock_is_cleared_without_waiting_15_minutes(tmp_path, monk
         worker.wait()
     build._check_lock("some_kernels")
     assert not lock.exists() and "no build at work" in caplog.text
+
+
+def test_a_build_reports_its_progress_by_level_and_file(tmp_path, monkeypatch, capsys):
+    """`python -m pagedllm.kernels` says which level it compiles, how many files are done and
+    for how long; by default only the level serving uses, --all every level."""
+    import time
+
+    from pagedllm.kernels import __main__ as kernels_main
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    level = "portable"
+    folder = tmp_path / build.module_name(level)
+    folder.mkdir()
+    assert not build.is_built(level) and build.compiled_files(level, 0) == 0
+
+    def slow_build(lvl):  # stands in for g++: two object files appear, then the module
+        for source in build.SOURCES[:2]:
+            time.sleep(0.15)
+            (folder / (os.path.splitext(os.path.basename(source))[0] + ".o")).write_text("")
+        time.sleep(0.15)
+        return object()
+
+    monkeypatch.setattr(kernels_main, "kernels_for", slow_build)
+    monkeypatch.setattr(kernels_main, "PROGRESS_SECONDS", 0.1)
+    assert kernels_main.build_with_progress(level)
+    out = capsys.readouterr().out
+    assert f"{level}: compiling {len(build.SOURCES)} files" in out
+    assert "files compiled," in out and f"{level}: built in" in out
+    assert build.compiled_files(level, 0) == 2
+    (folder / (build.module_name(level) + ".so")).write_text("")
+    assert build.is_built(level)
+    monkeypatch.setattr(kernels_main, "build_with_progress", lambda lvl: print("built", lvl) or True)
+    assert kernels_main.main([]) == 0
+    serving_only = capsys.readouterr().out
+    assert serving_only.count("built ") == 1
+    assert kernels_main.main(["--all"]) == 0
+    assert capsys.readouterr().out.count("built ") == len(capabilities_available())
+
+
+def capabilities_available():
+    from pagedllm.kernels import capabilities
+
+    return capabilities().available

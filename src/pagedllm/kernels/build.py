@@ -106,6 +106,30 @@ def _check_lock(name: str) -> None:
                        "if none is running, delete that file", lock, age)
 
 
+def build_folder(level: str) -> str:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return _get_build_directory(module_name(level), verbose=False)
+
+
+def is_built(level: str) -> bool:
+    """Whether this level's module is already compiled here (loading it takes a second)."""
+    return os.path.exists(os.path.join(build_folder(level), module_name(level) + ".so"))
+
+
+def compiled_files(level: str, since: float) -> int:
+    """How many of the sources have been compiled since `since` (progress of a build)."""
+    folder = build_folder(level)
+    count = 0
+    for source in SOURCES:
+        obj = os.path.join(folder, os.path.splitext(os.path.basename(source))[0] + ".o")
+        try:
+            count += os.path.getmtime(obj) >= since
+        except OSError:
+            pass
+    return count
+
+
 @lru_cache(maxsize=None)
 def build(level: str):
     """The compiled module for `level` (callers check the CPU can run it), or None when it
@@ -115,6 +139,10 @@ def build(level: str):
 
         flags = list(COMMON_FLAGS + target_flags(level))
         _check_lock(module_name(level))
+        if not is_built(level):  # say so: the first start on a host compiles for minutes
+            logger.warning("compiling the %s C++ kernels (%d files; once per host, a few "
+                           "minutes on 2 cores; `python -m pagedllm.kernels` does it ahead)",
+                           level, len(SOURCES))
         return load(name=module_name(level), sources=SOURCES, extra_cflags=flags,
                     extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build problem means: use the torch path
