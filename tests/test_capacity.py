@@ -178,3 +178,23 @@ def test_bench_bad_arguments():
                           "http://127.0.0.1:9", "--concurrency", "1"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "cannot reach" in out.stdout
+
+
+def test_plans_serve_command_names_the_model_and_round_trips(tiny_llama_folder):
+    """The printed command serves what was planned when pasted: the model included."""
+    import shlex
+
+    from pagedllm.cli import build_parser, server_config  # noqa: F401  (the real parser)
+    from pagedllm.cli.options import engine_config
+    from pagedllm.tools.plan import serve_command
+
+    plan = make_plan(tiny_llama_folder, dtype="float32", context=256, parallels=[2],
+                     memory=64 << 20)
+    words = shlex.split(serve_command(plan))
+    assert words[:2] == ["pagedllm", "serve"]
+    args = build_parser().parse_args(words[1:])
+    config = engine_config(args)
+    assert args.model == tiny_llama_folder and config.model == tiny_llama_folder
+    assert args.max_model_len == 256 and args.dtype == "float32"
+    assert "--model" not in serve_command(make_plan(None, dtype="bfloat16", context=256,
+                                                    parallels=[1], memory=1 << 30))

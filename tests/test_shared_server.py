@@ -162,7 +162,8 @@ def test_ready_line_and_quiet_access_log(keyed):
         httpx.get(keyed.url + "/health", timeout=30)
     complete(keyed, "alice")
     log = keyed.output()
-    assert "listening on every interface (0.0.0.0)" in log
+    assert "listening on every interface (0.0.0.0)" in log and "the page at http://" in log
+    assert f":{keyed.port}/v1, Anthropic and Ollama http://" in log  # base URLs as clients take them
     assert "API keys: on, 3 key(s)" in log and "compute thread(s)" in log
     assert "POST /v1/completions" in log
     assert "GET /health" not in log  # polls stay out of the access log at info

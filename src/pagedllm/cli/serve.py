@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pagedllm.cli.options import add_engine_args, engine_config, positive_int, size
@@ -117,7 +118,8 @@ def _names(text: str | None) -> tuple[str, ...]:
 
 def cmd_serve(args) -> int:
     from pagedllm.server.auth import KeyFileError, parse_key_file, permission_warning
-    from pagedllm.server.runner import check_binding, serve
+    from pagedllm.errors import ModelLoadError
+    from pagedllm.server.runner import check_binding, port_in_use, serve
 
     # Refuse a bad setup before spending time loading the model.
     refusal = check_binding(args.host, args.api_key_file, args.insecure_no_auth)
@@ -136,15 +138,35 @@ def cmd_serve(args) -> int:
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         print("error: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
         return 2
+    busy = port_in_use(args.host, args.port)
+    if busy:
+        print(f"error: {busy}", file=sys.stderr)
+        return 2
     config = server_config(args)
     try:
         engine_settings = engine_config(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.model is not None and not os.path.exists(args.model):
+        print(f"error: no model at {args.model}: no such file or folder; {MODEL_HINT}",
+              file=sys.stderr)
+        return 2
     if args.replicas is not None:
         return _serve_replicas(args, engine_settings, config)
-    return serve(_load_with_progress(engine_settings), config)
+    try:
+        client = _load_with_progress(engine_settings)
+    except ModelLoadError as exc:
+        print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
+        return 2
+    return serve(client, config)
+
+
+MODEL_HINT = ("--model takes a GGUF file (on Hugging Face, search the model's name with "
+              "\"GGUF\" and download one .gguf, such as *-Q4_K_M.gguf) or a Hugging Face "
+              "folder (config.json, *.safetensors, tokenizer.json); without --model the "
+              "bundled SmolLM2-135M-Instruct is served")
+
 
 
 def _load_with_progress(config):

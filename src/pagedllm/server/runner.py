@@ -75,8 +75,11 @@ def ready_message(info: EngineInfo, host: str, port: int, served_name: str, sche
     wildcard = host in ("0.0.0.0", "::", "")
     shown_host = socket.gethostname() if wildcard else (f"[{host}]" if ":" in host else host)
     where = f"{scheme}://{shown_host}:{port}"
-    lines = [f"pagedllm ready at {where}/v1 (OpenAI API) and {where}/api (Ollama API)"
+    lines = [f"pagedllm ready: the page at {where}/"
              + (f", listening on every interface ({host})" if wildcard else "")]
+    # Each base URL as its clients take it: OpenAI's with /v1; Anthropic's and Ollama's
+    # clients add their own paths (/v1/messages, /api/chat) to the bare address.
+    lines.append(f"  base URLs: OpenAI {where}/v1, Anthropic and Ollama {where}")
     lines.append(f"  model {served_name}: {info.dtype}, KV cache {cache.cache_dtype}, "
                  f"context up to {scheduler.max_model_len:,} tokens")
     full = sizing.max_full_context_requests(cache.num_blocks, cache.block_size, scheduler.max_model_len)
@@ -102,6 +105,20 @@ class PollFilter(logging.Filter):
         if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
             return args[2].split("?")[0] not in self.QUIET_PATHS
         return True
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why (host, port) cannot be listened on now, or None: checked before the model loads,
+    so a busy port is said in a second, not after a minute of loading."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            return (f"cannot listen on {host}:{port} ({exc.strerror or exc}); another server "
+                    f"may hold the port: choose another with --port")
+    return None
 
 
 def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -> str | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -42,6 +43,7 @@ class CapacityPlan:
     max_parallel: int  # largest parallel count that fits
     rows: list[ParallelFit]
     warnings: list[str]
+    model_path: str | None = None  # as given to plan (None: the bundled default model)
 
 
 def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
@@ -82,9 +84,10 @@ def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[in
               kv_cache_dtype: str = "auto") -> CapacityPlan:
     summary = summarize_checkpoint(model)
     memory_bytes = memory if memory is not None else sizing.available_memory_bytes()
-    return plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
-                                context=context, parallels=parallels, memory_bytes=memory_bytes,
-                                block_size=block_size, kv_cache_dtype=kv_cache_dtype)
+    plan = plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
+                         context=context, parallels=parallels, memory_bytes=memory_bytes,
+                         block_size=block_size, kv_cache_dtype=kv_cache_dtype)
+    return dataclasses.replace(plan, model_path=model)
 
 
 def print_plan(plan: CapacityPlan, as_json: bool, console: Console | None = None) -> None:
@@ -116,8 +119,11 @@ def print_plan(plan: CapacityPlan, as_json: bool, console: Console | None = None
 
 
 def serve_command(plan: CapacityPlan) -> str:
-    """The `serve` flags that run what this plan sized."""
-    words = ["pagedllm serve", f"--max-num-seqs {max(plan.max_parallel, 1)}",
+    """The `serve` command that runs what this plan sized, ready to paste (the model too)."""
+    words = ["pagedllm serve"]
+    if plan.model_path is not None:
+        words.append(f"--model {shlex.quote(plan.model_path)}")
+    words += [f"--max-num-seqs {max(plan.max_parallel, 1)}",
              f"--max-model-len {plan.context}",
              f"--kv-cache-memory {max(plan.max_parallel, 1) * plan.kv_bytes_per_request + plan.kv_bytes_per_step}"]
     if plan.dtype != DEFAULT_DTYPE:

@@ -1,0 +1,47 @@
+"""`pagedllm serve` refuses a bad start in one line, before loading anything: a model path
+that does not exist, a folder that is no checkpoint, a port another program holds."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def serve(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pagedllm.cli", "serve", *argv],
+                          capture_output=True, text=True, timeout=300)
+
+
+def one_error_line(done: subprocess.CompletedProcess) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+@pytest.fixture()
+def port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_missing_model_is_one_line_with_where_to_get_one(port):
+    line = one_error_line(serve("--model", "/no/such/model.gguf", "--port", str(port)))
+    assert "/no/such/model.gguf" in line and "no such file" in line
+    assert "GGUF" in line and "config.json" in line and "bundled" in line
+
+
+def test_a_folder_that_is_no_checkpoint_is_one_line(tmp_path, port):
+    line = one_error_line(serve("--model", str(tmp_path), "--port", str(port)))
+    assert "config.json" in line and str(tmp_path) in line
+
+
+def test_a_busy_port_is_said_before_the_model_loads():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        line = one_error_line(serve("--port", str(busy)))
+    assert f"127.0.0.1:{busy}" in line and "--port" in line
