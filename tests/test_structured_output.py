@@ -379,3 +379,31 @@ def test_bad_grammars_get_a_400_naming_the_field_and_the_server_keeps_serving(se
     ok = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
         "model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
     assert ok.status_code == 200
+
+
+def _grammar_takes(compiler, spec, text: str) -> bool:
+    """Whether the grammar lets the model write `text` token by token."""
+    matcher = compiler.matcher(spec)
+    for token in compiler._tokenizer.encode(text, add_special_tokens=False):
+        if not matcher.allows(token):
+            return False
+        matcher.accept(token)
+    return True
+
+
+def test_a_forced_calls_arguments_follow_required_and_additional_properties(compiler):
+    """A forced tool call's grammar holds the arguments to the function's schema: a property
+    the schema does not allow (additionalProperties: false) and a missing required one are
+    refused, a valid call is taken."""
+    from pagedllm.tool_calls.spec import ToolChoice, parse_tools
+    from pagedllm.tool_calls.syntax import HERMES
+
+    functions = parse_tools([{"type": "function", "function": {
+        "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"], "additionalProperties": False}}}])
+    spec = HERMES.grammar(functions, ToolChoice("named", "get_weather"), parallel=False)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": %s}\n</tool_call>'
+    assert _grammar_takes(compiler, spec, call % '{"city": "Paris"}')
+    assert not _grammar_takes(compiler, spec, call % '{"city": "Paris", "units": "C"}')
+    assert not _grammar_takes(compiler, spec, call % '{}')

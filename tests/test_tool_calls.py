@@ -215,3 +215,24 @@ def test_forced_grammars_accept_calls_and_nothing_else(compiler, syntax):
     assert not _accepts(compiler, required, syntax.render_call(
         "get_weather", {"city": "Paris", "unit": "k"}))
     assert not _accepts(compiler, required, "Sure! " + one)
+
+
+@pytest.mark.parametrize("size", [1, 5, 1000])
+def test_a_call_the_token_limit_cut_is_not_shown_as_text(size):
+    """An answer cut inside a call (finish_reason "length"): the complete calls before it
+    count, the cut one is dropped rather than shown as raw syntax; without the cut, the
+    unparsable text stays content (nothing the model wrote is lost)."""
+    text = f"Checking.\n{CALL}\n" + CALL[:40]
+    parser = HermesParser(FUNCTIONS)
+    content, calls = "", []
+    for i in range(0, len(text), size):
+        c, k = parser.feed(text[i:i + size])
+        content, calls = content + c, calls + k
+    rest, more = parser.finish(cut=True)
+    assert content + rest == "Checking." and len(calls + more) == 1
+    assert "<tool_call>" not in content + rest
+    kept, _ = _feed_in_pieces(HermesParser(FUNCTIONS), text, size)
+    assert kept.endswith(CALL[:40])
+    llama = Llama3JsonParser(FUNCTIONS)
+    llama.feed('{"name": "get_weather", "parameters": {"ci')
+    assert llama.finish(cut=True) == ("", [])

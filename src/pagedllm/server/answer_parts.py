@@ -13,14 +13,16 @@ class AnswerParts:
         self.parser = tools.new_parser() if tools else None
         self.calls: list[ToolCall] = []  # every call so far
 
-    def feed(self, new_text: str, finished: bool) -> tuple[str, list[ToolCall]]:
-        """The text that can be shown now and the calls completed by this piece."""
+    def feed(self, new_text: str, finished: bool,
+             cut: bool = False) -> tuple[str, list[ToolCall]]:
+        """The text that can be shown now and the calls completed by this piece; cut: the
+        answer ended at its token limit (a call it cut off is not shown as text)."""
         if self.parser is None:
             return new_text, []
         before = len(self.parser.calls)
         text, _ = self.parser.feed(new_text)
         if finished:
-            rest, _ = self.parser.finish()
+            rest, _ = self.parser.finish(cut)
             text += rest
         calls = self.parser.calls[before:]
         self.calls += calls

@@ -52,7 +52,8 @@ class MessageShape:
     def whole(self, state: ServerState, choices: list[Choice]) -> Response:
         choice = choices[0]
         final = choice.final
-        text, calls = self.tools.parse(final.text) if self.tools else (final.text, [])
+        cut = final.finish_reason == "length"
+        text, calls = self.tools.parse(final.text, cut) if self.tools else (final.text, [])
         content = ([{"type": "text", "text": text}] if text else []) + [
             {"type": "tool_use", "id": call.id, "name": call.name,
              "input": tool_input(call.arguments)} for call in calls]
@@ -77,7 +78,8 @@ class MessageShape:
                 async for _, out in merged(state, choices):
                     if isinstance(out, QueuePosition):
                         continue
-                    for event in blocks.feed(out.new_text, out.finished):
+                    for event in blocks.feed(out.new_text, out.finished,
+                                             out.finish_reason == "length"):
                         yield _event(event["type"], event)
                     if out.finished:
                         reason, error = _stop_reason(state, choice, out.finish_reason,
@@ -118,8 +120,8 @@ class _Blocks:
     def calls(self) -> list:
         return self.parts.calls
 
-    def feed(self, new_text: str, finished: bool) -> list[dict]:
-        text, calls = self.parts.feed(new_text, finished)
+    def feed(self, new_text: str, finished: bool, cut: bool = False) -> list[dict]:
+        text, calls = self.parts.feed(new_text, finished, cut)
         events = []
         if text:
             if not self.text_open:

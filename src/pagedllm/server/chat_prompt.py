@@ -30,11 +30,11 @@ class ToolUse:
     def new_parser(self):
         return self.template.syntax.new_parser(self.functions)
 
-    def parse(self, text: str):
-        """(content, calls) of a whole answer."""
+    def parse(self, text: str, cut: bool = False):
+        """(content, calls) of a whole answer; cut: it ended at its token limit."""
         parser = self.new_parser()
         content, calls = parser.feed(text)
-        rest, more = parser.finish()
+        rest, more = parser.finish(cut)
         return content + rest, calls + more
 
 

@@ -96,7 +96,7 @@ def _tool_chat_endpoint(state: ServerState, tools: ToolUse) -> Endpoint:
         before = len(parser.calls)
         content, _ = parser.feed(out.new_text)
         if out.finished:
-            rest, _ = parser.finish()
+            rest, _ = parser.finish(out.finish_reason == "length")
             content += rest
         delta = {"content": content} if content else {}
         if len(parser.calls) > before:
@@ -109,7 +109,7 @@ def _tool_chat_endpoint(state: ServerState, tools: ToolUse) -> Endpoint:
                 "finish_reason": _finish_reason(out.finish_reason, parser.calls)}
 
     def final_choice(c: Choice) -> dict:
-        content, calls = tools.parse(c.final.text)
+        content, calls = tools.parse(c.final.text, c.final.finish_reason == "length")
         message = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = [call.as_openai() for call in calls]

@@ -173,7 +173,7 @@ class OllamaShape:
                     if fields is not None:
                         yield _line({**head, "created_at": _now(), **fields, "done": False})
                     if out.finished:
-                        yield _line({**head, "created_at": _now(), **pieces.finish(),
+                        yield _line({**head, "created_at": _now(), **pieces.finish(out.finish_reason == "length"),
                                      **_done(state, choice, out), **pieces.final_extra(out)})
             except Exception as exc:  # noqa: BLE001 - the status line is sent; report in-band
                 yield _line({"error": str(exc)})
@@ -183,7 +183,8 @@ class OllamaShape:
     def whole(self, state: ServerState, choices: list[Choice]) -> Response:
         choice = choices[0]
         out, pieces = choice.final, self.pieces()
-        return JSONResponse({**self.head, "created_at": _now(), **pieces.whole(out.text),
+        whole = pieces.whole(out.text, out.finish_reason == "length")
+        return JSONResponse({**self.head, "created_at": _now(), **whole,
                              **_done(state, choice, out), **pieces.final_extra(out)})
 
 

@@ -10,10 +10,10 @@ class GenerateShape:
     def feed(self, text: str) -> dict | None:
         return {"response": text} if text else None
 
-    def finish(self) -> dict:
+    def finish(self, cut: bool = False) -> dict:
         return {"response": ""}
 
-    def whole(self, text: str) -> dict:
+    def whole(self, text: str, cut: bool = False) -> dict:
         return {"response": text}
 
     def final_extra(self, out: RequestOutput) -> dict:
@@ -33,13 +33,14 @@ class ChatShape:
         content, calls = self._parser.feed(text)
         return _message(content, calls) if content or calls else None
 
-    def finish(self) -> dict:
+    def finish(self, cut: bool = False) -> dict:
+        """cut: the answer ended at its token limit (a call it cut off is not content)."""
         if self._parser is None:
             return _message("")
-        return _message(*self._parser.finish())
+        return _message(*self._parser.finish(cut))
 
-    def whole(self, text: str) -> dict:
-        return _message(text) if self._tools is None else _message(*self._tools.parse(text))
+    def whole(self, text: str, cut: bool = False) -> dict:
+        return _message(text) if self._tools is None else _message(*self._tools.parse(text, cut))
 
     def final_extra(self, out: RequestOutput) -> dict:
         return {}

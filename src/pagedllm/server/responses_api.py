@@ -90,7 +90,8 @@ class ResponseShape:
     def whole(self, state: ServerState, choices: list[Choice]) -> Response:
         choice = choices[0]
         final = choice.final
-        text, calls = self.tools.parse(final.text) if self.tools else (final.text, [])
+        cut = final.finish_reason == "length"
+        text, calls = self.tools.parse(final.text, cut) if self.tools else (final.text, [])
         output = ([_message_item(random_id("msg"), text, "completed")] if text else []) + [
             _call_item(call, "completed") for call in calls]
         return JSONResponse(self._finish(state, choice, output, text, calls))
@@ -106,7 +107,8 @@ class ResponseShape:
                 async for _, out in merged(state, choices):
                     if isinstance(out, QueuePosition):
                         continue
-                    for event in items.feed(out.new_text, out.finished):
+                    for event in items.feed(out.new_text, out.finished,
+                                            out.finish_reason == "length"):
                         yield event
                     if out.finished:
                         body = self._finish(state, choice, items.output, items.text,
@@ -206,8 +208,8 @@ class _Items:
         self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    def feed(self, new_text: str, finished: bool) -> list[str]:
-        text, calls = self.parts.feed(new_text, finished)
+    def feed(self, new_text: str, finished: bool, cut: bool = False) -> list[str]:
+        text, calls = self.parts.feed(new_text, finished, cut)
         events = []
         if text:
             if self.message_id is None:

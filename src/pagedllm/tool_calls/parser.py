@@ -6,7 +6,8 @@ Two syntaxes, the ones the open models are trained on:
 - Llama 3 JSON: the whole answer is `{"name": ..., "parameters": {...}}` (several joined by
   `;`), optionally after `<|python_tag|>`.
 What does not parse as a call of an offered function stays content: nothing the model wrote
-is lost.
+is lost, except a call the token limit cut off (finish(cut=True)): that is reported as cut
+(finish_reason "length"), not shown as raw call syntax.
 """
 from __future__ import annotations
 
@@ -75,14 +76,15 @@ class HermesParser:
         self.calls += calls
         return self._shown("".join(content)), calls
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
         """What is left at the end: an unclosed call that parses still counts (a model often
-        stops before the closing tag)."""
+        stops before the closing tag); one that does not, when the answer was cut (`cut`:
+        finish_reason "length"), was a call cut short and is dropped."""
         calls = []
         if self._in_call:
             call = self._parse(self._buffer)
             if call is None:
-                rest = self.OPEN + self._buffer
+                rest = "" if cut else self.OPEN + self._buffer
             else:
                 calls, rest = [call], ""
         else:
@@ -134,13 +136,13 @@ class Llama3JsonParser:
         held, self._held = self._held, ""
         return held, []
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCall]]:
         held, self._held = self._held, ""
         if self._mode == "text" or not held.strip():
             return held, []
         calls = self._parse(held.strip().removeprefix(self.TAG))
         if calls is None:
-            return held, []
+            return ("" if cut else held), []  # cut: calls the token limit ended
         self.calls += calls
         return "", calls
 
