@@ -388,3 +388,23 @@ def test_a_running_server_honours_keys_added_and_revoked(tmp_path):
         eventually(alice, 401)
     finally:
         server.stop()
+
+
+def test_version_and_key_file_after_the_action(tmp_path, capsys):
+    from pagedllm.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("pagedllm ")
+    path = tmp_path / "keys.txt"
+    assert _keys(path, "add", "alice").returncode == 0
+    after = subprocess.run([sys.executable, "-m", "pagedllm.cli", "keys", "list", "--file",
+                            str(path)], capture_output=True, text=True, timeout=60)
+    assert after.returncode == 0 and after.stdout.startswith("alice\t")
+
+
+def test_help_shows_a_default_of_zero():
+    from pagedllm.cli.main import build_parser, subparser
+
+    text = subparser(build_parser(), "bench").format_help()
+    assert "seed of the random prompts (default: 0)" in " ".join(text.split())

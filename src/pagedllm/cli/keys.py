@@ -10,6 +10,7 @@ would go on working). Afterwards each gets SIGHUP, its signal to reload keys.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import signal
@@ -30,9 +31,13 @@ def add_keys(sub, formatter) -> None:
                                       "and tells running servers that read it to reload (SIGHUP).")
     keys.add_argument("--file", default=os.environ.get("PAGEDLLM_KEY_FILE", DEFAULT_KEY_FILE),
                       help="the key file ($PAGEDLLM_KEY_FILE when set)")
+    # --file also after the action (`keys list --file x`), where people put it.
+    file_after = argparse.ArgumentParser(add_help=False)
+    file_after.add_argument("--file", default=argparse.SUPPRESS,
+                            help="the key file (as before the action)")
     actions = keys.add_subparsers(dest="keys_command", required=True)
     add = actions.add_parser("add", help="create a key for a user and print it once",
-                             formatter_class=formatter)
+                             formatter_class=formatter, parents=[file_after])
     add.add_argument("name", help="the user or team the key is for (shown in metrics and logs)")
     add.add_argument("--weight", type=float, default=None,
                      help="fair-share weight (default: 1)")
@@ -40,8 +45,10 @@ def add_keys(sub, formatter) -> None:
                      help="requests this key may run at once (default: no cap)")
     add.add_argument("--tokens-per-minute", type=positive_int, default=None,
                      help="prompt + generated tokens a minute (default: no cap)")
-    actions.add_parser("list", help="the names and limits (never the keys)", formatter_class=formatter)
-    revoke = actions.add_parser("revoke", help="remove a user's key", formatter_class=formatter)
+    actions.add_parser("list", help="the names and limits (never the keys)", formatter_class=formatter,
+                       parents=[file_after])
+    revoke = actions.add_parser("revoke", help="remove a user's key", formatter_class=formatter,
+                                parents=[file_after])
     revoke.add_argument("name", help="whose key goes")
     keys.set_defaults(func=cmd_keys)
 

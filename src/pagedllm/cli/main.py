@@ -17,6 +17,7 @@ from pagedllm.cli.service import add_install_service
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedllm", formatter_class=HelpFormatter,
                                      description="An LLM inference server for a team sharing one machine.")
+    parser.add_argument("--version", action="version", version=f"pagedllm {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="OpenAI- and Ollama-compatible HTTP server",
                            formatter_class=HelpFormatter)
@@ -25,6 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_keys(sub, HelpFormatter)
     add_install_service(sub, HelpFormatter)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pagedllm")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

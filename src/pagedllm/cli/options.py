@@ -14,8 +14,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action):
         # argparse would print "(default: None)" or a flag's "(default: False)": the help says
-        # what None means; a flag is off unless given.
-        if action.default in (None, False, "") or action.default is argparse.SUPPRESS:
+        # what None means; a flag is off unless given. (Identity, not ==: a default of 0 is
+        # shown.)
+        default = action.default
+        if default is None or default is False or default == "" or default is argparse.SUPPRESS:
             return action.help
         return super()._get_help_string(action)
 
