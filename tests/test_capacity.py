@@ -198,3 +198,26 @@ def test_plans_serve_command_names_the_model_and_round_trips(tiny_llama_folder):
     assert args.max_model_len == 256 and args.dtype == "float32"
     assert "--model" not in serve_command(make_plan(None, dtype="bfloat16", context=256,
                                                     parallels=[1], memory=1 << 30))
+
+
+def test_the_default_kv_cache_is_sized_for_the_model():
+    """No budget given: room for 4 full-context requests, within half of what is available,
+    never below the old floor (a tenth of available, up to 512 MiB)."""
+    gib = 1 << 30
+    request = 200 << 20  # one full-context request of a 1.7B model at 8k tokens, roughly
+    assert sizing.default_kv_memory(24 * gib, request) == 4 * request  # fits: 4 requests
+    assert sizing.default_kv_memory(1 * gib, request) == gib // 2  # half of what is there
+    assert sizing.default_kv_memory(24 * gib, 1 << 20) == 512 << 20  # the floor
+    assert sizing.default_kv_memory(2 * gib, 1 << 20) == int(2 * gib * 0.1)
+
+
+def test_a_context_cut_by_the_kv_cache_is_said_with_the_flag_that_raises_it(
+        tiny_llama_folder, caplog):
+    from pagedllm import LLM
+
+    with caplog.at_level("WARNING", logger="pagedllm"):
+        engine = LLM(tiny_llama_folder, dtype="float32", kv_cache_memory=64 << 10).engine
+    longest = engine.model_config.max_position_embeddings
+    assert engine.scheduler_config.max_model_len < longest
+    assert f"less than the model's context of {longest}" in caplog.text
+    assert "--kv-cache-memory" in caplog.text

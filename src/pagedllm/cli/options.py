@@ -78,7 +78,8 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="tokens one step computes (long prompts are prefilled in chunks)")
     group.add_argument("--kv-cache-memory", type=memory_amount, default=None,
                        help="KV-cache size: bytes (64MiB, 2GiB) or a fraction (0-1] of available "
-                            "memory (default: a tenth of available memory, at most 512 MiB)")
+                            "memory (default: room for 4 requests at the model's full context, "
+                            "within half of available memory, at least min(a tenth, 512 MiB))")
     group.add_argument("--max-model-len", type=positive_int, default=None,
                        help="longest prompt + answer in tokens (default: the model's context, "
                             "capped by the KV cache)")

@@ -13,8 +13,12 @@ from pagedllm.config import ModelConfig
 # context is longer; preemption covers the rare request that needs more.
 AUTO_TYPICAL_REQUEST_TOKENS = 1024
 AUTO_MAX_NUM_SEQS = 64
-DEFAULT_KV_FRACTION = 0.1  # of available memory, when no budget is given
-DEFAULT_KV_MAX_BYTES = 512 << 20
+# With no budget given, the KV cache is sized for the model: room for this many requests at
+# its full context, within this share of the memory available once the weights are loaded
+# (the rest is the OS's and the activations'), and never below the small floor.
+DEFAULT_FULL_CONTEXT_REQUESTS = 4
+DEFAULT_KV_AVAILABLE_SHARE = 0.5
+DEFAULT_KV_FLOOR_FRACTION, DEFAULT_KV_FLOOR_BYTES = 0.1, 512 << 20
 
 
 ELEMENT_SIZES = {"float32": 4, "bfloat16": 2}  # bytes per element of each model dtype
@@ -35,16 +39,25 @@ def available_memory_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def resolve_kv_memory(kv_cache_memory: int | float | None) -> int:
+def resolve_kv_memory(kv_cache_memory: int | float | None,
+                      full_request_bytes: int = 0) -> int:
     """Bytes for the KV cache: an int is bytes, a float in (0, 1] a fraction of available
-    memory, None the default (a tenth of available memory, at most 512 MiB)."""
+    memory, None the default: DEFAULT_FULL_CONTEXT_REQUESTS requests of `full_request_bytes`
+    (one request at the model's full context), within DEFAULT_KV_AVAILABLE_SHARE of available
+    memory, and at least a tenth of it up to 512 MiB."""
     if kv_cache_memory is None:
-        return min(int(available_memory_bytes() * DEFAULT_KV_FRACTION), DEFAULT_KV_MAX_BYTES)
+        return default_kv_memory(available_memory_bytes(), full_request_bytes)
     if isinstance(kv_cache_memory, float) and 0 < kv_cache_memory <= 1:
         return int(available_memory_bytes() * kv_cache_memory)
     if kv_cache_memory <= 0:
         raise ValueError(f"kv_cache_memory must be positive, got {kv_cache_memory}")
     return int(kv_cache_memory)
+
+
+def default_kv_memory(available: int, full_request_bytes: int) -> int:
+    floor = min(int(available * DEFAULT_KV_FLOOR_FRACTION), DEFAULT_KV_FLOOR_BYTES)
+    wanted = DEFAULT_FULL_CONTEXT_REQUESTS * full_request_bytes
+    return max(floor, min(wanted, int(available * DEFAULT_KV_AVAILABLE_SHARE)))
 
 
 def num_blocks_for_memory(memory_bytes: int, config: ModelConfig, element_size: int,

@@ -86,13 +86,15 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
     and the scheduler's limits that follow from it."""
     block_size, kv_cache_dtype = config.block_size, config.kv_cache_dtype
     element_size = torch.tensor([], dtype=torch_dtype).element_size()
-    kv_memory_bytes = sizing.resolve_kv_memory(config.kv_cache_memory)
+    longest = model_config.max_position_embeddings
+    full_request = sizing.kv_bytes_per_request(model_config, element_size, kv_cache_dtype,
+                                               config.max_model_len or longest, block_size)
+    kv_memory_bytes = sizing.resolve_kv_memory(config.kv_cache_memory, full_request)
     num_blocks = sizing.num_blocks_for_memory(kv_memory_bytes, model_config, element_size,
                                               block_size, kv_cache_dtype)
     if num_blocks < 1:
         raise ValueError(f"kv_cache_memory of {kv_memory_bytes} bytes holds no block of "
                          f"{block_size} tokens")
-    longest = model_config.max_position_embeddings
     # Sliding-window layers next to full ones keep their own, smaller pool; the full layers
     # get the memory that saves (sizing.pool_sizes).
     pools = sizing.pool_sizes(
@@ -103,6 +105,13 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
     max_model_len = config.max_model_len
     if max_model_len is None:
         max_model_len = min(longest, capacity)
+        if max_model_len < longest:  # say it: a bigger model silently got a short context
+            logger.warning(
+                "the KV cache (%d MiB) holds %d tokens, less than the model's context of %d: "
+                "serving up to %d; --kv-cache-memory %d MiB would hold one full-context "
+                "request (`pagedllm plan` sizes more), or set --max-model-len",
+                kv_memory_bytes >> 20, capacity, longest, max_model_len,
+                -(-full_request >> 20))
     if not 1 <= max_model_len <= longest:
         raise ValueError(f"max_model_len must be 1-{longest}, got {max_model_len}")
     if max_model_len > capacity:

@@ -80,8 +80,11 @@ def ready_message(info: EngineInfo, host: str, port: int, served_name: str, sche
     # Each base URL as its clients take it: OpenAI's with /v1; Anthropic's and Ollama's
     # clients add their own paths (/v1/messages, /api/chat) to the bare address.
     lines.append(f"  base URLs: OpenAI {where}/v1, Anthropic and Ollama {where}")
+    longest = info.model_config.max_position_embeddings
+    cut = (f" (the model's is {longest:,}: raise --kv-cache-memory to serve more)"
+           if scheduler.max_model_len < longest else "")
     lines.append(f"  model {served_name}: {info.dtype}, KV cache {cache.cache_dtype}, "
-                 f"context up to {scheduler.max_model_len:,} tokens")
+                 f"context up to {scheduler.max_model_len:,} tokens{cut}")
     full = sizing.max_full_context_requests(cache.num_blocks, cache.block_size, scheduler.max_model_len)
     lines.append(f"  KV cache {info.kv_memory_bytes / 2**20:,.0f} MiB = {info.capacity_tokens:,} "
                  f"tokens; {scheduler.max_num_seqs} requests run in parallel (max_num_seqs), "
