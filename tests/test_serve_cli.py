@@ -45,3 +45,35 @@ def test_a_busy_port_is_said_before_the_model_loads():
         busy = holder.getsockname()[1]
         line = one_error_line(serve("--port", str(busy)))
     assert f"127.0.0.1:{busy}" in line and "--port" in line
+
+
+def test_while_the_model_loads_the_port_answers_503_loading(tmp_path):
+    """Between start and ready, /health says "loading" (503, Retry-After) and an API call gets
+    a 503 in its API's shape; once ready, /health is 200. The load is lengthened through the
+    fault seam so the loading phase is seen whatever the host's speed."""
+    import time
+
+    import httpx
+    from server_process import ServerProcess
+
+    server = ServerProcess("--dtype", "float32", log_path=str(tmp_path / "log"),
+                           env={"PAGEDLLM_TEST_LOAD_DELAY": "30"}, wait_ready=False)
+    try:
+        health = None
+        deadline = time.monotonic() + 120
+        while health is None and time.monotonic() < deadline:
+            try:
+                answer = httpx.get(server.url + "/health", timeout=5)
+                health = answer if answer.status_code == 503 else None
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert health is not None, server.output()
+        assert health.json() == {"status": "loading"} and health.headers["retry-after"]
+        api = httpx.post(server.url + "/v1/chat/completions", json={}, timeout=5)
+        assert api.status_code == 503 and api.json()["error"]["code"] == "loading"
+        ollama = httpx.post(server.url + "/api/chat", json={}, timeout=5)
+        assert ollama.status_code == 503 and "loading" in ollama.json()["error"]
+        server.wait_ready(timeout=240)
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    finally:
+        server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from pagedllm.cli.options import add_engine_args, engine_config, positive_int, size
 from pagedllm.config import ServerConfig
@@ -119,6 +120,7 @@ def _names(text: str | None) -> tuple[str, ...]:
 def cmd_serve(args) -> int:
     from pagedllm.server.auth import KeyFileError, parse_key_file, permission_warning
     from pagedllm.errors import ModelLoadError
+    from pagedllm.server.loading import LoadingServer
     from pagedllm.server.runner import check_binding, port_in_use, serve
 
     # Refuse a bad setup before spending time loading the model.
@@ -155,7 +157,9 @@ def cmd_serve(args) -> int:
     if args.replicas is not None:
         return _serve_replicas(args, engine_settings, config)
     try:
-        client = _load_with_progress(engine_settings)
+        # Until the model is ready the port answers 503 "loading" (server/loading.py).
+        with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
+            client = _load_with_progress(engine_settings)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
         return 2
@@ -185,7 +189,9 @@ def _load_with_progress(config):
         def update(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        return LocalEngineClient.load(config, update, Faults.from_env())
+        faults = Faults.from_env()
+        time.sleep(faults.load_delay)
+        return LocalEngineClient.load(config, update, faults)
 
 
 def _serve_replicas(args, engine_settings, config) -> int:
