@@ -408,3 +408,15 @@ def test_help_shows_a_default_of_zero():
 
     text = subparser(build_parser(), "bench").format_help()
     assert "seed of the random prompts (default: 0)" in " ".join(text.split())
+
+
+def test_print_config_writes_sizes_as_people_do():
+    from pagedllm.units import byte_text, parse_bytes
+
+    args = parse_args(["serve", "--kv-cache-memory", "2GiB", "--max-body-bytes", "3000"])
+    text = to_toml(args, subparser(build_parser(), "serve"))
+    assert 'kv-cache-memory = "2GiB"' in text and "max-body-bytes = 3000" in text
+    assert '# max-body-bytes' not in text and '"4MiB"' in to_toml(
+        parse_args(["serve"]), subparser(build_parser(), "serve"))
+    for n in (1, 1000, 1 << 10, 3 << 20, 5 << 30, (1 << 30) + 1):
+        assert parse_bytes(byte_text(n)) == n

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import tomllib
 
+from pagedllm.units import byte_text
+
 # Options that are about this invocation, not the server's settings.
 NOT_IN_FILE = {"help", "config", "print_config", "func", "command"}
 
@@ -84,8 +86,17 @@ def to_toml(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
         prefix = "# " if value == action.default or value is None else ""
         if value is None:
             value = ""
+        elif _is_size(action) and isinstance(value, int) and not isinstance(value, bool) \
+                and not byte_text(value).isdigit():
+            value = byte_text(value)  # "512MiB", not 536870912
         lines.append(f"{prefix}{name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _is_size(action: argparse.Action) -> bool:
+    from pagedllm.cli.options import memory_amount, size
+
+    return action.type in (size, memory_amount)
 
 
 def _toml_value(value) -> str:
