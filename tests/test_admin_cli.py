@@ -420,3 +420,26 @@ def test_print_config_writes_sizes_as_people_do():
         parse_args(["serve"]), subparser(build_parser(), "serve"))
     for n in (1, 1000, 1 << 10, 3 << 20, 5 << 30, (1 << 30) + 1):
         assert parse_bytes(byte_text(n)) == n
+
+
+@pytest.mark.parametrize("state_dir, line", [
+    ("/var/lib/pagedllm", "StateDirectory=pagedllm"),
+    ("/var/lib/llm/team-a/", "StateDirectory=llm/team-a"),
+    ("/srv/pagedllm", None),
+])
+def test_install_service_state_dir_is_the_one_systemd_makes(state_dir, line, tmp_path, capsys):
+    """StateDirectory= is where WorkingDirectory and the kernel cache point (systemd makes it
+    under /var/lib); a folder elsewhere gets no StateDirectory, and the next steps make it."""
+    from pagedllm.cli import main
+
+    path = tmp_path / "p.service"
+    assert main(["install-service", "--state-dir", state_dir, "--write", str(path)]) == 0
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string(path.read_text())
+    service = unit["Service"]
+    assert service["WorkingDirectory"] == state_dir
+    if line is None:
+        assert "StateDirectory" not in service
+        assert f"install -d -o pagedllm -g pagedllm {state_dir}" in capsys.readouterr().out
+    else:
+        assert f"StateDirectory={service['StateDirectory']}" == line

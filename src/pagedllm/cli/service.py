@@ -39,6 +39,18 @@ def pagedllm_executable() -> str:
     return beside if os.path.exists(beside) else (shutil.which("pagedllm") or beside)
 
 
+SYSTEMD_STATE_ROOT = "/var/lib/"
+
+
+def state_directory_line(state_dir: str) -> str:
+    """systemd makes StateDirectory= under /var/lib (owned by the service's user); a state
+    folder elsewhere is the admin's to make (next_steps says how), never a second folder."""
+    path = os.path.normpath(state_dir)
+    if path.startswith(SYSTEMD_STATE_ROOT):
+        return f"StateDirectory={path[len(SYSTEMD_STATE_ROOT):]}"
+    return f"# {path} is not under {SYSTEMD_STATE_ROOT}: make it, owned by the service's user"
+
+
 def unit_text(user: str, config: str, state_dir: str, shutdown_grace: float) -> str:
     exec_start = shlex.join([pagedllm_executable(), "serve", "--config", config])
     return f"""[Unit]
@@ -61,7 +73,7 @@ TimeoutStopSec={int(shutdown_grace) + 15}
 Restart=on-failure
 RestartSec=5
 Environment=TORCH_EXTENSIONS_DIR={state_dir}/torch_extensions
-StateDirectory={os.path.basename(state_dir.rstrip('/'))}
+{state_directory_line(state_dir)}
 WorkingDirectory={state_dir}
 NoNewPrivileges=true
 ProtectSystem=strict
@@ -74,10 +86,13 @@ WantedBy=multi-user.target
 """
 
 
-def next_steps(user: str, config: str, unit_path: str) -> str:
+def next_steps(user: str, config: str, unit_path: str, state_dir: str = "/var/lib/pagedllm") -> str:
     folder = os.path.dirname(config)
+    state = os.path.normpath(state_dir)
+    make_state = "" if state.startswith(SYSTEMD_STATE_ROOT) else \
+        f"\n  install -d -o {user} -g {user} {state}"
     return f"""wrote {unit_path}. Then, as root:
-  useradd --system --home-dir /var/lib/pagedllm --shell /usr/sbin/nologin {user}
+  useradd --system --home-dir {state} --shell /usr/sbin/nologin {user}{make_state}
   mkdir -p {folder} && pagedllm serve --print-config > {config}   # edit it
   pagedllm keys --file {folder}/keys.txt add alice                 # key file mode 0600
   chown {user}: {folder}/keys.txt
@@ -98,5 +113,5 @@ def cmd_install_service(args) -> int:
     except OSError as exc:
         print(f"error: cannot write {args.write}: {exc.strerror}", file=sys.stderr)
         return 2
-    print(next_steps(args.user, args.config, args.write))
+    print(next_steps(args.user, args.config, args.write, args.state_dir))
     return 0
