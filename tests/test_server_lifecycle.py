@@ -148,3 +148,22 @@ def test_generate_command():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
+
+
+def test_chat_has_line_editing_and_keeps_history(tmp_path):
+    """`pagedllm chat` reads lines through readline (arrows, editing, up for earlier
+    questions), its questions kept in a history file across sessions."""
+    import readline
+
+    from pagedllm.tools.chat import line_editing
+
+    path = tmp_path / "sub" / "history"
+    readline.clear_history()
+    save = line_editing(str(path))
+    readline.add_history("what is paged attention?")
+    save()  # what leaving the chat does (registered with atexit)
+    assert path.read_text().strip().endswith("what is paged attention?")
+    readline.clear_history()
+    assert line_editing(str(path)) is not None
+    assert readline.get_history_item(readline.get_current_history_length()) == \
+        "what is paged attention?"

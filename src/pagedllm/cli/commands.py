@@ -54,7 +54,10 @@ def add_chat(sub, formatter) -> None:
 
 
 def cmd_chat(args) -> int:
-    from pagedllm.tools.chat import ServerChat, chat_loop, stream_in_process
+    from pagedllm.tools.chat import ServerChat, chat_loop, line_editing, stream_in_process
+
+    if sys.stdin.isatty():
+        line_editing(os.path.join(os.path.expanduser("~"), ".pagedllm_chat_history"))
 
     if args.url:
         api_key = args.api_key or os.environ.get("PAGEDLLM_API_KEY")

@@ -63,6 +63,39 @@ def stream_in_process(engine, messages: list[dict], max_tokens: int, temperature
                 yield out.new_text
 
 
+HISTORY_LINES = 1000
+
+
+def line_editing(history_path: str | None):
+    """Arrow keys, editing and the previous questions (up arrow) for input(), through
+    Python's readline where this Python has it; the questions are kept in `history_path`
+    (at most HISTORY_LINES) across sessions, written at exit. Returns that save function
+    (None where there is no readline or no path)."""
+    try:
+        import readline
+    except ImportError:  # some builds (Windows) have none: input() still works
+        return None
+    save = None
+    if history_path:
+        import atexit
+        import os
+
+        try:
+            readline.read_history_file(history_path)
+        except OSError:
+            pass  # the first session: no file yet
+        readline.set_history_length(HISTORY_LINES)
+
+        def save():
+            try:
+                os.makedirs(os.path.dirname(history_path) or ".", exist_ok=True)
+                readline.write_history_file(history_path)
+            except OSError:
+                pass  # a read-only home: history is a comfort, not a duty
+        atexit.register(save)
+    return save
+
+
 def chat_loop(stream, system: str | None, read=input, write=sys.stdout.write,
               banner: str = "") -> int:
     """Read a line, stream the answer, repeat until EOF or /exit. Keeps the conversation;
