@@ -154,6 +154,10 @@ def test_docs_render_from_the_servers_own_assets(keyed):
         assert got.status_code == 200 and len(got.content) > 1000, asset
     schema = httpx.get(keyed.url + "/openapi.json", timeout=30)
     assert schema.status_code == 200 and schema.json()["openapi"].startswith("3.")
+    # The key schemes Swagger UI's Authorize button offers (a bearer token or x-api-key).
+    schemes = schema.json()["components"]["securitySchemes"]
+    assert schemes["bearer"]["scheme"] == "bearer" and schemes["x-api-key"]["in"] == "header"
+    assert {"bearer": []} in schema.json()["security"]
     assert httpx.get(keyed.url + "/v1/models", timeout=30).status_code == 401
 
 

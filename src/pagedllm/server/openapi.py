@@ -57,6 +57,14 @@ def _accurate(schema: dict, served_model_name: str) -> dict:
                 ok.setdefault("content", {})[STREAMED[path]] = {"schema": event}
             if path in TEXT_ROUTES:
                 ok["content"] = {TEXT_ROUTES[path]: {"schema": {"type": "string"}}}
+    # The key goes as a bearer token or in x-api-key (Anthropic's clients); without keys the
+    # server takes requests without one, hence the empty alternative. /docs shows an
+    # Authorize button from this.
+    schema.setdefault("components", {})["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer",
+                   "description": "an API key from `pagedllm keys add NAME`"},
+        "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
+    schema["security"] = [{"bearer": []}, {"x-api-key": []}, {}]
     components = schema.get("components", {}).get("schemas", {})
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
