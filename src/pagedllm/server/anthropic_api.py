@@ -8,17 +8,16 @@ from __future__ import annotations
 import json
 
 from fastapi import FastAPI, Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-
-from pagedllm.core.request import QueuePosition
+from fastapi.responses import JSONResponse, Response
 from pagedllm.server.answer_parts import AnswerParts
 from pagedllm.server.anthropic_protocol import CountTokensRequest, MessagesRequest, tool_input
 from pagedllm.server.chat_prompt import ToolUse, prepare_chat, render_chat, tool_use
 from pagedllm.server.choice import Choice, public_finish
-from pagedllm.server.drive import merged
+from pagedllm.server.drive import outputs
 from pagedllm.server.errors import anthropic_error_type
 from pagedllm.server.pipeline import Job, run
 from pagedllm.server.protocol import random_id
+from pagedllm.server.sse import event_stream, named_sse_event
 from pagedllm.server.state import ServerState
 
 
@@ -75,9 +74,7 @@ class MessageShape:
             yield _event("message_start", {"type": "message_start", "message": start})
             yield _event("ping", {"type": "ping"})
             try:
-                async for _, out in merged(state, choices):
-                    if isinstance(out, QueuePosition):
-                        continue
+                async for _, out in outputs(state, choices):
                     for event in blocks.feed(out.new_text, out.finished,
                                              out.finish_reason == "length"):
                         yield _event(event["type"], event)
@@ -98,8 +95,7 @@ class MessageShape:
                     "type": anthropic_error_type(getattr(exc, "status", 500)),
                     "message": str(exc)}})
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return event_stream(events())
 
     def _head(self, choice: Choice) -> dict:
         return {"id": self.message_id, "type": "message", "role": "assistant",
@@ -172,5 +168,4 @@ def _usage(choice: Choice, output_tokens: int) -> dict:
             "output_tokens": output_tokens}
 
 
-def _event(name: str, payload: dict) -> str:
-    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+_event = named_sse_event

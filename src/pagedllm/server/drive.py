@@ -88,6 +88,15 @@ async def collect(state: ServerState, http_request: HTTPRequest, choices: list[C
             t.cancel()  # cancelling the generator aborts its engine request
 
 
+async def outputs(state: ServerState, choices: list[Choice]
+                  ) -> AsyncIterator[tuple[Choice, RequestOutput]]:
+    """Every choice's outputs as they come, without the queue positions (for the APIs that
+    have no way to say them)."""
+    async for choice, out in merged(state, choices):
+        if not isinstance(out, QueuePosition):
+            yield choice, out
+
+
 async def merged(state: ServerState, choices: list[Choice]
                  ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
     """Every choice's outputs (and queue positions) as they come, for one stream."""

@@ -6,21 +6,19 @@ the same chat preparation (chat_prompt.py) and the one pipeline as every other A
 module says how the answer looks and keeps it."""
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import FastAPI, Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-
-from pagedllm.core.request import QueuePosition
+from fastapi.responses import JSONResponse, Response
 from pagedllm.server.answer_parts import AnswerParts
 from pagedllm.server.chat_prompt import ToolUse, prepare_chat
 from pagedllm.server.choice import Choice, public_finish
-from pagedllm.server.drive import merged
+from pagedllm.server.drive import outputs
 from pagedllm.server.errors import APIError
 from pagedllm.server.pipeline import Job, run
 from pagedllm.server.protocol import random_id
 from pagedllm.server.responses_protocol import ResponsesRequest
+from pagedllm.server.sse import event_stream, named_sse_event
 from pagedllm.server.state import ServerState
 from pagedllm.tool_calls.spec import ToolCall
 
@@ -104,9 +102,7 @@ class ResponseShape:
             yield items.event("response.created", response=self._body("in_progress", []))
             yield items.event("response.in_progress", response=self._body("in_progress", []))
             try:
-                async for _, out in merged(state, choices):
-                    if isinstance(out, QueuePosition):
-                        continue
+                async for _, out in outputs(state, choices):
                     for event in items.feed(out.new_text, out.finished,
                                             out.finish_reason == "length"):
                         yield event
@@ -120,8 +116,7 @@ class ResponseShape:
                 yield items.event("error", code=getattr(exc, "code", None), message=str(exc),
                                   param=getattr(exc, "param", None))
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return event_stream(events())
 
     def _finish(self, state: ServerState, choice: Choice, output: list[dict], text: str,
                 calls: list[ToolCall]) -> dict:
@@ -206,7 +201,7 @@ class _Items:
     def event(self, kind: str, **fields) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+        return named_sse_event(kind, payload)
 
     def feed(self, new_text: str, finished: bool, cut: bool = False) -> list[str]:
         text, calls = self.parts.feed(new_text, finished, cut)

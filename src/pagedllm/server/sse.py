@@ -30,6 +30,17 @@ def sse_event(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
+def named_sse_event(name: str, payload: dict) -> str:
+    """An event with its name on an `event:` line (Anthropic's and the Responses API's)."""
+    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def event_stream(events) -> StreamingResponse:
+    """An SSE response, unbuffered by proxies."""
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 def sse_response(state: ServerState, choices: list[Choice], spec: StreamSpec,
                  make_chunk: Callable[[Choice, RequestOutput], dict | None]) -> StreamingResponse:
     async def events():
@@ -53,5 +64,4 @@ def sse_response(state: ServerState, choices: list[Choice], spec: StreamSpec,
                                        "param": None, "code": None}})
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return event_stream(events())
