@@ -210,7 +210,7 @@ class ChatCompletionRequest(SamplingFields):
             if m.tool_calls:
                 message["tool_calls"] = [
                     {"id": c.id, "name": c.function.name,
-                     "arguments": _arguments(c.function.arguments,
+                     "arguments": call_arguments(c.function.arguments,
                                              f"messages[{i}].tool_calls[{j}].function.arguments")}
                     for j, c in enumerate(m.tool_calls)]
             if m.tool_call_id:
@@ -221,7 +221,7 @@ class ChatCompletionRequest(SamplingFields):
         return out
 
 
-def _arguments(text: str, param: str) -> dict:
+def call_arguments(text: str, param: str) -> dict:
     try:
         value = json.loads(text or "{}")
     except json.JSONDecodeError as exc:

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from pagedllm.core.request import SamplingParams
 from pagedllm.errors import FieldError
-from pagedllm.server.protocol import RequestModel
+from pagedllm.server.protocol import RequestModel, call_arguments
 from pagedllm.structured.spec import GrammarSpec, spec_from_request
 
 
@@ -115,8 +115,6 @@ class ResponsesRequest(RequestModel):
 
     def conversation(self) -> list[dict[str, Any]]:
         """This request's turns (instructions first), in tool_calls/prompt.py's shape."""
-        from pagedllm.server.protocol import _arguments
-
         out: list[dict[str, Any]] = []
         if self.instructions:
             out.append({"role": "system", "content": self.instructions})
@@ -126,7 +124,7 @@ class ResponsesRequest(RequestModel):
                 out.append({"role": role, "content": item.text()})
             elif isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "name": item.name,
-                        "arguments": _arguments(item.arguments, f"input[{i}].arguments")}
+                        "arguments": call_arguments(item.arguments, f"input[{i}].arguments")}
                 if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
                     out[-1]["tool_calls"].append(call)
                 else:
