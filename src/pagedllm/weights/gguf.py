@@ -1,7 +1,7 @@
 """GGUF (llama.cpp's format) -> Checkpoint.
 
-The header is parsed over mmap by the `gguf` package and tensors are dequantized by its
-vectorised numpy code. llama.cpp's converter permutes the rows of attn_q / attn_k for the
+The header is read over mmap by gguf_file.py and tensors are dequantized by the `gguf`
+package's vectorised numpy code. llama.cpp's converter permutes the rows of attn_q / attn_k for the
 llama architecture (interleaved RoPE pairs); we undo it so one RoPE layout serves all.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from pagedllm.config import ModelConfig
 from pagedllm.errors import ModelLoadError
 from pagedllm.weights.gguf_config import model_config
+from pagedllm.weights.gguf_file import GGUFFile
 from pagedllm.weights.gguf_original import GGUFOriginal
 from pagedllm.weights.lazy_weights import LazyWeights
 from pagedllm.weights.permute import unpermute_rows
@@ -68,18 +69,9 @@ def canonical_name(gguf_name: str) -> str | None:
     return None  # e.g. rope_freqs: read into the config (_rope_factors), not a weight
 
 
-def _field_value(field):
+def _open_reader(path: str) -> GGUFFile:
     try:
-        return field.contents()
-    except Exception:  # noqa: BLE001 - a malformed field is reported by its user
-        return None
-
-
-def _open_reader(path: str):
-    from gguf import GGUFReader
-
-    try:
-        return GGUFReader(path)
+        return GGUFFile(path)
     except Exception as exc:  # noqa: BLE001 - any parse failure means a bad file
         size = os.path.getsize(path)
         raise ModelLoadError(
@@ -101,8 +93,7 @@ def read_gguf_header(path: str):
     """(reader, metadata, ModelConfig) from a GGUF file's header; tensors stay on disk (but
     the few numbers of a rope_freqs tensor, which belong to the config)."""
     reader = _open_reader(path)
-    meta = {name: _field_value(field) for name, field in reader.fields.items()
-            if not name.startswith("GGUF.")}
+    meta = dict(reader.fields)
     tokens = meta.get("tokenizer.ggml.tokens") or []
     config = model_config(path, meta, reader, len(tokens))
     return reader, meta, config
@@ -119,7 +110,6 @@ def load_gguf(path: str, progress=None):
 
     reader, meta, config = read_gguf_header(path)
 
-    file_size = os.path.getsize(path)
     weights: dict[str, torch.Tensor] = {}
     originals: dict[str, GGUFOriginal] = {}
     for index, tensor in enumerate(reader.tensors):
@@ -138,9 +128,6 @@ def load_gguf(path: str, progress=None):
                 path, f"tensor {tensor.name} has unsupported type {type_name}; "
                 f"supported: {', '.join(SUPPORTED_TENSOR_TYPES)}"
             )
-        if tensor.data_offset + int(tensor.n_bytes) > file_size:
-            raise ModelLoadError(path, f"file is truncated: tensor {tensor.name} ends past "
-                                       f"byte {file_size}")
         heads = _permuted_heads(config, tensor.name)
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists columns first
         if type_name not in _FLOAT_TYPES and len(shape) in (2, 3):
