@@ -294,7 +294,7 @@ def test_who_can_read_a_key_file():
 
 
 def test_keys_finds_the_servers_that_read_the_file(tmp_path):
-    from pagedllm.cli.keys import _served_key_file
+    from pagedllm.cli.running_servers import served_key_file as _served_key_file
 
     config = tmp_path / "p.toml"
     config.write_text('api-key-file = "k.txt"\n')
@@ -369,6 +369,9 @@ def test_a_running_server_honours_keys_added_and_revoked(tmp_path):
         assert status(alice) == 200
         added = _keys(path, "add", "bob")
         assert "told 1 running server(s) to reload" in added.stdout
+        # ... and its answer read back: the reload is known to have worked.
+        assert f"server pid {server.proc.pid} reloaded its keys: 2 key(s)" in added.stdout
+        assert added.returncode == 0
         eventually(added.stdout.strip().splitlines()[1], 200)
         # A stream of alice's that is running when her key is revoked ends then, with a
         # final chunk saying why (it would otherwise run its 2,000 tokens).
@@ -386,8 +389,32 @@ def test_a_running_server_honours_keys_added_and_revoked(tmp_path):
         assert "revoked" in final["choices"][0]["error"]["message"]
         assert sum(1 for line in lines if line.startswith("data: {")) < 2000
         eventually(alice, 401)
+        # A reload that fails (a line the server cannot parse) is reported as failed: the
+        # server keeps its old keys.
+        from pagedllm.cli.running_servers import reload_servers
+
+        path.write_text("carol short\n")
+        [report] = reload_servers(str(path))
+        assert report.ok is False and "line 1" in report.detail
+        assert "did not reload its keys" in report.line() and "old ones" in report.line()
+        assert status(added.stdout.strip().splitlines()[1]) == 200  # bob's key still works
     finally:
         server.stop()
+
+
+def test_keys_exit_1_when_a_server_did_not_reload(tmp_path, monkeypatch, capsys):
+    from pagedllm.cli import keys, main
+    from pagedllm.cli.running_servers import ReloadReport
+
+    monkeypatch.setattr(keys, "reload_servers", lambda path: [
+        ReloadReport(41, True, "2 key(s)"), ReloadReport(42, False, "Permission denied"),
+        ReloadReport(43, None, "no reload within 15 s")])
+    assert main(["keys", "--file", str(tmp_path / "k.txt"), "add", "dave"]) == 1
+    out, err = capsys.readouterr()
+    assert "told 3 running server(s) to reload: pid 41, 42, 43" in out
+    assert "server pid 41 reloaded its keys: 2 key(s)" in out
+    assert "server pid 43 was told to reload; its answer could not be read" in out
+    assert "error: server pid 42 did not reload its keys: Permission denied" in err
 
 
 def test_version_and_key_file_after_the_action(tmp_path, capsys):

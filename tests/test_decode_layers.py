@@ -1,4 +1,4 @@
-"""The C++ decoder-layer loop for decode steps (kernels/decode_layers.cpp via DecodeLoop):
+"""The C++ decoder-layer loop for decode steps (kernels/decode_layers.h via DecodeLoop):
 bit-identical to the Python layers, taken only where it applies."""
 import pytest
 import torch

@@ -91,6 +91,31 @@ def test_health_stays_open(keyed):
     assert httpx.get(keyed.url + "/health").status_code == 200
 
 
+def _non_loopback_address() -> str | None:
+    import ipaddress
+
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family.name == "AF_INET" and not ipaddress.ip_address(address.address).is_loopback:
+                return address.address
+    return None
+
+
+def test_health_tells_key_reloads_to_this_machine_only(keyed):
+    """`pagedllm keys` reads a reload's result back from /health; other machines see only
+    the status (an error names the key file's path)."""
+    local = httpx.get(keyed.url + "/health").json()
+    assert local["status"] == "ok"
+    assert set(local["api_keys"]) == {"reloads", "error", "keys"} and local["api_keys"]["keys"] >= 3
+    other = _non_loopback_address()
+    if other is None:
+        pytest.skip("this machine has no address but loopback")
+    remote = httpx.get(f"http://{other}:{keyed.port}/health").json()
+    assert remote == {"status": "ok"}
+
+
 def test_keys_are_never_logged(keyed):
     complete(keyed, "alice")
     assert all(k not in keyed.output() for k in KEYS.values())

@@ -6,19 +6,20 @@ group and mode (a new file is 0600): a key file given to a service user (`chown 
 stays readable by that service after root edits it. Before writing, every running `pagedllm
 serve` that reads this file is checked to be able to read the result; if one could not, the
 edit is refused (a server that cannot re-read its keys keeps the old ones, so a revoked key
-would go on working). Afterwards each gets SIGHUP, its signal to reload keys.
+would go on working). Afterwards each gets SIGHUP, its signal to reload keys, and is asked
+whether the reload worked (running_servers.py); one that failed makes the exit status 1.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import secrets
-import signal
 import stat
 import sys
 import tempfile
 
 from pagedllm.cli.options import positive_int
+from pagedllm.cli.running_servers import reload_servers, server_pids
 from pagedllm.server.auth import KeyFileError, parse_key_file
 
 DEFAULT_KEY_FILE = "keys.txt"
@@ -65,10 +66,13 @@ def cmd_keys(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(message)
-    told = signal_servers(args.file)
-    print(f"told {len(told)} running server(s) to reload: pid {', '.join(map(str, told))}" if told
+    reports = reload_servers(args.file)
+    print(f"told {len(reports)} running server(s) to reload: pid "
+          f"{', '.join(str(r.pid) for r in reports)}" if reports
           else "no running server reads this file; a server started with it will")
-    return 0
+    for report in reports:
+        print(report.line(), file=sys.stdout if report.ok is not False else sys.stderr)
+    return 1 if any(report.ok is False for report in reports) else 0
 
 
 def _list(path: str) -> int:
@@ -149,7 +153,7 @@ def _check_servers_can_read(path: str, uid: int, gid: int, mode: int) -> None:
     """Refuse an edit a running server reading this file could not re-read."""
     import psutil
 
-    for pid in _server_pids(path):
+    for pid in server_pids(path):
         try:
             proc = psutil.Process(pid)
             if not _can_read(proc.uids().effective, _groups(proc), uid, gid, mode):
@@ -181,58 +185,3 @@ def _groups(proc) -> set[int]:
     except OSError:
         pass
     return groups
-
-
-def signal_servers(path: str) -> list[int]:
-    """SIGHUP every running `pagedllm serve` whose key file is this one; their pids."""
-    import psutil
-
-    told = []
-    for pid in _server_pids(path):
-        try:
-            psutil.Process(pid).send_signal(signal.SIGHUP)
-            told.append(pid)
-        except psutil.Error:
-            continue
-    return told
-
-
-def _server_pids(path: str) -> list[int]:
-    """The running `pagedllm serve` processes whose key file is this one."""
-    import psutil
-
-    target = os.path.realpath(path)
-    pids = []
-    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
-        try:
-            key_file = _served_key_file(proc.info["cmdline"] or [], proc.info["cwd"])
-            if key_file and os.path.realpath(key_file) == target:
-                pids.append(proc.info["pid"])
-        except (psutil.Error, OSError):
-            continue
-    return pids
-
-
-def _served_key_file(cmdline: list[str], cwd: str | None) -> str | None:
-    """The key file a `pagedllm serve` command line reads (flag or --config), else None."""
-    if "serve" not in cmdline or not any("pagedllm" in part for part in cmdline[:3]):
-        return None
-    found = _flag_value(cmdline, "--api-key-file")
-    if found is None:
-        config = _flag_value(cmdline, "--config")
-        if config is not None:
-            import tomllib
-            with open(os.path.join(cwd or "", config), "rb") as f:
-                table = tomllib.load(f)
-            table = table.get("serve", table)
-            found = table.get("api-key-file", table.get("api_key_file"))
-    return None if found is None else os.path.join(cwd or "", found)
-
-
-def _flag_value(cmdline: list[str], flag: str) -> str | None:
-    for i, part in enumerate(cmdline):
-        if part == flag and i + 1 < len(cmdline):
-            return cmdline[i + 1]
-        if part.startswith(flag + "="):
-            return part[len(flag) + 1:]
-    return None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -156,6 +157,9 @@ def cmd_serve(args) -> int:
         return 2
     if args.replicas is not None:
         return _serve_replicas(args, engine_settings, config)
+    # `pagedllm keys` may signal a reload while the model loads: SIGHUP's default would end
+    # the process, and the key file is read once loading ends anyway.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):

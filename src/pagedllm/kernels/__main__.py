@@ -19,7 +19,7 @@ def build_with_progress(level: str) -> bool:
         print(f"{level}: already built" if ok else f"{level}: failed to load", flush=True)
         return ok
     start = time.time()
-    print(f"{level}: compiling {len(SOURCES)} files (needs g++; a few minutes on 2 cores)",
+    print(f"{level}: compiling {len(SOURCES)} files (needs g++; about a minute on 2 cores)",
           flush=True)
     done = threading.Event()
 

@@ -27,7 +27,7 @@ static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 // Vector v of a row of D bfloat16s (32 a vector), masked past D.
 template <int D>
-static inline __m512i load_bf16_vector(const c10::BFloat16* row, int v) {
+static inline __m512i load_bf16_vector(const pagedllm::bf16* row, int v) {
   if ((v + 1) * 32 <= D) return _mm512_loadu_si512(row + v * 32);
   return _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << (D - v * 32)) - 1u), row + v * 32);
 }
@@ -46,7 +46,7 @@ static inline __m512i load_int8_vector(const int8_t* row, int v) {
 // q.k for bfloat16 caches with the AVX512-BF16 dot-product instruction: bf16 pairs multiplied
 // exactly and summed in float32, four tokens at a time. scores [G][len - first], scaled.
 template <int D, int G>
-static void qk_scores_bf16(const c10::BFloat16* query, const HeadRows<c10::BFloat16>& keys,
+static void qk_scores_bf16(const pagedllm::bf16* query, const HeadRows<pagedllm::bf16>& keys,
                            const int64_t* table, int64_t first, int64_t len, float scale,
                            float* scores) {
   constexpr int V = (D + 31) / 32;  // 512-bit vectors per row
@@ -54,7 +54,7 @@ static void qk_scores_bf16(const c10::BFloat16* query, const HeadRows<c10::BFloa
   __m512bh q[G][V];
   for (int g = 0; g < G; ++g)
     for (int v = 0; v < V; ++v) q[g][v] = (__m512bh)load_bf16_vector<D>(query + g * D, v);
-  for_each_block(keys, table, first, len, D, [&](const c10::BFloat16* k, const float*, int64_t start, int64_t n) {
+  for_each_block(keys, table, first, len, D, [&](const pagedllm::bf16* k, const float*, int64_t start, int64_t n) {
     int64_t j = 0;
     for (; j + 4 <= n; j += 4) {
       __m512bh rows[4][V];

@@ -1,5 +1,13 @@
-// Python bindings of the kernels in this folder (one module, built by pagedllm.kernels).
-#include "ops.h"
+// Python bindings of the kernels in this folder (one module, built by pagedllm.kernels): the
+// only translation unit that includes torch's headers. The torch ops it binds (tensor_ops.h,
+// decode_layers.h) check their tensors and call the kernels on raw pointers (kernels.h).
+#include "decode_layers.h"
+#include "tensor_ops.h"
+
+// The kernels' thread count (plain.h): torch's, as torch.set_num_threads sets it.
+int pagedllm::num_threads() { return at::get_num_threads(); }
+
+using namespace pagedllm::ops;
 
 // Every kernel runs with the GIL released, as torch's own ops do: none touches a Python
 // object, and the server's HTTP thread (health checks, metrics, streaming) is not held up
@@ -25,7 +33,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("slot_mapping"), arg("num_heads"), arg("key_scales") = pybind11::none(),
         arg("value_scales") = pybind11::none());
   m.def("silu_and_mul", &silu_and_mul, NoGil(), "silu(gate) * up");
-  m.def("isa", &built_isa, "the CPU level this module was built for: portable, avx2 or avx512");
+  m.def("isa", &pagedllm::kernel::built_isa, "the CPU level this module was built for: portable, avx2 or avx512");
   m.def("q4_pack", &q4_pack, NoGil(), "4-bit codes, d, m -> the tiles q4_gemm reads");
   m.def("q4k_pack", &q4k_pack, NoGil(),
         "Q4_K's codes, 6-bit scales and mins, d, dmin -> the tiles q4_gemm reads (super-blocks)");

@@ -3,11 +3,12 @@
 // vectorises them (c10's scalar conversion does not); stores round to nearest even. pagedllm.kernels hashes this header into the build flags,
 // since torch's extension builder only watches the .cpp sources.
 #pragma once
-#include <torch/extension.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#include "plain.h"
 
 namespace pagedllm {
 
@@ -19,8 +20,8 @@ template <> struct Cvt<float> {
   static inline float round(float v) { return v; }
 };
 
-template <> struct Cvt<c10::BFloat16> {
-  static inline float load(const c10::BFloat16* p, int64_t i) {
+template <> struct Cvt<bf16> {
+  static inline float load(const bf16* p, int64_t i) {
     uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
     float v;
     std::memcpy(&v, &bits, 4);
@@ -32,7 +33,7 @@ template <> struct Cvt<c10::BFloat16> {
     u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even
     return static_cast<uint16_t>(u >> 16);
   }
-  static inline void store(c10::BFloat16* p, int64_t i, float v) {
+  static inline void store(bf16* p, int64_t i, float v) {
     reinterpret_cast<uint16_t*>(p)[i] = to_bits(v);
   }
   static inline float round(float v) {
@@ -45,8 +46,8 @@ template <> struct Cvt<c10::BFloat16> {
 
 // Calls fn with a value of the C++ type for float32 or bfloat16 (callers checked it is one).
 template <typename Fn>
-void dispatch(at::ScalarType type, Fn fn) {
-  if (type == at::ScalarType::BFloat16) fn(c10::BFloat16{});
+void dispatch(DType type, Fn fn) {
+  if (type == DType::BFloat16) fn(bf16{});
   else fn(float{});
 }
 

@@ -2,8 +2,6 @@
 // this CPU cost more in dispatch and extra passes over memory than in arithmetic: a decode
 // step of the default model ran ~1,500 torch ops. Math is float32; bfloat16 results are
 // rounded once, to nearest even.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,12 +9,14 @@
 #include <vector>
 
 #include "dtype.h"
+#include "kernels.h"
 #include "paged_cache.h"
 
 namespace {
 
 using pagedllm::Cvt;
 using pagedllm::dispatch;
+using pagedllm::parallel_for;
 
 // Rows per task: decode batches (a few rows) run on the calling thread, prefill in parallel.
 constexpr int64_t kRowGrain = 32;
@@ -24,7 +24,7 @@ constexpr int64_t kRowGrain = 32;
 template <typename T>
 void rms_norm_impl(const T* x, T* residual, const T* weight, T* out, int64_t rows,
                    int64_t hidden, float eps) {
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(hidden);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * hidden;
@@ -79,7 +79,7 @@ void rope_write_kv_impl(const T* qkv, const int64_t* positions, const float* cos
                         int64_t heads, int64_t kv_heads, int64_t head_dim) {
   const int64_t half = head_dim / 2, row = (heads + 2 * kv_heads) * head_dim;
   const int64_t slot_stride = kv_heads * head_dim;
-  at::parallel_for(0, tokens, kRowGrain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, tokens, kRowGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(head_dim);
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cos + positions[t] * head_dim;
@@ -114,7 +114,7 @@ void rope_write_kv_impl(const T* qkv, const int64_t* positions, const float* cos
 
 template <typename T>
 void silu_and_mul_impl(const T* x, T* out, int64_t rows, int64_t width) {
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = x + r * 2 * width;
       const T* up = gate + width;
@@ -130,91 +130,44 @@ void silu_and_mul_impl(const T* x, T* out, int64_t rows, int64_t width) {
   });
 }
 
-void check_rows(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), name, " must be a contiguous 2-D tensor");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16,
-              name, " must be float32 or bfloat16");
-}
-
 }  // namespace
 
-// out = rms_norm(x) * weight. With residual: residual += x first (in place) and the sum is
-// normalised, the pre-norm residual pattern of Llama layers. x, residual [T, H]; weight [H].
-torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
-                       torch::Tensor weight, double eps) {
-  check_rows(x, "x");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) &&
-              weight.scalar_type() == x.scalar_type(), "weight must be [H] in x's dtype");
-  if (residual) {
-    check_rows(*residual, "residual");
-    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
-                "residual must match x");
-  }
-  auto out = torch::empty_like(x);
-  dispatch(x.scalar_type(), [&](auto tag) {
-    using scalar_t = decltype(tag);
-    rms_norm_impl<scalar_t>(x.data_ptr<scalar_t>(),
-                            residual ? residual->data_ptr<scalar_t>() : nullptr,
-                            weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), x.size(0),
-                            x.size(1), static_cast<float>(eps));
+namespace pagedllm::kernel {
+
+void rms_norm(DType dtype, const void* x, void* residual, const void* weight, void* out,
+              int64_t rows, int64_t hidden, float eps) {
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_impl<T>(static_cast<const T*>(x), static_cast<T*>(residual), static_cast<const T*>(weight),
+                     static_cast<T*>(out), rows, hidden, eps);
   });
-  return out;
 }
 
-// qkv [T, (H + 2 KVH) D] -> q [T, H, D] with RoPE applied; K (rotated) and V are written to
-// their slots of the paged caches [blocks, block_size, KVH, D]: in qkv's dtype, or int8 with
-// their scales [blocks, block_size, KVH] float32. cos/sin [positions, D] f32.
-torch::Tensor rope_write_kv(torch::Tensor qkv, torch::Tensor positions, torch::Tensor cos,
-                            torch::Tensor sin, torch::Tensor key_cache, torch::Tensor value_cache,
-                            torch::Tensor slot_mapping, int64_t num_heads,
-                            c10::optional<torch::Tensor> key_scales,
-                            c10::optional<torch::Tensor> value_scales) {
-  check_rows(qkv, "qkv");
-  const bool quantized = check_cache_pair(key_cache, value_cache, key_scales, value_scales,
-                                          qkv.scalar_type());
-  TORCH_CHECK(cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat &&
-              cos.is_contiguous() && sin.is_contiguous(), "cos/sin must be contiguous float32");
-  TORCH_CHECK(positions.scalar_type() == torch::kInt64 && slot_mapping.scalar_type() == torch::kInt64,
-              "positions and slot_mapping must be int64");
-  positions = positions.contiguous();
-  slot_mapping = slot_mapping.contiguous();
-  const int64_t tokens = qkv.size(0), kv_heads = key_cache.size(2), head_dim = key_cache.size(3);
-  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim && head_dim % 2 == 0 &&
-              cos.size(1) == head_dim, "qkv width does not match the heads");
-  TORCH_CHECK(positions.numel() == tokens && slot_mapping.numel() == tokens, "one position and slot per token");
-  const int64_t num_slots = key_cache.size(0) * key_cache.size(1);
-  const int64_t* pos = positions.data_ptr<int64_t>();
-  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "position out of the RoPE table");
-    TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot out of the cache");
-  }
-  auto q = torch::empty({tokens, num_heads, head_dim}, qkv.options());
-  dispatch(qkv.scalar_type(), [&](auto tag) {
-    using scalar_t = decltype(tag);
-    const auto run = [&](auto* key, auto* value, float* ks, float* vs) {
-      rope_write_kv_impl(qkv.data_ptr<scalar_t>(), pos, cos.data_ptr<float>(), sin.data_ptr<float>(),
-                         key, value, ks, vs, slots, q.data_ptr<scalar_t>(), tokens, num_heads,
-                         kv_heads, head_dim);
+void rope_write_kv(DType dtype, const void* qkv, const int64_t* positions, const float* cos,
+                   const float* sin, const PagedCache& cache, const int64_t* slots, void* q_out,
+                   int64_t tokens, int64_t heads) {
+  // The caches are written: PagedCache holds them as the readers' const pointers.
+  auto* key = const_cast<void*>(cache.key);
+  auto* value = const_cast<void*>(cache.value);
+  auto* key_scales = const_cast<float*>(cache.key_scales);
+  auto* value_scales = const_cast<float*>(cache.value_scales);
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const auto run = [&](auto* k, auto* v) {
+      rope_write_kv_impl(static_cast<const T*>(qkv), positions, cos, sin, k, v, key_scales,
+                         value_scales, slots, static_cast<T*>(q_out), tokens, heads, cache.kv_heads,
+                         cache.head_dim);
     };
-    if (quantized)
-      run(key_cache.data_ptr<int8_t>(), value_cache.data_ptr<int8_t>(), key_scales->data_ptr<float>(),
-          value_scales->data_ptr<float>());
-    else
-      run(key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(), nullptr, nullptr);
+    if (cache.quantized) run(static_cast<int8_t*>(key), static_cast<int8_t*>(value));
+    else run(static_cast<T*>(key), static_cast<T*>(value));
   });
-  return q;
 }
 
-// x [T, 2I] (gate then up) -> silu(gate) * up [T, I].
-torch::Tensor silu_and_mul(torch::Tensor x) {
-  check_rows(x, "x");
-  TORCH_CHECK(x.size(1) % 2 == 0, "x must hold gate and up halves");
-  auto out = torch::empty({x.size(0), x.size(1) / 2}, x.options());
-  dispatch(x.scalar_type(), [&](auto tag) {
-    using scalar_t = decltype(tag);
-    silu_and_mul_impl<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), x.size(0),
-                                x.size(1) / 2);
+void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t width) {
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    silu_and_mul_impl<T>(static_cast<const T*>(x), static_cast<T*>(out), rows, width);
   });
-  return out;
 }
+
+}  // namespace pagedllm::kernel

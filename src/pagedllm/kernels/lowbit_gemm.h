@@ -2,16 +2,17 @@
 // of 16 output rows x 32 inputs (one scale group), multiplied by a few activation rows at a
 // time, in float32 (bfloat16 pairs on AVX512-BF16) or as int8 codes (quantize_rows).
 #pragma once
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <tuple>
 #include <utility>
+
+#include "plain.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -47,7 +48,7 @@ inline __m512 load_halves(const uint8_t* p) {
 
 #if defined(__AVX512BF16__)
 // x[k], x[k + 1] in every 32-bit lane: the activation side of a pair dot product.
-inline __m512bh broadcast_pair(const at::BFloat16* x) {
+inline __m512bh broadcast_pair(const pagedllm::bf16* x) {
   int32_t pair;
   std::memcpy(&pair, x, 4);
   return (__m512bh)_mm512_set1_epi32(pair);
@@ -62,39 +63,14 @@ inline __m512i broadcast_quad(const int8_t* x) {
 }
 #endif
 
-// Checks a weight to pack: codes [N, K] of the given dtype, N a whole number of tiles, K of
-// groups. Returns the number of groups.
-inline int64_t check_pack(const torch::Tensor& codes, at::ScalarType dtype, const char* dtype_name) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == dtype, "codes must be [N, K] ", dtype_name);
-  TORCH_CHECK(codes.size(0) % kTile == 0, "output rows must be a multiple of ", kTile, ", got ", codes.size(0));
-  TORCH_CHECK(codes.size(1) % kGroup == 0, "inputs must be a multiple of ", kGroup, ", got ", codes.size(1));
-  return codes.size(1) / kGroup;
-}
-
-struct GemmShape {
-  int64_t rows, k, tiles, groups;
-};
-
-// Checks x [M, K] bfloat16 against a packed weight [N / 16, K / (32 * groups_per_block),
-// block_bytes].
-inline GemmShape check_gemm(const torch::Tensor& x, const torch::Tensor& packed, int64_t block_bytes,
-                            const char* pack_fn, int64_t groups_per_block = 1) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be [M, K] bfloat16");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.size(2) == block_bytes,
-              "packed must come from ", pack_fn);
-  const GemmShape s{x.size(0), x.size(1), packed.size(0), packed.size(1) * groups_per_block};
-  TORCH_CHECK(s.k == s.groups * kGroup, "x has ", s.k, " inputs, the weight ", s.groups * kGroup);
-  return s;
-}
-
 // Activation rows rounded to int8 per group of 32, the way llama.cpp feeds its integer dot
 // products: codes = round(x * 127 / max|x|), with the scale max|x| / 127 and the codes' sum
 // kept per row and group. A group holding a NaN or an infinity gets codes 0 and a NaN scale,
 // so the outputs read NaN (casting NaN to an integer would be undefined).
 struct Int8Rows {
-  torch::Tensor codes;  // [M, K] int8
-  torch::Tensor scale;  // [M, K / 32] float32
-  torch::Tensor sum;    // [M, K / 32] int32
+  std::unique_ptr<int8_t[]> codes;  // [M, K]
+  std::unique_ptr<float[]> scale;   // [M, K / 32]
+  std::unique_ptr<int32_t[]> sum;   // [M, K / 32]
 };
 
 #if defined(__AVX512BW__)
@@ -154,20 +130,18 @@ inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes
 }
 #endif
 
+// x [rows, k] bfloat16, k a multiple of 32.
 template <bool kInterleaved>
-Int8Rows quantize_rows(const torch::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % kGroup == 0,
-              "x must be [M, K] bfloat16, K a multiple of ", kGroup);
-  auto xc = x.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1), groups = k / kGroup;
-  Int8Rows q{torch::empty({rows, k}, x.options().dtype(at::kChar)),
-             torch::empty({rows, groups}, x.options().dtype(at::kFloat)),
-             torch::empty({rows, groups}, x.options().dtype(at::kInt))};
-  const auto* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  int8_t* cp = q.codes.data_ptr<int8_t>();
-  float* sp = q.scale.data_ptr<float>();
-  int32_t* up = q.sum.data_ptr<int32_t>();
-  at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
+Int8Rows quantize_rows(const bf16* x, int64_t rows, int64_t k) {
+  const int64_t groups = rows * (k / kGroup);
+  Int8Rows q{pagedllm::scratch<int8_t>(rows * k),
+             pagedllm::scratch<float>(groups),
+             pagedllm::scratch<int32_t>(groups)};
+  const auto* xp = reinterpret_cast<const uint16_t*>(x);
+  int8_t* cp = q.codes.get();
+  float* sp = q.scale.get();
+  int32_t* up = q.sum.get();
+  parallel_for(0, groups, 64, [&](int64_t begin, int64_t end) {
     // Group i of the flat [M, K] (groups never straddle rows).
     for (int64_t i = begin; i < end; ++i)
       std::tie(sp[i], up[i]) = quantize_group<kInterleaved>(xp + i * kGroup, cp + i * kGroup);
@@ -182,10 +156,10 @@ Int8Rows quantize_rows(const torch::Tensor& x) {
 // others instead of holding up the whole product.
 template <typename Fn>
 void for_each_tile(int64_t tiles, int64_t rows, const Fn& tile) {
-  const int64_t threads = at::get_num_threads();
+  const int64_t threads = num_threads();
   const int64_t chunk = std::max<int64_t>(1, tiles / (threads * 16));
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+  parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t begin = next.fetch_add(chunk); begin < tiles; begin = next.fetch_add(chunk))
       for (int64_t t = begin; t < std::min(tiles, begin + chunk); ++t)
         for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock)

@@ -3,7 +3,6 @@
 // [num_blocks, block_size, KVH] (kv_cache_dtype "int8": half the bytes of bfloat16, so half
 // the memory traffic of decode attention and twice the tokens in the same memory).
 #pragma once
-#include <torch/extension.h>
 #include <cstdint>
 
 // What a layer's attention adds to softmax(q.k * scale) v: soft-capped scores
@@ -27,24 +26,13 @@ struct HeadRows {
   int64_t block_size;
 };
 
-// Checks a layer's key and value caches for activations of `dtype` (the query's, or qkv's
-// when writing): contiguous, 4-D and alike, in that dtype or int8 with float32 scales
-// [num_blocks, block_size, kv_heads] for both. Returns whether they are int8.
-bool check_cache_pair(const torch::Tensor& key_cache, const torch::Tensor& value_cache,
-                      const c10::optional<torch::Tensor>& key_scales,
-                      const c10::optional<torch::Tensor>& value_scales, at::ScalarType dtype);
-
+// A layer's caches as pointers and sizes (bindings.cpp checks the tensors they come from).
 struct PagedCache {
-  // Checks the query against the caches (dtypes, shapes, contiguity, scales where int8).
-  PagedCache(const torch::Tensor& query, const torch::Tensor& key_cache,
-             const torch::Tensor& value_cache, const c10::optional<torch::Tensor>& key_scales,
-             const c10::optional<torch::Tensor>& value_scales);
-
   const void* key;
   const void* value;
   const float* key_scales = nullptr;
   const float* value_scales = nullptr;
-  int64_t block_size, kv_heads, head_dim;
+  int64_t block_size = 0, kv_heads = 0, head_dim = 0;
   bool quantized = false;
 
   template <typename cache_t>

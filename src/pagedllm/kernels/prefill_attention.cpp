@@ -17,10 +17,9 @@
 // softmax; under a sliding window a tile lays out only the keys its tokens see, and each
 // token masks the keys before its window as it masks those after itself. Head sizes that
 // are a multiple of 32 (64, 96, 128, 256) take this path; 80 takes the per-token one.
-#include "ops.h"
+#include "kernels.h"
 #include "paged_cache.h"
 
-#include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,6 +35,9 @@
 
 namespace {
 
+using pagedllm::bf16;
+using pagedllm::DType;
+
 constexpr int64_t kTileTokens = 16;  // query tokens per task
 constexpr int kKeys = 16;            // keys per step: one float32 vector of scores
 // A finite "minus infinity": the kernels build with -ffast-math, which assumes no infinities.
@@ -44,10 +46,10 @@ constexpr float kMasked = -1e30f;
 #if defined(__AVX512BF16__)
 
 struct Chunk {
-  const c10::BFloat16* query;  // [T, H, D]
+  const bf16* query;  // [T, H, D]
   const PagedCache& cache;
   const int64_t* table;
-  c10::BFloat16* out;  // [T, H, D]
+  bf16* out;  // [T, H, D]
   int64_t heads, start;  // kv_heads and block_size: the cache's
   AttentionOptions options;
   // The first position the token at `position` sees.
@@ -100,14 +102,14 @@ inline __m512 tanh512(__m512 x) {
 // A cache row as bfloat16 bits: copied, or int8 codes times their scale, rounded to
 // bfloat16 (once per tile, so the products below are the same for both caches).
 template <int D>
-inline void fetch_row(const c10::BFloat16* row, const float*, uint16_t* out) {
+inline void fetch_row(const pagedllm::bf16* row, const float*, uint16_t* out) {
   std::memcpy(out, row, D * sizeof(uint16_t));
 }
 
 template <int D>
 inline void fetch_row(const int8_t* row, const float* scale, uint16_t* out) {
   const float s = *scale;
-  for (int d = 0; d < D; ++d) out[d] = pagedllm::Cvt<c10::BFloat16>::to_bits(static_cast<float>(row[d]) * s);
+  for (int d = 0; d < D; ++d) out[d] = pagedllm::Cvt<pagedllm::bf16>::to_bits(static_cast<float>(row[d]) * s);
 }
 
 // Where lane i of value-pair vector v of a row lands among its D dimensions: unpacking two
@@ -230,13 +232,13 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t head0, int64_t t0, int64_t 
                                          (__m512bh)_mm512_set1_epi32(prob_pairs[g][j]));
     }
     for (int g = 0; g < G; ++g) {
-      c10::BFloat16* o = c.out + (t0 + t) * c.heads * D + (head0 + g) * D;
+      pagedllm::bf16* o = c.out + (t0 + t) * c.heads * D + (head0 + g) * D;
       const float inv = 1.f / row_sum[g];
       alignas(64) float row[D];
       for (int v = 0; v < V; ++v) _mm512_store_ps(row + 16 * v, out[g][v]);
       for (int v = 0; v < V; ++v)
         for (int i = 0; i < 16; ++i)
-          pagedllm::Cvt<c10::BFloat16>::store(o, value_dim<D>(v, i), row[16 * v + i] * inv);
+          pagedllm::Cvt<pagedllm::bf16>::store(o, value_dim<D>(v, i), row[16 * v + i] * inv);
     }
   }
 }
@@ -247,7 +249,7 @@ void run_tiles(const Chunk& c, int64_t tokens) {
   const int64_t group = c.heads / c.cache.kv_heads, parts = group / G;  // pagedllm::task_group
   const int64_t tasks = tiles * c.cache.kv_heads * parts;
   // One task at a time, longest (latest tile) first, so that the threads end together.
-  const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), tasks));
+  const int threads = static_cast<int>(std::min<int64_t>(pagedllm::num_threads(), tasks));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t i = 0; i < tasks; ++i) {
     const int64_t task = tasks - 1 - i;
@@ -262,26 +264,24 @@ void run_tiles(const Chunk& c, int64_t tokens) {
 
 }  // namespace
 
-c10::optional<torch::Tensor> tiled_prefill_attention(const torch::Tensor& query,
-                                                     const PagedCache& cache,
-                                                     const torch::Tensor& block_table,
-                                                     int64_t start, const AttentionOptions& options) {
+bool pagedllm::kernel::tiled_prefill_attention(DType dtype, const void* query, int64_t tokens,
+                                               int64_t heads, const PagedCache& cache,
+                                               const int64_t* table, int64_t start,
+                                               const AttentionOptions& options, void* out) {
 #if defined(__AVX512BF16__)
-  if (query.scalar_type() != at::kBFloat16 || query.size(2) % 32 != 0) return c10::nullopt;
-  auto out = torch::empty_like(query);
-  const int64_t tokens = query.size(0), heads = query.size(1), kv_heads = cache.kv_heads;
-  if (tokens == 0) return out;  // nothing to attend (and no thread team of 0)
-  const Chunk c{query.data_ptr<c10::BFloat16>(), cache, block_table.data_ptr<int64_t>(),
-                out.data_ptr<c10::BFloat16>(), heads, start, options};
-  pagedllm::dispatch_head_shape(query.size(2), heads / kv_heads, [&](auto dim, auto group) {
+  if (dtype != DType::BFloat16 || cache.head_dim % 32 != 0) return false;
+  if (tokens == 0) return true;  // nothing to attend (and no thread team of 0)
+  const Chunk c{static_cast<const bf16*>(query), cache, table, static_cast<bf16*>(out), heads,
+                start, options};
+  pagedllm::dispatch_head_shape(cache.head_dim, heads / cache.kv_heads, [&](auto dim, auto group) {
     constexpr int D = decltype(dim)::value, G = decltype(group)::value;
     if constexpr (D % 32 == 0) {  // checked above; no code for the other sizes
       if (cache.quantized) run_tiles<int8_t, D, G>(c, tokens);
-      else run_tiles<c10::BFloat16, D, G>(c, tokens);
+      else run_tiles<bf16, D, G>(c, tokens);
     }
   });
-  return out;
+  return true;
 #else
-  return c10::nullopt;
+  return false;
 #endif
 }

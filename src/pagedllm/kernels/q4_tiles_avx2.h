@@ -45,7 +45,7 @@ inline void group_scales(const uint8_t* tile, int64_t g, int h, __m256& d, __m25
 using ExactInput = float;
 
 // 8 float32 totals rounded to bfloat16 (nearest even) and stored.
-inline void store_bf16x8(const __m256 v, at::BFloat16* out) {
+inline void store_bf16x8(const __m256 v, pagedllm::bf16* out) {
   __m256i u = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
@@ -74,7 +74,7 @@ inline void fma_code(__m256 (&acc)[2][R], const __m256i (&v)[2], const float* x,
 // d * (x . q) + m * sum(x) per group.
 template <class L, int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
-               const float* xsum, at::BFloat16* out, int64_t ldo) {
+               const float* xsum, pagedllm::bf16* out, int64_t ldo) {
   // The float32 totals live in memory, touched once per group, so the registers go to the
   // accumulators.
   alignas(32) float total[R][kTile] = {};
@@ -121,7 +121,7 @@ inline __m256i broadcast_quad8(const int8_t* x) {
 // sum x*w = dx * (d * (xq . q) + m * sum(xq)) per group, the dot product exact in integers.
 template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-                    const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
+                    const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
   // The float32 totals live in memory, touched once per group, so the registers go to the
   // accumulators.
   alignas(32) float total[R][kTile] = {};

@@ -8,7 +8,7 @@ namespace pagedllm::q4 {
 // quantize_rows stores each 8 activation codes in the order the int8 tile reads nibbles.
 constexpr bool kInterleavedCodes = true;
 // The exact tile takes the bfloat16 activations as they are (pair dot products).
-using ExactInput = at::BFloat16;
+using ExactInput = pagedllm::bf16;
 
 // 16 bytes (a group's 6-bit scales or mins of the tile's rows) as float32.
 inline __m512 load_bytes(const uint8_t* p) {
@@ -38,7 +38,7 @@ inline __m512bh codes_pair(__m512i v) {
 }
 
 template <int R, int S, int P>
-inline void dot_pair(__m512 (&acc)[S][R], __m512i v, const at::BFloat16* x, int64_t ldx, int64_t k) {
+inline void dot_pair(__m512 (&acc)[S][R], __m512i v, const pagedllm::bf16* x, int64_t ldx, int64_t k) {
   const __m512bh w = codes_pair<P>(v);
   for (int r = 0; r < R; ++r)
     acc[P % S][r] = _mm512_dpbf16_ps(acc[P % S][r], w, broadcast_pair(x + r * ldx + k + 2 * P));
@@ -49,8 +49,8 @@ inline void dot_pair(__m512 (&acc)[S][R], __m512i v, const at::BFloat16* x, int6
 // in flight to keep both of its pipes busy. The float32 totals live in memory, touched once
 // per group, so that the registers go to the chains.
 template <class L, int R, int S>
-void tile_rows_chains(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
-               const float* xsum, at::BFloat16* out, int64_t ldo) {
+void tile_rows_chains(const uint8_t* tile, int64_t groups, const pagedllm::bf16* x, int64_t ldx,
+               const float* xsum, pagedllm::bf16* out, int64_t ldo) {
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = group_codes<L>(tile, g);
@@ -83,8 +83,8 @@ void tile_rows_chains(const uint8_t* tile, int64_t groups, const at::BFloat16* x
 
 // The entry the tile table takes (q4_gemm.cpp): two sets of accumulators taking turns.
 template <class L, int R>
-void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64_t ldx,
-               const float* xsum, at::BFloat16* out, int64_t ldo) {
+void tile_rows(const uint8_t* tile, int64_t groups, const pagedllm::bf16* x, int64_t ldx,
+               const float* xsum, pagedllm::bf16* out, int64_t ldo) {
   tile_rows_chains<L, R, 2>(tile, groups, x, ldx, xsum, out, ldo);
 }
 
@@ -100,7 +100,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const at::BFloat16* x, int64
 // the integer dot product exact in int32, the scales applied once per 32 inputs.
 template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-                    const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
+                    const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   const __m512i nibble = _mm512_set1_epi8(0x0F);

@@ -28,12 +28,12 @@ struct UnpackedGroup {
       }
     const uint8_t* scales = tile + g / L::kGroupsPerBlock * L::kBlockBytes;
     if constexpr (L::kGroupsPerBlock == 1) {
-      const auto* halves = reinterpret_cast<const at::Half*>(scales + kCodeBytes);
+      const auto* halves = reinterpret_cast<const pagedllm::f16*>(scales + kCodeBytes);
       for (int i = 0; i < kTile; ++i) d[i] = static_cast<float>(halves[i]), m[i] = static_cast<float>(halves[kTile + i]);
     } else {
       const int64_t j = g % L::kGroupsPerBlock;
-      const auto* dd = reinterpret_cast<const at::Half*>(scales + L::kDOffset);
-      const auto* dm = reinterpret_cast<const at::Half*>(scales + L::kDminOffset);
+      const auto* dd = reinterpret_cast<const pagedllm::f16*>(scales + L::kDOffset);
+      const auto* dm = reinterpret_cast<const pagedllm::f16*>(scales + L::kDminOffset);
       for (int i = 0; i < kTile; ++i) {
         d[i] = static_cast<float>(dd[i]) * scales[L::kScaleOffset + kTile * j + i];
         m[i] = static_cast<float>(dm[i]) * scales[L::kMinOffset + kTile * j + i];
@@ -42,8 +42,8 @@ struct UnpackedGroup {
   }
 };
 
-inline void store_row(const float* total, at::BFloat16* out) {
-  for (int i = 0; i < kTile; ++i) out[i] = c10::BFloat16(total[i]);  // round to nearest even
+inline void store_row(const float* total, pagedllm::bf16* out) {
+  for (int i = 0; i < kTile; ++i) out[i] = pagedllm::bf16(total[i]);  // round to nearest even
 }
 
 // R activation rows (X: float32 values, or int8 codes) times one tile. Per group, x . q is
@@ -52,7 +52,7 @@ inline void store_row(const float* total, at::BFloat16* out) {
 // and group: 1 and sum(x) for exact rows, dx and dx * sum(xq) for int8 rows.
 template <class L, int R, typename X, typename Acc>
 void tile_rows_of(const uint8_t* tile, int64_t groups, const X* x, int64_t ldx,
-                  const float* scale, const float* shift, at::BFloat16* out, int64_t ldo) {
+                  const float* scale, const float* shift, pagedllm::bf16* out, int64_t ldo) {
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const UnpackedGroup<L> w(tile, g);
@@ -73,14 +73,14 @@ void tile_rows_of(const uint8_t* tile, int64_t groups, const X* x, int64_t ldx,
 // Exact rows: x widened to float32 (q4_gemm), xsum = sum(x) per row and group.
 template <class L, int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
-               const float* xsum, at::BFloat16* out, int64_t ldo) {
+               const float* xsum, pagedllm::bf16* out, int64_t ldo) {
   tile_rows_of<L, R, float, float>(tile, groups, x, ldx, nullptr, xsum, out, ldo);
 }
 
 // Int8 rows (quantize_rows<false>): dx per row and group, dx_sum = dx * sum(xq).
 template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-                    const float* dx, const float* dx_sum, at::BFloat16* out, int64_t ldo) {
+                    const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
   tile_rows_of<L, R, int8_t, int32_t>(tile, groups, xq, ldx, dx, dx_sum, out, ldo);
 }
 

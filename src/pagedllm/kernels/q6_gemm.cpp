@@ -15,8 +15,8 @@
 //   byte b's low-nibble code at bits 4-5 and of its high-nibble code at bits 6-7, and for
 //   2p + 1 the same at bits 0-1 and 2-3, so one shift and one mask put them above the nibble;
 // - then the 16 int8 scales of each of the block's 16 sub-groups, then d per row (float16).
+#include "kernels.h"
 #include "lowbit_gemm.h"
-#include "ops.h"
 #include "q4_layout.h"
 
 using namespace pagedllm::lowbit;
@@ -30,7 +30,7 @@ constexpr int64_t kGroupBytes = kLowBytes + kTile * kGroup / 4;  // + 128: 2 hig
 constexpr int64_t kScaleOffset = kGroupsPerBlock * kGroupBytes;  // 3072: sc [16][16] int8
 constexpr int64_t kDOffset = kScaleOffset + 2 * kGroupsPerBlock * kTile;  // 3328: d [16]
 constexpr int64_t kBlockBytes = kDOffset + 2 * kTile;         // 3360
-static_assert(kBlockBytes == kQ6PackedBlockBytes, "ops.h names q6_pack's block size");
+static_assert(kBlockBytes == pagedllm::kernel::kQ6PackedBlockBytes, "kernels.h names q6_pack's block size");
 
 // Bit of the high-bits plane, within lane i's 32 bits, holding bit 0 of the high 2 bits of
 // code c (0..7) of code vector j.
@@ -41,11 +41,10 @@ inline int high_shift(int j, int c) {
 
 // The activation codes' sum per 16 inputs, [M, K / 16]: the -32 offset's share of each scale.
 // A plain loop: torch's integer sum cost ~45 us a call, a millisecond a decode step.
-torch::Tensor sums_of_16(const torch::Tensor& codes) {
-  const int64_t sums = codes.numel() / 16;
-  auto out = torch::empty({codes.size(0), codes.size(1) / 16}, codes.options().dtype(at::kInt));
-  const int8_t* c = codes.data_ptr<int8_t>();
-  int32_t* o = out.data_ptr<int32_t>();
+std::unique_ptr<int32_t[]> sums_of_16(const int8_t* c, int64_t count) {
+  const int64_t sums = count / 16;
+  auto out = pagedllm::scratch<int32_t>(sums);
+  int32_t* o = out.get();
   for (int64_t i = 0; i < sums; ++i) {
     int32_t sum = 0;
     for (int e = 0; e < 16; ++e) sum += c[16 * i + e];
@@ -201,7 +200,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
           w[8 * j + c][i] = static_cast<int16_t>(((lane >> code_shift(c)) & 0xF) |
                                                  (((plane >> high_shift(j, c)) & 0x3) << 4)) - 32;
       }
-    const auto* halves = reinterpret_cast<const at::Half*>(block + kDOffset);
+    const auto* halves = reinterpret_cast<const pagedllm::f16*>(block + kDOffset);
     alignas(64) float scale[2][kTile];
     for (int s = 0; s < 2; ++s)
       for (int64_t i = 0; i < kTile; ++i)
@@ -232,24 +231,11 @@ constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>,
 
 }  // namespace
 
-// codes [N, K] uint8 (0..63), scales [N, K / 16] int8, d [N, K / 256] float32 (exact float16
-// values), w = d * sc * (q - 32) -> the packed tiles, [N / 16, K / 256, 3360] uint8.
-torch::Tensor q6_pack(torch::Tensor codes, torch::Tensor scales, torch::Tensor d) {
-  const int64_t groups = check_pack(codes, at::kByte, "uint8");
-  const int64_t n = codes.size(0), k = codes.size(1), blocks = groups / kGroupsPerBlock;
-  TORCH_CHECK(groups % kGroupsPerBlock == 0, "inputs must be a multiple of ", kGroupsPerBlock * kGroup, ", got ", k);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == n && scales.size(1) == 2 * groups &&
-              scales.scalar_type() == at::kChar, "scales must be [N, K / 16] int8");
-  TORCH_CHECK(d.dim() == 2 && d.size(0) == n && d.size(1) == blocks, "d must be [N, K / 256]");
-  auto c = codes.contiguous(), sc = scales.contiguous();
-  TORCH_CHECK(c.max().item<int>() < 64, "codes must be in 0..63");
-  auto d16 = d.to(at::kHalf).contiguous();
-  auto packed = torch::zeros({n / kTile, blocks, kBlockBytes}, codes.options());
-  const uint8_t* src = c.data_ptr<uint8_t>();
-  const int8_t* scp = sc.data_ptr<int8_t>();
-  const auto* dp = d16.data_ptr<at::Half>();
-  uint8_t* dst = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, n / kTile, 1, [&](int64_t begin, int64_t end) {
+namespace pagedllm::kernel {
+
+void q6_pack(const uint8_t* src, const int8_t* scp, const f16* dp, int64_t n, int64_t k, uint8_t* dst) {
+  const int64_t groups = k / kGroup, blocks = groups / kGroupsPerBlock;
+  parallel_for(0, n / kTile, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t b = 0; b < blocks; ++b) {
         uint8_t* block = dst + (t * blocks + b) * kBlockBytes;
@@ -276,26 +262,21 @@ torch::Tensor q6_pack(torch::Tensor codes, torch::Tensor scales, torch::Tensor d
         }
       }
   });
-  return packed;
 }
 
-// x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] float32.
-torch::Tensor q6_gemm(torch::Tensor x, torch::Tensor packed) {
-  const GemmShape shape = check_gemm(x, packed, kBlockBytes, "q6_pack", kGroupsPerBlock);
-  const int64_t rows = shape.rows, k = shape.k, tiles = shape.tiles, groups = shape.groups;
-  auto out = torch::empty({rows, tiles * kTile}, x.options().dtype(at::kFloat));
-  if (rows == 0) return out;
-  const Int8Rows xq = quantize_rows<kInterleavedCodes>(x);
-  const auto xsum16 = sums_of_16(xq.codes);
-  const int8_t* qp = xq.codes.data_ptr<int8_t>();
-  const float* dp = xq.scale.data_ptr<float>();
-  const int32_t* sp = xsum16.data_ptr<int32_t>();
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t n = tiles * kTile, tile_bytes = packed.size(1) * kBlockBytes;
+void q6_gemm(const bf16* x, const uint8_t* wp, int64_t rows, int64_t k, int64_t n, float* op) {
+  if (rows == 0) return;
+  const int64_t groups = k / kGroup, tiles = n / kTile;
+  const Int8Rows xq = quantize_rows<kInterleavedCodes>(x, rows, k);
+  const auto xsum16 = sums_of_16(xq.codes.get(), rows * k);
+  const int8_t* qp = xq.codes.get();
+  const float* dp = xq.scale.get();
+  const int32_t* sp = xsum16.get();
+  const int64_t tile_bytes = groups / kGroupsPerBlock * kBlockBytes;
   for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
     kTileFns[rb](wp + t * tile_bytes, groups, qp + r0 * k, k, dp + r0 * groups, sp + r0 * 2 * groups,
                  op + r0 * n + t * kTile, n);
   });
-  return out;
 }
+
+}  // namespace pagedllm::kernel

@@ -9,8 +9,10 @@
 // q + 128 and the sum corrected by 128 * sum(x codes), known per row and group.
 // Packed (q8_pack) into tiles of 16 output rows: per tile and group, 8 vectors of 64 bytes
 // (lane i: output row i's codes for 4 consecutive inputs), then the 16 d as float16.
+#include <vector>
+
+#include "kernels.h"
 #include "lowbit_gemm.h"
-#include "ops.h"
 
 using namespace pagedllm::lowbit;
 
@@ -18,7 +20,7 @@ namespace {
 
 constexpr int64_t kCodeBytes = kTile * kGroup;           // 512
 constexpr int64_t kBlockBytes = kCodeBytes + kTile * 2;  // codes, then d (float16)
-static_assert(kBlockBytes == kQ8PackedBlockBytes, "ops.h names q8_pack's block size");
+static_assert(kBlockBytes == pagedllm::kernel::kQ8PackedBlockBytes, "kernels.h names q8_pack's block size");
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 
@@ -104,7 +106,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
     for (int64_t c = 0; c < kGroup; ++c)
       for (int64_t i = 0; i < kTile; ++i) w[c][i] = static_cast<int16_t>(block[64 * (c / 4) + 4 * i + c % 4]) - 128;
     alignas(64) float d[kTile];
-    const auto* halves = reinterpret_cast<const at::Half*>(block + kCodeBytes);
+    const auto* halves = reinterpret_cast<const pagedllm::f16*>(block + kCodeBytes);
     for (int64_t i = 0; i < kTile; ++i) d[i] = static_cast<float>(halves[i]);
     for (int r = 0; r < R; ++r) {
       alignas(64) int32_t acc[kTile] = {};
@@ -129,19 +131,11 @@ constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>,
 
 }  // namespace
 
-// codes [N, K] int8, d [N, K / 32] float32 (exact float16 values) -> the packed tiles,
-// [N / 16, K / 32, kBlockBytes] uint8.
-torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d) {
-  const int64_t groups = check_pack(codes, at::kChar, "int8");
-  const int64_t n = codes.size(0), k = codes.size(1);
-  TORCH_CHECK(d.dim() == 2 && d.size(0) == n && d.size(1) == groups, "d must be [N, K / 32]");
-  auto c = codes.contiguous();
-  auto d16 = d.to(at::kHalf).contiguous();
-  auto packed = torch::empty({n / kTile, groups, kBlockBytes}, codes.options().dtype(at::kByte));
-  const int8_t* src = c.data_ptr<int8_t>();
-  const auto* dsrc = d16.data_ptr<at::Half>();
-  uint8_t* dst = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, n / kTile, 1, [&](int64_t begin, int64_t end) {
+namespace pagedllm::kernel {
+
+void q8_pack(const int8_t* src, const f16* dsrc, int64_t n, int64_t k, uint8_t* dst) {
+  const int64_t groups = k / kGroup;
+  parallel_for(0, n / kTile, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t g = 0; g < groups; ++g) {
         uint8_t* block = dst + (t * groups + g) * kBlockBytes;
@@ -153,52 +147,28 @@ torch::Tensor q8_pack(torch::Tensor codes, torch::Tensor d) {
         }
       }
   });
-  return packed;
 }
 
-// x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] float32.
-torch::Tensor q8_gemm(torch::Tensor x, torch::Tensor packed) {
-  const GemmShape shape = check_gemm(x, packed, kBlockBytes, "q8_pack");
-  const int64_t rows = shape.rows, k = shape.k, tiles = shape.tiles, groups = shape.groups;
-  auto out = torch::empty({rows, tiles * kTile}, x.options().dtype(at::kFloat));
-  if (rows == 0) return out;
-  const Int8Rows xq = quantize_rows<false>(x);
-  const int8_t* qp = xq.codes.data_ptr<int8_t>();
-  const float* dp = xq.scale.data_ptr<float>();
-  const int32_t* sp = xq.sum.data_ptr<int32_t>();
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t n = tiles * kTile;
+void q8_gemm(const bf16* x, const uint8_t* wp, int64_t rows, int64_t k, int64_t n, float* op) {
+  if (rows == 0) return;
+  const int64_t groups = k / kGroup, tiles = n / kTile;
+  const Int8Rows xq = quantize_rows<false>(x, rows, k);
+  const int8_t* qp = xq.codes.get();
+  const float* dp = xq.scale.get();
+  const int32_t* sp = xq.sum.get();
   for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
     kTileFns[rb](wp + t * groups * kBlockBytes, groups, qp + r0 * k, k, dp + r0 * groups,
                  sp + r0 * groups, op + r0 * n + t * kTile, n);
   });
-  return out;
 }
 
-// logits [M, N] float32 (q8_gemm's, in place), hidden [M, K] bfloat16, codes [N, K] int8,
-// d [N, K / 32] float32: each row's `top` largest logits recomputed exactly (the float32 sum
-// of hidden times code * d, as dequantized rows give), since the int8-rounded activations
-// can swap near-equal candidates. One pass over each row finds them; nothing is sorted.
-torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::Tensor codes,
-                            torch::Tensor d, int64_t top) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous(),
-              "logits must be contiguous [M, N] float32");
-  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == logits.size(0), "hidden must be [M, K]");
-  const int64_t groups = check_pack(codes, at::kChar, "int8");
-  const int64_t rows = logits.size(0), n = logits.size(1), k = hidden.size(1);
-  TORCH_CHECK(codes.size(0) == n && codes.size(1) == k, "codes must be [N, K] for logits [M, N]");
-  TORCH_CHECK(d.dim() == 2 && d.size(0) == n && d.size(1) == groups && d.scalar_type() == at::kFloat,
-              "d must be [N, K / 32] float32");
-  TORCH_CHECK(top >= 1 && top <= n, "top must be in 1..N");
-  auto h = hidden.to(at::kFloat).contiguous();
-  auto c = codes.contiguous();
-  auto dc = d.contiguous();
-  const float* hp = h.data_ptr<float>();
-  const int8_t* cp = c.data_ptr<int8_t>();
-  const float* dp = dc.data_ptr<float>();
-  float* lp = logits.data_ptr<float>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+// Each row's `top` largest logits recomputed exactly (the float32 sum of hidden times code *
+// d, as dequantized rows give), since the int8-rounded activations can swap near-equal
+// candidates. One pass over each row finds them; nothing is sorted.
+void q8_refine_top(float* lp, const float* hp, const int8_t* cp, const float* dp, int64_t rows,
+                   int64_t n, int64_t k, int64_t top) {
+  const int64_t groups = k / kGroup;
+  parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> best(top);
     std::vector<float> best_value(top);
     for (int64_t r = begin; r < end; ++r) {
@@ -221,5 +191,6 @@ torch::Tensor q8_refine_top(torch::Tensor logits, torch::Tensor hidden, torch::T
       }
     }
   });
-  return logits;
 }
+
+}  // namespace pagedllm::kernel

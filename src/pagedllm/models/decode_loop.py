@@ -1,4 +1,4 @@
-"""Every decoder layer of a decode step in one C++ call (kernels/decode_layers.cpp).
+"""Every decoder layer of a decode step in one C++ call (kernels/decode_layers.h).
 
 Each op of a layer already runs in C++, but driving them from Python cost ~40 us a layer of
 interpreter and nn.Module overhead, about a third of a one-token step on the default model.

@@ -5,14 +5,14 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pagedllm.config import ServerConfig
 from pagedllm.server import errors
 from pagedllm.server.anthropic_api import add_anthropic_routes
-from pagedllm.server.auth import KeyStore
+from pagedllm.server.auth import KeyStore, is_loopback
 from pagedllm.server.cors import add_cors
 from pagedllm.server.docs import install_docs
 from pagedllm.server.web_routes import add_web_routes
@@ -55,13 +55,18 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
     errors.install_handlers(app)
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
         if client.dead:
             raise APIError(503, f"the engine is unusable: {client.dead}", None,
                            "engine_dead")
         if state.draining:  # still listening, so a load balancer hears it and moves on
             raise APIError(503, "server is shutting down", None, "shutting_down")
-        return {"status": "ok"}
+        answer = {"status": "ok"}
+        # The key file's reloads, for `pagedllm keys` to read back its edit; asked from this
+        # machine only (the path in an error is nobody else's business).
+        if keys.enabled and request.client and is_loopback(request.client.host):
+            answer["api_keys"] = keys.reload_status()
+        return answer
 
     add_openai_routes(app, state)
 

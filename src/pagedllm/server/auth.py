@@ -89,6 +89,9 @@ class KeyStore:
         self.path = path
         self._keys: list[ApiKey] = parse_key_file(path) if path else []
         self._lock = threading.Lock()
+        # What the last reloads did, for `pagedllm keys` to read back (/health, loopback only).
+        self.reloads = 0
+        self.reload_error: str | None = None
         self._warn_permissions()
 
     def _warn_permissions(self) -> None:
@@ -113,6 +116,11 @@ class KeyStore:
                 found = key
         return found
 
+    def reload_status(self) -> dict:
+        """How many reloads this server has done, the last one's error (None: it worked), and
+        how many keys it holds."""
+        return {"reloads": self.reloads, "error": self.reload_error, "keys": len(self._keys)}
+
     def reload(self) -> bool:
         """Re-read the file; on error keep the old keys and say why (without any key)."""
         if not self.path:
@@ -122,8 +130,10 @@ class KeyStore:
                 keys = parse_key_file(self.path)
             except KeyFileError as exc:
                 logger.error("API keys not reloaded: %s", exc)
+                self.reload_error, self.reloads = str(exc), self.reloads + 1
                 return False
             self._keys = keys
+            self.reload_error, self.reloads = None, self.reloads + 1
         self._warn_permissions()
         logger.info("API keys reloaded: %d key(s): %s", len(keys), ", ".join(k.name for k in keys))
         return True

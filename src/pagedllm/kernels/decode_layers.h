@@ -6,24 +6,25 @@
 // (tests/test_decode_layers.py); the model takes it only for steps where every row is a
 // decode token and every projection runs on low-bit codes: 4-bit (q4_linear), Q6_K
 // (q6_gemm) or Q8_0 (q8_gemm), or side by side in parts of those (a Q4_K_M file's q/k/v:
-// q and k Q4_K, v Q6_K).
-#include "ops.h"
+// q and k Q4_K, v Q6_K). Part of the binding unit (bindings.cpp): it works on tensors.
+#pragma once
+#include "tensor_ops.h"
+
+namespace pagedllm::ops {
 
 constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention norm, gate_up, down
-
-namespace {
 
 // One projection: its packed parts, each through the kernel its block size names, outputs
 // side by side (as StackedLinear concatenates them; the 8-bit kernels' float32 rounded to
 // bfloat16 as Int8ActivationLinear rounds it).
-torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& parts,
+inline torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& parts,
                             int64_t exact_max_rows) {
   std::vector<torch::Tensor> outs;
   for (const auto& packed : parts) {
     const int64_t block = packed.dim() == 3 ? packed.size(2) : 0;
-    if (block == kQ6PackedBlockBytes)
+    if (block == kernel::kQ6PackedBlockBytes)
       outs.push_back(q6_gemm(x, packed).to(at::kBFloat16));
-    else if (block == kQ8PackedBlockBytes)
+    else if (block == kernel::kQ8PackedBlockBytes)
       outs.push_back(q8_gemm(x, packed).to(at::kBFloat16));
     else
       outs.push_back(q4_linear(x, packed, exact_max_rows));
@@ -32,8 +33,6 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<torch::Ten
   return outs.size() == 1 ? outs[0] : torch::cat(outs, 1);
 }
 
-}  // namespace
-
 // hidden [T, H]: the step's embedded tokens. weights: per layer, in order, the input norm
 // weight, the packed parts of qkv, of o, the post-attention norm weight, the parts of
 // gate_up, of down (each a list; a norm's holds its one weight).
@@ -41,7 +40,7 @@ torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<torch::Ten
 // Python layers do. key_scales, value_scales: per layer for int8 caches, empty otherwise.
 // exact_max_rows, per layer: as QuantLinear's, where q4_linear changes
 // kernel.
-std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
+inline std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
                                          torch::Tensor cos, torch::Tensor sin,
                                          std::vector<std::vector<torch::Tensor>> weights,
                                          std::vector<torch::Tensor> key_caches,
@@ -88,3 +87,5 @@ std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor pos
   }
   return {hidden, residual};
 }
+
+}  // namespace pagedllm::ops
