@@ -155,6 +155,7 @@ def test_bench_plot_marks_targets_and_recommendation(tmp_path):
 
     levels = [level(1, 100, 10), level(2, 300, 20), level(4, 3000, 40)]
     levels[0].peak_kv_usage, levels[0].peak_server_rss_bytes = 0.2, 1 << 30
+    levels[2].peak_server_rss_bytes = (1 << 30) + (30 << 20)  # a small rise
     settings = {"model": "m", "base_url": "u", "slo_ttft_p95_ms": 2000.0, "slo_tpot_p95_ms": 100.0,
                 "server": {"num_blocks": "99", "cpu_isa": "avx2"}, "prompt_tokens": [8, 16],
                 "max_tokens": 8}
@@ -167,6 +168,9 @@ def test_bench_plot_marks_targets_and_recommendation(tmp_path):
     assert {"TTFT target 2000 ms", "TPOT target 100 ms", "recommended N=2"} <= labels
     assert "KV blocks 99" in fig._suptitle.get_text() and "CPU avx2" in fig._suptitle.get_text()
     assert (tmp_path / "b.png").stat().st_size > 1000
+    [rss_axis] = [ax for ax in fig.axes if ax.get_ylabel() == "GiB"]
+    low, high = rss_axis.get_ylim()
+    assert low == 0 and high > 1.03  # the 30 MB rise is a few percent of the axis
     plt.close(fig)
 
 

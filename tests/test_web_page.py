@@ -157,6 +157,42 @@ def test_block_map_marks_shared_blocks_and_agrees_with_metrics(server, page):
         thread.join(300)
 
 
+def test_server_view_fits_its_columns_flags_costs_and_draws_axes(server, browser):
+    """At 1400 px no table of the server view is cut (the Requests table has the page's
+    width); a cost row larger than the pool says so and is marked; the charts have a y axis
+    with round labels and an x axis ending at "now"."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(server.url + "/#server")
+        page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+        page.wait_for_function("window.pagedllm.liveState.snapshots > 3", timeout=60_000)
+        for table in ("requests", "fair-share", "plan", "bench"):
+            clipped = page.evaluate("""id => {
+                const card = document.getElementById(id).closest('.card');
+                return card.offsetParent === null ? 0 : card.scrollWidth - card.clientWidth; }""", table)
+            assert clipped <= 0, f"#{table} is cut by {clipped} px"
+        plan = httpx.get(server.url + "/v1/server/state?config=true", timeout=30).json()["plan"]
+        over = [row["parallel"] for row in plan if not row["full_context_fits"]]
+        assert over, "a 48 MiB pool holds 64 requests at full context?"
+        cells = page.locator("#plan tbody tr td:nth-child(2)")
+        for i, row in enumerate(plan):
+            text, marked = cells.nth(i).inner_text(), "over" in (cells.nth(i).get_attribute("class") or "")
+            assert ("more than this pool" in text) == marked == (not row["full_context_fits"])
+        # The chart's left margin holds the y labels, its bottom row the x labels.
+        inked = page.evaluate("""() => {
+            const c = document.getElementById('chart-kv'), ctx = c.getContext('2d');
+            const ink = (x, y, w, h) => ctx.getImageData(x, y, w, h).data.some((v, i) => i % 4 === 3 && v > 0);
+            return {left: ink(0, 14, 34, c.height - 30), bottom: ink(0, c.height - 12, c.width, 12)}; }""")
+        assert inked == {"left": True, "bottom": True}
+        assert page.evaluate("""async () => {
+            const {niceCeiling} = await import('/ui/charts.js');
+            return [niceCeiling(0), niceCeiling(0.7), niceCeiling(3), niceCeiling(42), niceCeiling(100),
+                    niceCeiling(240)]; }""") == [1, 1, 5, 50, 100, 250]
+    finally:
+        context.close()
+
+
 def test_model_output_is_shown_as_text_never_run(server, page):
     hostile = "<script>window.hacked = 1</script><img src=x onerror=\"window.hacked = 2\"> **bold**"
     open_page(page, server.url)  # ready first: its own start writes the conversation list

@@ -4,7 +4,13 @@ the CPU has (cpu.py). Every level has every kernel: the portable build in plain 
 higher ones with AVX2 or AVX-512 intrinsics where they pay. Without a compiler (or with
 PAGEDLLM_NO_KERNELS set), callers fall back to the torch ops torch_ops() finds and say so
 once. These three records (capabilities, kernel_ops, torch_ops) are the only probes: the
-models choose from them in one place, models/build.py."""
+models choose from them in one place, models/build.py.
+
+The C++ side: kernels.h declares the kernels on raw pointers and sizes (plain.h: the 16-bit
+float types, the parallel loop), defined in paged_attention.cpp, prefill_attention.cpp,
+fused_ops.cpp and q4/q6/q8_gemm.cpp, none of which includes torch; bindings.cpp, the one
+unit that does, binds them as torch ops that check their tensors (tensor_ops.h) and the
+decode loop over those ops (decode_layers.h)."""
 from __future__ import annotations
 
 import os

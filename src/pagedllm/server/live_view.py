@@ -82,7 +82,8 @@ class LiveView:
 
     def plan(self) -> list[dict]:
         """KV memory for N parallel requests at the full context and at a typical length,
-        with this server's bytes per token: what raising --max-num-seqs would cost."""
+        with this server's bytes per token: what raising --max-num-seqs would cost, and
+        whether each fits in this server's pool."""
         info = self.state.client.info
         cache = info.cache_config
         per_token = sizing.kv_bytes_per_token(info.model_config, sizing.ELEMENT_SIZES[info.dtype],
@@ -93,6 +94,7 @@ class LiveView:
         return [{"parallel": n, "full_context_bytes": n * full * cache.block_size * per_token,
                  "typical_bytes": n * typical * cache.block_size * per_token,
                  "typical_tokens": typical_len,
+                 "full_context_fits": n * full <= cache.num_blocks,
                  "fits": n * typical <= cache.num_blocks} for n in PLAN_PARALLEL]
 
     def bench(self) -> dict | None:

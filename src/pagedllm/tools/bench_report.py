@@ -132,8 +132,11 @@ def write_plot(path: str, levels: list[LevelResult], settings: dict, recommendat
     rss = [lv.peak_server_rss_bytes for lv in levels]
     if any(rss):
         twin = right.twinx()
-        twin.plot(ns, [(r or 0) / 2**30 for r in rss], "s--", color="C3", label="server RSS (GiB)")
+        gib = [(r or 0) / 2**30 for r in rss]
+        twin.plot(ns, gib, "s--", color="C3", label="server RSS (GiB)")
         twin.set_ylabel("GiB")
+        # From 0, as the KV axis: a rise of 30 MB on a 1 GiB server is a rise, not a cliff.
+        twin.set_ylim(0, max(gib) * 1.15)
         twin.legend(loc="lower right", fontsize=8)
     for ax in (left, middle, right):
         ax.set_xlabel("concurrent requests (N)")

@@ -122,8 +122,15 @@ function showConfig(data) {
     list.append(dt, dd);
   }
   $("model-name").textContent = c.model;
-  fillTable("plan", data.plan.map((row) => [row.parallel, mib(row.full_context_bytes),
-    `${mib(row.typical_bytes)} (${row.typical_tokens} tokens)${row.fits ? "" : " — more than this pool"}`]));
+  const over = " — more than this pool";
+  fillTable("plan", data.plan.map((row) => [row.parallel,
+    `${mib(row.full_context_bytes)}${row.full_context_fits ? "" : over}`,
+    `${mib(row.typical_bytes)} (${row.typical_tokens} tokens)${row.fits ? "" : over}`]));
+  // Rows that do not fit are marked for the eye too, not only in words.
+  [...$("plan").tBodies[0].rows].forEach((tr, i) => {
+    tr.cells[1].classList.toggle("over", !data.plan[i].full_context_fits);
+    tr.cells[2].classList.toggle("over", !data.plan[i].fits);
+  });
   const bench = data.bench;
   if (bench) {
     $("bench-card").hidden = false;
