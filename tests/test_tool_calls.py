@@ -215,6 +215,8 @@ def test_forced_grammars_accept_calls_and_nothing_else(compiler, syntax):
     assert not _accepts(compiler, required, syntax.render_call(
         "get_weather", {"city": "Paris", "unit": "k"}))
     assert not _accepts(compiler, required, "Sure! " + one)
+    # additionalProperties: false is honoured: get_time takes `zone` and nothing else
+    assert not _accepts(compiler, named, syntax.render_call("get_time", {"zone": "UTC", "city": "x"}))
 
 
 @pytest.mark.parametrize("size", [1, 5, 1000])
