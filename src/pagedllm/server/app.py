@@ -15,9 +15,10 @@ from pagedllm.server.anthropic_api import add_anthropic_routes
 from pagedllm.server.auth import KeyStore, is_loopback
 from pagedllm.server.cors import add_cors
 from pagedllm.server.docs import install_docs
+from pagedllm.server.embeddings_api import add_embedding_routes
 from pagedllm.server.web_routes import add_web_routes
 from pagedllm.server.errors import APIError
-from pagedllm.server.metrics import ServerMetrics
+from pagedllm.server.metrics import EmbeddingCollector, ServerMetrics
 from pagedllm.server.middleware import ApiKeyAuth, BodyGuard
 from pagedllm.server.ollama_api import add_ollama_routes
 from pagedllm.server.openai_routes import add_openai_routes
@@ -31,7 +32,7 @@ logger = logging.getLogger("pagedllm.server")
 
 def create_app(client: EngineClient, served_model_name: str | None = None,
                config: ServerConfig | None = None,
-               metrics: ServerMetrics | None = None) -> FastAPI:
+               metrics: ServerMetrics | None = None, embeddings=None) -> FastAPI:
     """The server over any EngineClient (serving/client.py): one local engine, whose loop the
     caller runs (client.run()), or the replicas' front (its own metrics, labelled by
     replica)."""
@@ -42,11 +43,16 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
     state = ServerState(client, name, metrics or ServerMetrics(client.figures, name),
                         config, keys, int(time.time()))
     state.apply_key_policies()
+    if embeddings is not None:
+        state.embeddings = embeddings
+        state.metrics.registry.register(EmbeddingCollector(embeddings))
 
     @asynccontextmanager
     async def lifespan(_app):
         yield
         client.shutdown()
+        if embeddings is not None:
+            embeddings.shutdown()
 
     app = FastAPI(title="pagedllm", version="0.1.0", lifespan=lifespan, docs_url=None,
                   redoc_url=None)
@@ -77,6 +83,7 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
     add_ollama_routes(app, state)
     add_anthropic_routes(app, state)
     add_responses_routes(app, state)
+    add_embedding_routes(app, state)
     add_web_routes(app, state, config.bench_results)
     install_openapi(app, name)
     install_docs(app)

