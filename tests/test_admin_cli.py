@@ -113,7 +113,7 @@ NON_DEFAULTS = {
     "max-num-batched-tokens": 512, "kv-cache-memory": "64MiB", "max-model-len": 4096,
     "no-prefix-caching": True, "max-memory": "3GiB", "threads": 1, "host": "0.0.0.0",
     "port": 9001, "served-model-name": "team-model", "model-alias": "gpt-4o-mini,claude-*",
-    "embedding-model": "all-minilm",
+    "embedding-model": "all-minilm", "replicas-per-node": 1,
     "log-level": "debug", "max-prompts-per-request": 32,
     "shutdown-grace": 5.5, "max-body-bytes": "2MiB", "header-timeout": 3.0,
     "max-connections-per-client": 7, "ssl-certfile": "/etc/c.pem", "ssl-keyfile": "/etc/k.pem",

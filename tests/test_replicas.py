@@ -89,6 +89,20 @@ def chat(server, messages, key="alice", **extra):
                                                        temperature=0, **extra)
 
 
+def test_each_replica_says_where_it_runs(cluster):
+    """replica_info names each replica's Ray node and host; the ready line says where they
+    run. Each reserves its threads as Ray CPUs (placement.py), so on this 2-CPU machine the
+    two 1-thread replicas fill it."""
+    text = httpx.get(cluster.url + "/metrics", headers={"Authorization": f"Bearer {KEYS['alice']}"},
+                     timeout=10).text
+    rows = re.findall(r'pagedllm:replica_info\{([^}]*)\}', text)
+    assert len(rows) == 2
+    for labels in rows:
+        assert re.search(r'node="[0-9a-f]{16,}"', labels) and re.search(r'host="[^"]+"', labels)
+    # The ready line comes once both replicas have posted (the ingress answers before).
+    wait_for(lambda: re.search(r"replicas: 2 on \S+ \(node [0-9a-f]{8}\)", cluster.output()), 30)
+
+
 def test_openai_client_streamed_and_not(cluster):
     messages = [{"role": "user", "content": "Name three colours."}]
     whole = chat(cluster, messages, max_tokens=12)

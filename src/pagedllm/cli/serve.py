@@ -96,6 +96,9 @@ def _add_replica_args(scale) -> None:
     scale.add_argument("--threads-per-replica", type=positive_int, default=None,
                        help="compute threads of each replica (default: this machine's cores "
                             "divided among the replicas)")
+    scale.add_argument("--replicas-per-node", type=positive_int, default=None,
+                       help="at most this many replicas on one Ray node (default: as many as "
+                            "its CPUs hold, each replica reserving --threads-per-replica)")
     scale.add_argument("--router", default="prefix", choices=("prefix", "pow2"),
                        help="prefix: to the replica holding the request's leading KV blocks "
                             "unless it is busier; pow2: Ray Serve's power of two choices")
@@ -250,4 +253,4 @@ def _serve_replicas(args, engine_settings, config) -> int:
               f"`pip install 'pagedllm[ray]'`", file=sys.stderr)
         return 2
     return serve_replicas(engine_settings, config, args.replicas, args.threads_per_replica,
-                          args.ray_address, args.router)
+                          args.ray_address, args.router, args.replicas_per_node)

@@ -22,6 +22,8 @@ class ReplicaFigures:
     cache: object  # CacheConfig
     cpu: object  # kernels.Capabilities
     posted_at: float = field(default_factory=time.time)
+    node: str = ""  # the Ray node it runs on, and that node's host name
+    host: str = ""
 
 
 @ray.remote(num_cpus=0)

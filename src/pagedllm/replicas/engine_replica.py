@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import socket
 import threading
 import time
 
@@ -40,11 +41,12 @@ class EngineReplica:
         self._loop_thread.start()
         self.engine, self.async_engine = await asyncio.wrap_future(built)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.node, self.host = ray.get_runtime_context().get_node_id(), socket.gethostname()
         self._board = ray.get_actor(BOARD_NAME, namespace=namespace)
         self._weights_version = 0
         self._poster = asyncio.get_running_loop().create_task(self._post_figures())
-        logger.info("replica %s (pid %d) ready: %d KV blocks, %d thread(s)", self.replica_id,
-                    os.getpid(), self.engine.cache_config.num_blocks, threads)
+        logger.info("replica %s (pid %d on %s) ready: %d KV blocks, %d thread(s)", self.replica_id,
+                    os.getpid(), self.host, self.engine.cache_config.num_blocks, threads)
 
     def _build_and_run(self, engine_config: EngineConfig, built: concurrent.futures.Future) -> None:
         import torch
@@ -86,7 +88,7 @@ class EngineReplica:
             try:
                 figures = ReplicaFigures(self.replica_id, os.getpid(), self.engine.stats(),
                                          self.engine.waiting_by_user(), self.engine.cache_config,
-                                         self.engine.cpu)
+                                         self.engine.cpu, node=self.node, host=self.host)
                 version, weights = await self._board.post.remote(figures)
                 if version != self._weights_version:
                     self._weights_version = version

@@ -92,8 +92,8 @@ class ReplicaClient:
 
     def figures(self) -> list[EngineFigures]:
         """Per replica, labelled by its id, for /metrics."""
-        return [EngineFigures(f.stats, f.waiting_by_user, f.cache, f.cpu, (f.replica_id,), f.pid)
-                for f in self.posted]
+        return [EngineFigures(f.stats, f.waiting_by_user, f.cache, f.cpu, (f.replica_id,), f.pid,
+                              f.node, f.host) for f in self.posted]
 
     async def snapshot(self):
         raise APIError(501, "the live view shows one engine; with --replicas each replica has "

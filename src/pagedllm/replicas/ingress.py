@@ -4,6 +4,7 @@ request to an engine replica."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 
@@ -37,6 +38,7 @@ class Ingress:
         self.fastapi_app = create_app(client, name, config, metrics=metrics)
         self.server_state = self.fastapi_app.state.pagedllm
         self.server_config = config
+        self.replicas = num_replicas
         self._poller = asyncio.get_running_loop().create_task(self._poll_figures())
 
     def __serve_build_asgi_app__(self):
@@ -65,8 +67,17 @@ class Ingress:
         engine.abort_all()
         return left
 
-    def ready_message(self, scheme: str = "http") -> str:
+    async def ready_message(self, scheme: str = "http") -> str:
         config = self.server_config
-        return ready_message(self.client.info, config.host, config.port,
-                             self.server_state.served_model_name, scheme,
-                             len(self.server_state.keys.keys), config.api_key_file)
+        message = ready_message(self.client.info, config.host, config.port,
+                                self.server_state.served_model_name, scheme,
+                                len(self.server_state.keys.keys), config.api_key_file)
+        # Where each replica runs, once they have posted their figures (twice a second).
+        for _ in range(50):
+            if len(self.client.posted) >= self.replicas:
+                break
+            await asyncio.sleep(0.1)
+        hosts = collections.Counter(f"{f.host} (node {f.node[:8]})" for f in self.client.posted)
+        if hosts:
+            message += "\n  replicas: " + ", ".join(f"{n} on {where}" for where, n in sorted(hosts.items()))
+        return message

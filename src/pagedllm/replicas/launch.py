@@ -7,9 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 
 from pagedllm.config import EngineConfig, ServerConfig
+from pagedllm.replicas.placement import PlacementError, check_placement, ray_nodes
 
 logger = logging.getLogger("pagedllm.replicas")
 NAMESPACE = "pagedllm"
@@ -23,7 +25,7 @@ def default_threads_per_replica(replicas: int) -> int:
 
 def build_application(engine_config: EngineConfig, config: ServerConfig, replicas: int,
                       threads_per_replica: int, router: str = "prefix",
-                      imbalance_threshold: int = 2):
+                      imbalance_threshold: int = 2, per_node: int | None = None):
     """The Serve application: the ingress bound to N engine replicas."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -40,12 +42,14 @@ def build_application(engine_config: EngineConfig, config: ServerConfig, replica
             request_router_class=PrefixAffinityRouter,
             request_router_kwargs={"block_size": engine_config.block_size,
                                    "imbalance_threshold": imbalance_threshold})
-    # CPU threads are set by --threads-per-replica, not by Ray's CPU accounting, so a
-    # 2-core machine can hold two 1-thread replicas beside the ingress (num_cpus 0).
+    if per_node is not None:
+        options["max_replicas_per_node"] = per_node
+    # Each replica reserves the CPUs it computes on (placement.py), so Ray spreads them by
+    # capacity; the ingress and the board only route and count (num_cpus 0).
     engine = serve.deployment(
         EngineReplica, name="engine", num_replicas=replicas,
         # The ingress bounds the queue (--max-queue, 429); Ray must not hold requests back.
-        max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=100_000, ray_actor_options={"num_cpus": threads_per_replica},
         health_check_period_s=2, health_check_timeout_s=30, **options)
     ingress = serve.deployment(Ingress, name="ingress", max_ongoing_requests=100_000,
                                ray_actor_options={"num_cpus": 0})
@@ -55,7 +59,7 @@ def build_application(engine_config: EngineConfig, config: ServerConfig, replica
 
 def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
           threads_per_replica: int | None = None, ray_address: str | None = None,
-          router: str = "prefix"):
+          router: str = "prefix", per_node: int | None = None):
     """Start Ray (or join ray_address), the board and the application; returns the ingress
     handle once every replica is ready, and the board's (the board lives while it is held)."""
     import ray
@@ -70,21 +74,31 @@ def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
         os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address=ray_address, namespace=NAMESPACE, include_dashboard=False,
              configure_logging=False, log_to_driver=True)
+    try:
+        check_placement(ray_nodes(), replicas, threads, per_node)
+    except PlacementError:
+        ray.shutdown()
+        raise
     board = ReplicaBoard.options(name=BOARD_NAME, namespace=NAMESPACE,
                                  get_if_exists=True).remote()
     serve.start(http_options={"host": config.host, "port": config.port})
-    app = build_application(engine_config, config, replicas, threads, router)
+    app = build_application(engine_config, config, replicas, threads, router, per_node=per_node)
     return serve.run(app, name=APP_NAME, route_prefix="/"), board
 
 
 def serve_replicas(engine_config: EngineConfig, config: ServerConfig, replicas: int,
                    threads_per_replica: int | None = None, ray_address: str | None = None,
-                   router: str = "prefix") -> int:
+                   router: str = "prefix", per_node: int | None = None) -> int:
     import ray
     from ray import serve
     from rich.console import Console
 
-    handle, _board = start(engine_config, config, replicas, threads_per_replica, ray_address, router)
+    try:
+        handle, _board = start(engine_config, config, replicas, threads_per_replica, ray_address,
+                               router, per_node)
+    except PlacementError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     Console(highlight=False).print(handle.ready_message.remote().result(), soft_wrap=True)
     stop = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: handle.reload_keys.remote())

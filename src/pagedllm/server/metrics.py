@@ -84,8 +84,9 @@ class EngineStatsCollector:
                            ["block_size", "cache_dtype", "num_blocks", "enable_prefix_caching"])
         if any(row.pid is not None for row in rows):
             yield self._family(GaugeMetricFamily, "replica_info",
-                               "An engine replica's process (labels; value 1).", rows,
-                               lambda row: [((str(row.pid),), 1)], ["pid"])
+                               "An engine replica's process, Ray node and host (labels; value 1).",
+                               rows, lambda row: [((str(row.pid), row.node, row.host), 1)],
+                               ["pid", "node", "host"])
         yield self._family(GaugeMetricFamily, "cpu_info",
                            "CPU kernel level in use (labels; value 1).", rows,
                            lambda row: [((row.cpu.level, row.cpu.best, row.cpu.machine), 1)],

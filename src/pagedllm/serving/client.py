@@ -68,6 +68,8 @@ class EngineFigures:
     cpu: Capabilities
     labels: tuple[str, ...] = ()
     pid: int | None = None  # a replica's process (replica_info), None for this process
+    node: str = ""  # a replica's Ray node and host (replica_info)
+    host: str = ""
 
 
 RequestStream = AsyncIterable[RequestOutput | QueuePosition]
