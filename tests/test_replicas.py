@@ -103,6 +103,50 @@ def test_each_replica_says_where_it_runs(cluster):
     wait_for(lambda: re.search(r"replicas: 2 on \S+ \(node [0-9a-f]{8}\)", cluster.output()), 30)
 
 
+def test_the_live_view_shows_each_replica(cluster):
+    """/v1/server/state with replicas: every replica listed (host, pool, load), the first's
+    blocks and requests by default, another's with ?replica=, an unknown one a 404; all from
+    the figures the replicas post, not calls into their engines."""
+    headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+    url = cluster.url + "/v1/server/state"
+    data = wait_for(lambda: (r := httpx.get(url, headers=headers, timeout=10)).status_code == 200
+                    and r.json(), 30)
+    listed = [r["replica"] for r in data["replicas"]]
+    assert len(listed) == 2 and data["replica"] == listed[0]
+    assert all(r["host"] and r["kv_blocks_total"] > 0 for r in data["replicas"])
+    assert len(data["blocks"]) == data["replicas"][0]["kv_blocks_total"]
+    second = httpx.get(url, params={"replica": listed[1]}, headers=headers, timeout=10).json()
+    assert second["replica"] == listed[1] and len(second["blocks"]) == data["replicas"][1]["kv_blocks_total"]
+    unknown = httpx.get(url, params={"replica": "nope"}, headers=headers, timeout=10)
+    assert unknown.status_code == 404 and listed[0] in unknown.json()["error"]["message"]
+
+
+def test_the_page_picks_a_replica(cluster):
+    """In chromium: the picker lists both replicas; picking the second shows its blocks."""
+    import shutil
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        pytest.skip("Debian's chromium is not installed")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.add_init_script(f"sessionStorage.setItem('pagedllm-api-key', '{KEYS['alice']}')")
+            page.goto(cluster.url + "/#server")
+            page.wait_for_function("document.querySelectorAll('#replica-select option').length === 2",
+                                   timeout=60_000)
+            assert page.is_visible("#replica-picker")
+            second = page.eval_on_selector_all("#replica-select option", "os => os[1].value")
+            page.select_option("#replica-select", second)
+            page.wait_for_function(f"window.pagedllm.liveState.latest.replica === '{second}'",
+                                   timeout=30_000)
+            assert "blocks of" in page.inner_text("#pool-summary")
+        finally:
+            browser.close()
+
+
 def test_openai_client_streamed_and_not(cluster):
     messages = [{"role": "user", "content": "Name three colours."}]
     whole = chat(cluster, messages, max_tokens=12)

@@ -24,6 +24,7 @@ class ReplicaFigures:
     posted_at: float = field(default_factory=time.time)
     node: str = ""  # the Ray node it runs on, and that node's host name
     host: str = ""
+    snapshot: object = None  # EngineSnapshot: the page's live view of this replica
 
 
 @ray.remote(num_cpus=0)

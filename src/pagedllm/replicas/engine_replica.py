@@ -88,7 +88,8 @@ class EngineReplica:
             try:
                 figures = ReplicaFigures(self.replica_id, os.getpid(), self.engine.stats(),
                                          self.engine.waiting_by_user(), self.engine.cache_config,
-                                         self.engine.cpu, node=self.node, host=self.host)
+                                         self.engine.cpu, node=self.node, host=self.host,
+                                         snapshot=await self.async_engine.snapshot())
                 version, weights = await self._board.post.remote(figures)
                 if version != self._weights_version:
                     self._weights_version = version

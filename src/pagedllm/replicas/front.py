@@ -95,10 +95,19 @@ class ReplicaClient:
         return [EngineFigures(f.stats, f.waiting_by_user, f.cache, f.cpu, (f.replica_id,), f.pid,
                               f.node, f.host) for f in self.posted]
 
-    async def snapshot(self):
-        raise APIError(501, "the live view shows one engine; with --replicas each replica has "
-                            "its own KV pool: watch /metrics, labelled by replica", None,
-                       "unsupported")
+    async def snapshot(self, replica: str | None = None):
+        """A replica's picture as it last posted it to the board (twice a second; no call
+        into the engine), the first one's when none is named."""
+        posted = [f for f in self.posted if f.snapshot is not None]
+        chosen = [f for f in posted if replica is None or f.replica_id == replica]
+        if not chosen:
+            if replica is not None and posted:
+                raise APIError(404, f"no replica {replica}; these run: "
+                                    f"{', '.join(f.replica_id for f in posted)}", "replica",
+                               "not_found")
+            raise APIError(503, "the replicas have not posted their state yet; retry in a "
+                                "second", None, "not_ready", {"Retry-After": "1"})
+        return chosen[0].snapshot
 
     def set_user_policies(self, weights: dict[str, float], max_running: dict[str, int]) -> None:
         """Weights go to every replica (through the board); caps are held here."""

@@ -19,6 +19,7 @@ import psutil
 
 from pagedllm.core import sizing
 from pagedllm.core.snapshot import sum_stats
+from pagedllm.server.errors import APIError
 from pagedllm.server.state import ServerState
 
 STREAM_INTERVAL_S = 0.5
@@ -31,10 +32,22 @@ class LiveView:
         self.bench_results = bench_results
         self._process = psutil.Process()
 
-    async def snapshot(self) -> dict:
-        engine_snapshot = await self.state.client.snapshot()
-        stats = sum_stats([figures.stats for figures in self.state.client.figures()])
+    async def snapshot(self, replica: str | None = None) -> dict:
+        """With replicas: `replica`'s picture (the first one's by default), under `replicas`
+        a line for each (id, host, pool use, running, waiting); counters for them all."""
+        figures = self.state.client.figures()
+        replicas = [f for f in figures if f.labels]
+        if replicas and replica is None:
+            replica = replicas[0].labels[0]
+        engine_snapshot = await self.state.client.snapshot(replica)
+        stats = sum_stats([f.stats for f in figures])
         data = engine_snapshot.to_json()
+        if replicas:
+            data["replica"] = replica
+            data["replicas"] = [{"replica": f.labels[0], "host": f.host, "node": f.node,
+                                 "kv_usage": f.stats.kv_usage, "kv_blocks_total": f.stats.kv_blocks_total,
+                                 "num_running": f.stats.num_running, "num_waiting": f.stats.num_waiting}
+                                for f in replicas]
         now = time.monotonic()
         for view in data["requests"]:
             choice = self.state.live_choices.get(view["request_id"])
@@ -54,11 +67,14 @@ class LiveView:
         data["memory"] = {"rss_bytes": self._process.memory_info().rss}
         return data
 
-    async def stream(self):
+    async def stream(self, replica: str | None = None):
         """Server-sent events: a snapshot every STREAM_INTERVAL_S while the client reads."""
         while not self.state.draining:
             started = time.monotonic()
-            yield f"data: {json.dumps(await self.snapshot())}\n\n"
+            try:
+                yield f"data: {json.dumps(await self.snapshot(replica))}\n\n"
+            except APIError:  # that replica is gone (Serve replaced it): show the first
+                replica = None
             await asyncio.sleep(max(0.0, STREAM_INTERVAL_S - (time.monotonic() - started)))
 
     @functools.cached_property

@@ -36,15 +36,17 @@ def add_web_routes(app: FastAPI, state: ServerState, bench_results: str | None) 
     @app.get("/v1/server/state", tags=["server"],
              summary="What the server is doing now: KV blocks, requests, fair share, load")
     async def server_state(http_request: HTTPRequest, stream: bool = False,
-                           config: bool = False):
+                           config: bool = False, replica: str | None = None):
         """The engine's snapshot with counters, recent latencies and memory. `stream=true`:
         server-sent events, one snapshot at most every 0.5 s while the client reads.
         `config=true`: also the configuration, the cost of more parallel slots and the
-        newest `pagedllm bench` results (--bench-results)."""
+        newest `pagedllm bench` results (--bench-results). With replicas, `replica` picks
+        whose blocks and requests are shown (default: the first); `replicas` lists them all."""
         if stream:
-            return StreamingResponse(view.stream(), media_type="text/event-stream",
+            await view.snapshot(replica)  # a replica unknown or not posted yet: an error now
+            return StreamingResponse(view.stream(replica), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        data = await view.snapshot()
+        data = await view.snapshot(replica)
         if config:
             data.update(config=view.config, plan=view.plan(), bench=view.bench())
         return JSONResponse(data)

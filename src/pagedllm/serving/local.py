@@ -63,8 +63,8 @@ class LocalEngineClient:
         return [EngineFigures(engine.stats(), engine.waiting_by_user(), engine.cache_config,
                               engine.cpu)]
 
-    async def snapshot(self) -> EngineSnapshot:
-        return await self.loop.snapshot()
+    async def snapshot(self, replica: str | None = None) -> EngineSnapshot:
+        return await self.loop.snapshot()  # one engine: `replica` names nothing here
 
     def set_user_policies(self, weights: dict[str, float], max_running: dict[str, int]) -> None:
         self.loop.set_user_policies(weights, max_running)

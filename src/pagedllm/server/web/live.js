@@ -1,6 +1,8 @@
 // The server view: the KV block map (one cell a block, coloured by state, shared blocks
 // marked, hover for details), requests and fair share, configuration and the cost of more
-// parallel slots, charts over the last minutes; fed by /v1/server/state?stream=true.
+// parallel slots, charts over the last minutes; fed by /v1/server/state?stream=true. With
+// replicas, a picker lists every replica (host, pool use, running, waiting) and the map and
+// tables show the one picked (?replica=ID).
 
 import { call, events } from "./api.js";
 import { Chart } from "./charts.js";
@@ -14,6 +16,8 @@ let latest = null;
 let previous = null;
 let cell = 8;
 let charts = null;
+let chosenReplica = null;
+let streaming = null; // the open stream's AbortController: picking a replica restarts it
 
 export const liveState = { snapshots: 0, get latest() { return latest; } };
 
@@ -78,10 +82,30 @@ function fillTable(id, rows) {
   }
 }
 
+function showReplicas(snapshot) {
+  if (!snapshot.replicas) return;
+  $("replica-picker").hidden = false;
+  const select = $("replica-select");
+  select.replaceChildren(...snapshot.replicas.map((r) => {
+    const option = document.createElement("option");
+    option.value = r.replica;
+    option.textContent = `${r.replica.slice(0, 8)} on ${r.host || "?"}: ${(100 * r.kv_usage).toFixed(0)}% ` +
+      `of ${r.kv_blocks_total} blocks, ${r.num_running} running, ${r.num_waiting} waiting`;
+    option.selected = r.replica === snapshot.replica;
+    return option;
+  }));
+}
+
+function pickReplica() {
+  chosenReplica = $("replica-select").value;
+  if (streaming) streaming.abort();
+}
+
 function showSnapshot(snapshot) {
   previous = latest;
   latest = snapshot;
   liveState.snapshots++;
+  showReplicas(snapshot);
   drawBlocks(snapshot);
   const s = snapshot.stats;
   const hitRate = s.prefix_cache_queries ? (100 * s.prefix_cache_hits / s.prefix_cache_queries).toFixed(1) : "0";
@@ -144,10 +168,13 @@ function showConfig(data) {
 async function follow() {
   for (;;) {
     try {
-      const response = await call("/v1/server/state?stream=true");
+      streaming = new AbortController();
+      const which = chosenReplica ? `&replica=${encodeURIComponent(chosenReplica)}` : "";
+      const response = await call(`/v1/server/state?stream=true${which}`, { signal: streaming.signal });
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       for await (const snapshot of events(response)) if (snapshot !== "[DONE]") showSnapshot(snapshot);
     } catch (error) {
+      if (streaming.signal.aborted) continue; // a replica was picked: follow it at once
       $("cache-stats").textContent = `lost the server (${error.message}); retrying…`;
     }
     await new Promise((resolve) => setTimeout(resolve, 2000));
@@ -160,6 +187,7 @@ export async function startLive() {
              tpot: new Chart($("chart-tpot")), memory: new Chart($("chart-memory")) };
   $("block-map").addEventListener("mousemove", blockTip);
   $("block-map").addEventListener("mouseleave", () => ($("block-tip").hidden = true));
+  $("replica-select").addEventListener("change", pickReplica);
   const response = await call("/v1/server/state?config=true");
   if (response.ok) {
     const data = await response.json();
