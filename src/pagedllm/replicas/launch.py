@@ -16,7 +16,8 @@ from pagedllm.replicas.placement import PlacementError, check_placement, ray_nod
 logger = logging.getLogger("pagedllm.replicas")
 NAMESPACE = "pagedllm"
 APP_NAME = "pagedllm"
-ROUTERS = ("prefix", "pow2")  # ours, or Ray Serve's default power-of-two-choices
+ROUTERS = ("prefix", "pow2")
+HEAD_RESOURCE = "node:__internal_head__"  # Ray's marker of the head node  # ours, or Ray Serve's default power-of-two-choices
 
 
 def default_threads_per_replica(replicas: int) -> int:
@@ -51,8 +52,11 @@ def build_application(engine_config: EngineConfig, config: ServerConfig, replica
         # The ingress bounds the queue (--max-queue, 429); Ray must not hold requests back.
         max_ongoing_requests=100_000, ray_actor_options={"num_cpus": threads_per_replica},
         health_check_period_s=2, health_check_timeout_s=30, **options)
+    # The ingress on the head, beside the HTTP proxy (HeadOnly): a worker node that goes
+    # takes only its replicas with it.
     ingress = serve.deployment(Ingress, name="ingress", max_ongoing_requests=100_000,
-                               ray_actor_options={"num_cpus": 0})
+                               ray_actor_options={"num_cpus": 0,
+                                                  "resources": {HEAD_RESOURCE: 0.001}})
     return ingress.bind(engine.bind(engine_config, threads_per_replica, NAMESPACE), config,
                         replicas, NAMESPACE)
 
@@ -79,9 +83,16 @@ def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
     except PlacementError:
         ray.shutdown()
         raise
-    board = ReplicaBoard.options(name=BOARD_NAME, namespace=NAMESPACE,
-                                 get_if_exists=True).remote()
-    serve.start(http_options={"host": config.host, "port": config.port})
+    # The board on the head (this process's node), restarted elsewhere if that node is lost:
+    # placed anywhere, it went down with a worker node and took every replica's figures along.
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    board = ReplicaBoard.options(name=BOARD_NAME, namespace=NAMESPACE, get_if_exists=True,
+                                 scheduling_strategy=here, max_restarts=-1).remote()
+    # HTTP comes in at the head only (where --host and --port were given): a proxy on every
+    # node would also listen there, and two nodes on one machine would fight over the port.
+    serve.start(proxy_location="HeadOnly", http_options={"host": config.host, "port": config.port})
     app = build_application(engine_config, config, replicas, threads, router, per_node=per_node)
     return serve.run(app, name=APP_NAME, route_prefix="/"), board
 

@@ -1,0 +1,87 @@
+"""The several-machines recipe on one machine: a two-node Ray cluster (Ray's own
+cluster_utils: a head with 2 CPUs and a worker with 1, each its own raylet, sharing this
+machine's token), `pagedllm serve --replicas 2 --ray-address` joining it. Each replica
+reserves its thread as a Ray CPU, so they land on different nodes; stopping the worker node
+replaces its replica on the head while requests keep being answered, and a stream that was
+running ends (completed or with an error chunk), never hangs."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is the optional extra pagedllm[ray]")
+
+from server_process import ServerProcess  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def replica_nodes(server) -> list[str]:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return re.findall(r'pagedllm:replica_info\{[^}]*node="([0-9a-f]+)"', text)
+
+
+def wait_for(condition, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"not within {timeout} s")
+
+
+@pytest.fixture
+def two_nodes(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    worker = cluster.add_node(num_cpus=1)
+    try:
+        yield cluster, worker
+    finally:
+        cluster.shutdown()
+
+
+def test_replicas_spread_over_nodes_and_survive_losing_one(two_nodes, tmp_path):
+    cluster, worker = two_nodes
+    server = ServerProcess("--replicas", "2", "--ray-address", cluster.address,
+                           "--threads-per-replica", "1", "--kv-cache-memory", "64MiB",
+                           log_path=str(tmp_path / "serve.log"), wait_ready=False)
+    try:
+        server.wait_ready(timeout=240)
+        nodes = wait_for(lambda: (n := replica_nodes(server)) and len(n) == 2 and n, 60)
+        assert len(set(nodes)) == 2 and worker.node_id in nodes  # one replica a node
+
+        ended = threading.Event()
+
+        def stream():  # a long stream, running while the node goes
+            body = {"prompt": "Once", "max_tokens": 300, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+                for _ in r.iter_lines():
+                    pass
+            ended.set()
+
+        streaming = threading.Thread(target=stream, daemon=True)
+        streaming.start()
+        time.sleep(0.5)
+        cluster.remove_node(worker)
+        answers = []
+
+        def replaced():
+            answer = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4},
+                                timeout=60)
+            answers.append(answer.status_code)
+            now = replica_nodes(server)
+            return len(now) == 2 and worker.node_id not in now
+
+        wait_for(replaced, 120)  # its replica started again on the head
+        assert answers and all(code == 200 for code in answers), answers
+        streaming.join(120)
+        assert ended.is_set(), "the stream hung"
+    finally:
+        server.stop()
