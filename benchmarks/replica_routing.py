@@ -2,7 +2,11 @@
 power-of-two-choices router, in one run; then 2 replicas x 1 thread against 1 replica x 2
 threads on the same machine (and against the single-process server, no Ray, 2 threads).
 
-    .venv/bin/python benchmarks/replica_routing.py [--conversations 8] [--turns 4]
+    .venv/bin/python benchmarks/replica_routing.py [--conversations 8] [--turns 4] [--two-nodes]
+
+--two-nodes: the router comparison only, on a two-node Ray cluster made on this machine
+(Ray's cluster_utils: two raylets of 1 CPU each, one replica a node). The nodes share this
+machine's cores, so it measures placement and routing, not what two machines would give.
 
 Workload: N conversations at once, each of T turns (a turn waits for the previous answer),
 each opening with a ~600-token system prompt, either one prompt for all ("shared") or one per
@@ -117,8 +121,18 @@ def main() -> None:
     parser.add_argument("--kv-cache-memory", default="256MiB", help="per replica")
     parser.add_argument("--throughput-requests", type=int, default=8)
     parser.add_argument("--throughput-tokens", type=int, default=128)
+    parser.add_argument("--two-nodes", action="store_true",
+                        help="the router comparison on a two-node cluster, nothing else")
     args = parser.parse_args()
     common = ("--kv-cache-memory", args.kv_cache_memory, "--max-num-seqs", "8")
+    cluster = None
+    if args.two_nodes:
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        cluster.add_node(num_cpus=1)
+        common += ("--ray-address", cluster.address, "--threads-per-replica", "1",
+                   "--replicas-per-node", "1")
 
     table = {}
     for router in ("prefix", "pow2"):
@@ -138,6 +152,9 @@ def main() -> None:
         print(f"{name}: hit rate {ours['hit_rate']:.1%} vs {theirs['hit_rate']:.1%}; "
               f"TTFT p50 {theirs['ttft_p50'] / ours['ttft_p50']:.2f}x faster, "
               f"p95 {theirs['ttft_p95'] / ours['ttft_p95']:.2f}x faster with prefix routing")
+    if cluster is not None:
+        cluster.shutdown()
+        return
 
     rates = {}
     for label, layout in (("2 replicas x 1 thread", ("--replicas", "2", "--threads-per-replica", "1")),

@@ -15,6 +15,7 @@ from pagedllm.config import ServerConfig
 from pagedllm.replicas.board import BOARD_NAME
 from pagedllm.replicas.front import ReplicaClient
 from pagedllm.server.app import create_app
+from pagedllm.server.client_cap import InFlightPerClient
 from pagedllm.server.metrics import ServerMetrics
 from pagedllm.server.runner import ready_message
 
@@ -36,6 +37,8 @@ class Ingress:
             config = dataclasses.replace(config, max_queue=config.max_queue * num_replicas)
         metrics = ServerMetrics(client.figures, name, label_names=("replica",))
         self.fastapi_app = create_app(client, name, config, metrics=metrics)
+        # Ray Serve's proxy holds the connections: the per-client cap counts requests here.
+        self.fastapi_app.add_middleware(InFlightPerClient, limit=config.max_connections_per_client)
         self.server_state = self.fastapi_app.state.pagedllm
         self.server_config = config
         self.replicas = num_replicas
