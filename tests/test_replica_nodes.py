@@ -85,3 +85,48 @@ def test_replicas_spread_over_nodes_and_survive_losing_one(two_nodes, tmp_path):
         assert ended.is_set(), "the stream hung"
     finally:
         server.stop()
+
+
+def test_the_readme_recipe_with_ray_start(tmp_path):
+    """README's "Several machines", as an admin runs it (both nodes on this machine):
+    `ray start --head`, then `ray start --address` for the other node (which the pinned
+    Ray's token authentication refuses without RAY_AUTH_MODE=token), then `pagedllm serve
+    --replicas 2 --ray-address` with nothing more: it finds the token itself."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from server_process import free_port
+
+    ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    head = f"127.0.0.1:{port}"
+
+    def ray(*args, **extra):
+        return subprocess.run([ray_cli, *args], capture_output=True, text=True, timeout=180,
+                              env={**env, **extra})
+
+    try:
+        started = ray("start", "--head", "--port", str(port), "--num-cpus", "1",
+                      "--include-dashboard=false", "--disable-usage-stats")
+        assert started.returncode == 0, started.stderr[-2000:]
+        refused = ray("start", "--address", head, "--num-cpus", "1")
+        assert refused.returncode != 0 and "InvalidAuthToken" in refused.stdout + refused.stderr
+        joined = ray("start", "--address", head, "--num-cpus", "1", RAY_AUTH_MODE="token")
+        assert joined.returncode == 0, joined.stderr[-2000:]
+        server = ServerProcess("--replicas", "2", "--ray-address", head, "--kv-cache-memory",
+                               "64MiB", log_path=str(tmp_path / "serve.log"), wait_ready=False,
+                               env={"RAY_AUTH_MODE": ""})
+        try:
+            server.wait_ready(timeout=240)
+            nodes = wait_for(lambda: (n := replica_nodes(server)) and len(n) == 2 and n, 60)
+            assert len(set(nodes)) == 2  # one replica on each node
+            answer = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4},
+                                timeout=60)
+            assert answer.status_code == 200
+        finally:
+            server.stop()
+    finally:
+        ray("stop", "--force")

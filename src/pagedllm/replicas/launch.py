@@ -61,6 +61,35 @@ def build_application(engine_config: EngineConfig, config: ServerConfig, replica
                         replicas, NAMESPACE)
 
 
+def ray_token_available() -> bool:
+    """Whether this machine holds a Ray auth token (where `ray start --head` writes it, or
+    where Ray's environment variables point)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return os.path.isfile(path)
+
+
+def connect_to_ray(ray_address: str | None) -> None:
+    """ray.init, local or joining ray_address. The pinned Ray's `ray start --head` turns on
+    token authentication, which a process joining it must be told (RAY_AUTH_MODE=token) even
+    with the token in ~/.ray/auth_token. Ray reads that setting once per process, so when a
+    cluster refuses this one and a token is here, the command starts again with it set (a
+    cluster without authentication is joined as before)."""
+    import ray
+
+    try:
+        ray.init(address=ray_address, namespace=NAMESPACE, include_dashboard=False,
+                 configure_logging=False, log_to_driver=True)
+    except ConnectionError:
+        if ray_address is None or os.environ.get("RAY_AUTH_MODE") or not ray_token_available():
+            raise
+        logger.warning("the Ray cluster at %s asks for its token: starting again with "
+                       "RAY_AUTH_MODE=token (this machine holds one)", ray_address)
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
 def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
           threads_per_replica: int | None = None, ray_address: str | None = None,
           router: str = "prefix", per_node: int | None = None):
@@ -76,8 +105,7 @@ def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
         # Ray runs its workers at nice 15, as for background batch work; here they are the
         # service (a cluster joined with --ray-address keeps what its `ray start` set).
         os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(address=ray_address, namespace=NAMESPACE, include_dashboard=False,
-             configure_logging=False, log_to_driver=True)
+    connect_to_ray(ray_address)
     try:
         check_placement(ray_nodes(), replicas, threads, per_node)
     except PlacementError:
