@@ -121,6 +121,9 @@ def test_ollama_embed_and_embeddings(server, model):
     assert fine.status_code == 200
     tags = httpx.get(server.url + "/api/tags").json()
     assert any(m["name"].startswith("all-MiniLM-L6-v2") for m in tags["models"])
+    loaded = {m["name"]: m for m in client.ps().model_dump()["models"]}
+    assert loaded["all-MiniLM-L6-v2:latest"]["context_length"] == 256
+    assert loaded["all-MiniLM-L6-v2:latest"]["size"] > 80_000_000 and len(loaded) == 2
 
 
 BAD = [

@@ -85,9 +85,13 @@ def _add_model_routes(app: FastAPI, state: ServerState, info: ModelInfo) -> None
     async def ps():
         far = datetime.datetime(2318, 1, 1, tzinfo=datetime.timezone.utc)  # never unloaded
         listing = await asyncio.to_thread(info.listing)
-        return {"models": [{**listing, "size": info.memory_bytes(), "size_vram": 0,
-                            "expires_at": far.isoformat(),
-                            "context_length": state.client.info.max_model_len}]}
+        loaded = [{**listing, "size": info.memory_bytes(), "size_vram": 0,
+                   "expires_at": far.isoformat(), "context_length": state.client.info.max_model_len}]
+        if state.embeddings is not None:  # loaded for the server's life, as the chat model
+            embedder = await asyncio.to_thread(embedding_listing, state.embeddings)
+            loaded.append({**embedder, "size_vram": 0, "expires_at": far.isoformat(),
+                           "context_length": state.embeddings.model.max_tokens})
+        return {"models": loaded}
 
     @app.post("/api/show")
     async def show(body: OllamaModelRequest):
