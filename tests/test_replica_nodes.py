@@ -36,8 +36,13 @@ def wait_for(condition, timeout: float):
 
 
 @pytest.fixture
-def two_nodes(tmp_path):
+def two_nodes(tmp_path, monkeypatch):
     from ray.cluster_utils import Cluster
+
+    from pagedllm.replicas.launch import SERVE_PATIENCE
+
+    for name, value in SERVE_PATIENCE.items():  # the raylets started here pass it on
+        monkeypatch.setenv(name, value)
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     worker = cluster.add_node(num_cpus=1)
@@ -101,7 +106,9 @@ def test_the_readme_recipe_with_ray_start(tmp_path):
 
     ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable))
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    from pagedllm.replicas.launch import SERVE_PATIENCE
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}, **SERVE_PATIENCE}
     head = f"127.0.0.1:{port}"
 
     def ray(*args, **extra):

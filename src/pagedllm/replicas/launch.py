@@ -17,7 +17,12 @@ logger = logging.getLogger("pagedllm.replicas")
 NAMESPACE = "pagedllm"
 APP_NAME = "pagedllm"
 ROUTERS = ("prefix", "pow2")
-HEAD_RESOURCE = "node:__internal_head__"  # Ray's marker of the head node  # ours, or Ray Serve's default power-of-two-choices
+HEAD_RESOURCE = "node:__internal_head__"  # Ray's marker of the head node
+# Ray Serve's proxy must answer its readiness check within 5 s, three times, or the
+# controller kills it, and serve.start fails with it: on a loaded 2-core host its start takes
+# longer. More patience, for the processes of this job (and of a cluster started here).
+SERVE_PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+                  "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}  # ours, or Ray Serve's default power-of-two-choices
 
 
 def default_threads_per_replica(replicas: int) -> int:
@@ -78,9 +83,11 @@ def connect_to_ray(ray_address: str | None) -> None:
     cluster without authentication is joined as before)."""
     import ray
 
+    patience = {name: os.environ.setdefault(name, value) for name, value in SERVE_PATIENCE.items()}
     try:
         ray.init(address=ray_address, namespace=NAMESPACE, include_dashboard=False,
-                 configure_logging=False, log_to_driver=True)
+                 configure_logging=False, log_to_driver=True,
+                 runtime_env={"env_vars": patience})
     except ConnectionError:
         if ray_address is None or os.environ.get("RAY_AUTH_MODE") or not ray_token_available():
             raise
