@@ -409,7 +409,7 @@ def test_keys_exit_1_when_a_server_did_not_reload(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(keys, "reload_servers", lambda path: [
         ReloadReport(41, True, "2 key(s)"), ReloadReport(42, False, "Permission denied"),
-        ReloadReport(43, None, "no reload within 15 s")])
+        ReloadReport(43, None, "no reload within 30 s")])
     assert main(["keys", "--file", str(tmp_path / "k.txt"), "add", "dave"]) == 1
     out, err = capsys.readouterr()
     assert "told 3 running server(s) to reload: pid 41, 42, 43" in out

@@ -84,7 +84,7 @@ def test_replicas_spread_over_nodes_and_survive_losing_one(two_nodes, tmp_path):
             now = replica_nodes(server)
             return len(now) == 2 and worker.node_id not in now
 
-        wait_for(replaced, 120)  # its replica started again on the head
+        wait_for(replaced, 300)  # its replica started again on the head (slow on a busy host)
         assert answers and all(code == 200 for code in answers), answers
         streaming.join(120)
         assert ended.is_set(), "the stream hung"

@@ -100,7 +100,7 @@ def test_each_replica_says_where_it_runs(cluster):
     for labels in rows:
         assert re.search(r'node="[0-9a-f]{16,}"', labels) and re.search(r'host="[^"]+"', labels)
     # The ready line comes once both replicas have posted (the ingress answers before).
-    wait_for(lambda: re.search(r"replicas: 2 on \S+ \(node [0-9a-f]{8}\)", cluster.output()), 30)
+    wait_for(lambda: re.search(r"replicas: 2 on \S+ \(node [0-9a-f]{8}\)", cluster.output()), 120)
 
 
 def test_the_live_view_shows_each_replica(cluster):

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 
 # How long a server has to answer after the signal: it reloads between two engine steps.
-RELOAD_WAIT_SECONDS = 15.0
+RELOAD_WAIT_SECONDS = 30.0
 
 
 @dataclass

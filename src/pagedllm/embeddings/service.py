@@ -13,10 +13,9 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from pagedllm.embeddings import EmbeddingQueueFull
 from pagedllm.embeddings.sentence_model import SentenceModel
@@ -33,7 +32,6 @@ class _Job:
     inputs: list[list[int]]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
-    queued_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -47,10 +45,9 @@ class EmbeddingFigures:
 
 
 class EmbeddingService:
-    def __init__(self, model: SentenceModel, threads: int | None = None):
+    def __init__(self, model: SentenceModel):
         self.model = model
         self.figures = EmbeddingFigures()
-        self._threads = threads
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._queued_inputs = 0
         self._lock = threading.Lock()
@@ -77,8 +74,6 @@ class EmbeddingService:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        if self._threads:
-            torch.set_num_threads(self._threads)
         while True:
             first = self._jobs.get()
             if first is None:

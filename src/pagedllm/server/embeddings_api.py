@@ -59,15 +59,12 @@ class OllamaEmbeddingsRequest(RequestModel):
     options: dict | None = None
 
 
-def embedding_model_names(service: "EmbeddingService") -> set[str]:
-    return {service.name, service.name.lower()}
-
-
 def answers_embeddings(service: "EmbeddingService | None", model: str) -> bool:
+    """Its name in any case, with or without an Ollama tag (all-minilm:latest); the bundled
+    model also by Ollama's name for it."""
     if service is None:
         return False
-    base = model.split(":", 1)[0]  # Ollama's tags (all-minilm:latest)
-    return (model in embedding_model_names(service) or base.lower() == service.name.lower()
+    return (model.split(":", 1)[0].lower() == service.name.lower()
             or (is_packaged_name(model) and is_packaged_name(service.name)))
 
 
