@@ -28,13 +28,16 @@ def fake_step(sched, token=5):
     """Schedule, 'run' the model (every sampling request gets `token`, or token(request)),
     update, and finish what stops at token level, as the engine does."""
     out = sched.schedule()
-    sampled = {s.request_id: SampledToken(token(sched.requests[s.request_id]) if callable(token)
-                                          else token)
+    sampled = {s.request_id: [SampledToken(token(sched.requests[s.request_id]) if callable(token)
+                                           else token)]
                for s in out.scheduled if s.samples}
-    for request in sched.update_from_output(out, RunnerOutput(sampled)):
-        reason = token_stop_reason(request)
-        if reason is not None:
-            sched.finish_request(request.request_id, reason)
+    for request, tokens, _ in sched.update_from_output(out, RunnerOutput(sampled)):
+        for token_ in tokens:
+            sched.append_token(request, token_)
+            reason = token_stop_reason(request)
+            if reason is not None:
+                sched.finish_request(request.request_id, reason)
+                break
     return out
 
 

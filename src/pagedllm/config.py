@@ -96,6 +96,35 @@ class ModelConfig:
 KV_CACHE_DTYPES = ("auto", "int8")
 
 
+# Speculative decoding (core/speculation.py): proposals of n-grams from the request itself.
+SPECULATIVE_METHODS = ("off", "ngram")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "off"  # the server's default; a request may override it
+    num_speculative_tokens: int = 5  # at most this many proposals a step (vLLM's name)
+    prompt_lookup_max: int = 4  # the longest n-gram matched (vLLM's names)
+    prompt_lookup_min: int = 2
+    # Proposals stop when a step's sequences are this many or more: verification multiplies
+    # the rows a step computes, and at large batches the weights are read for many rows
+    # anyway, so extra rows cost about what they save (BENCHMARKS.md, "speculative").
+    max_batch_sequences: int = 8
+    # At most this many rows (sequences x (1 + proposals)) in a verifying step; the model
+    # runner lowers it to what its fused decode path takes (engine/factory.py).
+    max_rows: int = 32
+
+    def __post_init__(self):
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                             f"got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be 1-16, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max <= 16:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max <= 16, got "
+                             f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The engine's settings as asked for; checked here, before anything loads."""
@@ -111,8 +140,11 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context, capped by the KV capacity
     max_memory: int | None = None  # resident bytes past which admissions wait; None: leave
     #                                a tenth of the machine free (engine/memory_guard.py)
+    speculative: SpeculativeConfig = SpeculativeConfig()  # method "off" unless asked
 
     def __post_init__(self):
+        if not isinstance(self.speculative, SpeculativeConfig):
+            raise ValueError(f"speculative must be a SpeculativeConfig, got {self.speculative!r}")
         if self.max_memory is not None and (isinstance(self.max_memory, bool)
                                             or not isinstance(self.max_memory, int)
                                             or self.max_memory < 1):

@@ -35,6 +35,10 @@ class AttentionMetadata:
     # The same tokens in the sliding-window layers' own blocks, where the model keeps them
     # apart (core/kv_cache/window.py); those layers read and write through it.
     window: AttentionMetadata | None = None
+    # Requests in the step, where fewer than the sequences above: a request verifying
+    # proposed tokens is one single-token sequence per position (engine/model_runner.py),
+    # and kernels that choose their arithmetic by batch size choose by this (DecodeLoop).
+    num_requests: int | None = None
     _prefill_masks: dict = field(default_factory=dict, repr=False)
 
     @classmethod

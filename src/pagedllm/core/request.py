@@ -5,7 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from pagedllm.config import COMPLETIONS_DEFAULT_MAX_TOKENS
+from pagedllm.config import COMPLETIONS_DEFAULT_MAX_TOKENS, SPECULATIVE_METHODS
 from pagedllm.errors import FieldError
 from pagedllm.structured.spec import GrammarSpec
 
@@ -45,6 +45,9 @@ class SamplingParams:
     guided: GrammarSpec | None = None  # structured output: the grammar the tokens must follow
     # Added to these tokens' logits before anything else (-100 bans a token, +100 forces it).
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # Speculative decoding for this request ("off", "ngram"); None: the server's default.
+    # The output is the same either way (core/speculation.py): only the speed differs.
+    speculative: str | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -93,6 +96,8 @@ class SamplingParams:
                   and isinstance(b, (int, float)) and not isinstance(b, bool)
                   and low <= b <= high for t, b in self.logit_bias.items()), "logit_bias",
               f"maps token ids to biases in [{low:g}, {high:g}]")
+        check(self.speculative is None or self.speculative in SPECULATIVE_METHODS, "speculative",
+              f"must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
         check(self.guided is None or isinstance(self.guided, GrammarSpec), "guided",
               "must be a GrammarSpec (pagedllm.structured.spec)")
 
@@ -204,6 +209,8 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.logprobs: list = []  # one entry per output token when params.logprobs is set
         self.grammar = None  # its GrammarMatcher when params.guided is set (made by the engine)
+        # Tokens proposed to follow it (core/speculation.py), verified in its next step.
+        self.draft_token_ids: list[int] = []
 
     @property
     def num_prompt_tokens(self) -> int:

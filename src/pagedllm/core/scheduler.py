@@ -13,7 +13,8 @@ from pagedllm.config import SchedulerConfig
 from pagedllm.core.fair_queue import FairQueue
 from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.request import FinishReason, Request, RequestStatus
-from pagedllm.core.step_records import RunnerOutput, ScheduledRequest, SchedulerOutput
+from pagedllm.core.step_records import (RunnerOutput, SampledToken, ScheduledRequest,
+                                         SchedulerOutput)
 
 
 @dataclass
@@ -81,6 +82,14 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            # Proposed tokens ride along with a decode token while budget and blocks allow;
+            # they are the first thing dropped, before anyone is preempted.
+            drafts = request.draft_token_ids[:budget - 1] if num_new == 1 else []
+            if drafts and self.kv.allocate_slots(request, 1 + len(drafts)):
+                out.scheduled.append(self._plan(request, 1, drafts))
+                budget -= 1 + len(drafts)
+                index += 1
+                continue
             while not self.kv.allocate_slots(request, num_new):
                 victim = self._pick_victim(index)
                 self.running.remove(victim)
@@ -118,15 +127,15 @@ class Scheduler:
         self.stats.last_step_tokens = out.num_scheduled_tokens
         return out
 
-    def _plan(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _plan(self, request: Request, num_new: int, drafts: list[int] = ()) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
         window_table = self.kv.window_block_table(request.request_id)
         return ScheduledRequest(
             request.request_id, FairQueue.user_of(request), start,
-            tuple(request.all_token_ids[start:end]),
+            (*request.all_token_ids[start:end], *drafts),
             tuple(self.kv.block_table(request.request_id)), end == request.num_tokens,
-            None if window_table is None else tuple(window_table))
+            None if window_table is None else tuple(window_table), len(drafts))
 
     def _user_may_run(self, user: str) -> bool:
         cap = self.max_running_per_user.get(user)
@@ -161,6 +170,7 @@ class Scheduler:
         """Recompute preemption: drop its blocks; it waits at the front of the queue and
         usually finds its own prefix still cached when it comes back."""
         self.kv.free(request)
+        request.draft_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -168,23 +178,30 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     # -- results --------------------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput, result: RunnerOutput) -> list[Request]:
-        """Advance counters and append sampled tokens (and their logprobs). Returns the
-        requests that got a new token this step; whether one of them stops is the output
-        processor's call (output_processor.stop_reason), which then finishes it here
-        (finish_request)."""
+    def update_from_output(self, out: SchedulerOutput, result: RunnerOutput
+                           ) -> list[tuple[Request, list[SampledToken], int]]:
+        """Advance each scheduled request past the tokens whose KV stays valid: all it
+        computed, less the proposals that verification rejected, whose blocks go back
+        (KVCacheManager.trim). Returns (request, its new tokens in order, proposals it
+        verified) for each request that sampled. The engine appends the tokens one at a time
+        (append_token), asking the output processor after each whether the request stops, and
+        then finishes it here (finish_request): a stop may come before the last of them."""
         updated = []
         for item in out.scheduled:
             request = self.requests.get(item.request_id)
             if request is None:  # finished between schedule and update
                 continue
-            request.num_computed_tokens += item.num_new_tokens
-            sampled = result.sampled.get(item.request_id)
-            if sampled is None:
-                continue
-            request.append_token(sampled.token_id)
-            if sampled.logprob is not None:
-                request.logprobs.append(sampled.logprob)
-            self.stats.num_generation_tokens += 1
-            updated.append(request)
+            tokens = result.sampled.get(item.request_id, [])
+            num_rejected = item.num_draft_tokens - max(0, len(tokens) - 1)
+            request.num_computed_tokens += item.num_new_tokens - num_rejected
+            if num_rejected:
+                self.kv.trim(request)
+            if tokens:
+                updated.append((request, tokens, item.num_draft_tokens))
         return updated
+
+    def append_token(self, request: Request, sampled: SampledToken) -> None:
+        request.append_token(sampled.token_id)
+        if sampled.logprob is not None:
+            request.logprobs.append(sampled.logprob)
+        self.stats.num_generation_tokens += 1

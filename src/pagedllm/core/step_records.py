@@ -15,7 +15,10 @@ from pagedllm.core.request import TokenLogprob
 class ScheduledRequest:
     """One request's share of a step: compute `token_ids` at positions start, start+1, ...
     into the blocks of `block_table`; `samples` when the last of them is the request's last
-    known token, so a new token is sampled from its logits."""
+    known token, so a new token is sampled from its logits. With num_draft_tokens > 0 the
+    request decodes speculatively: token_ids is its last known token and then that many
+    proposed ones, each position is sampled, and the proposals are kept up to the first that
+    differs from what was sampled before it (engine/verify.py)."""
 
     request_id: str
     user: str
@@ -25,6 +28,7 @@ class ScheduledRequest:
     samples: bool
     # The sliding-window layers' blocks (their own group), where the model has such layers.
     window_block_table: tuple[int, ...] | None = None
+    num_draft_tokens: int = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -53,8 +57,9 @@ class SampledToken:
 
 @dataclass
 class RunnerOutput:
-    """What one step of the model produced: a token for each request that sampled, and why
-    for each request whose sampling failed (only those fail; the step went on)."""
+    """What one step of the model produced: the tokens of each request that sampled (one, or
+    up to 1 + its proposals when it verified some), and why for each request whose sampling
+    failed (only those fail; the step went on)."""
 
-    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)

@@ -9,6 +9,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.output_processor import RequestTextState, stop_reason
 from pagedllm.core.request import FinishReason, OutputCaps, Request, RequestOutput, SamplingParams
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.speculation import Speculator
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats, take_snapshot
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.engine.factory import EngineParts, build_parts, engine_config
@@ -36,6 +37,7 @@ class LLMEngine:
         self.cache_config, self.scheduler_config = parts.cache_config, parts.scheduler_config
         self.kv_manager, self.runner = parts.kv_manager, parts.runner
         self.scheduler = Scheduler(self.scheduler_config, self.kv_manager)
+        self.speculator = Speculator(parts.speculative)
         self.requests = RequestMaker(self.tokenizer, self.model_config.vocab_size,
                                      self.scheduler_config.max_model_len, self.grammars)
         self.faults = faults or Faults()
@@ -86,6 +88,7 @@ class LLMEngine:
              error: str | None = None) -> RequestOutput | None:
         self.scheduler.finish_request(request_id, reason)
         self.runner.forget(request_id)
+        self.speculator.forget(request_id)
         state = self._text_states.pop(request_id, None)
         self._publish()
         if state is None:  # unknown, or already ended
@@ -150,13 +153,18 @@ class LLMEngine:
         stop, and free what stopped: the one place a request finishes (besides an abort)."""
         outputs = [out for rid, error in result.failed.items()
                    if (out := self.fail_request(rid, error)) is not None]
-        for request in self.scheduler.update_from_output(plan, result):
+        for request, tokens, num_proposed in self.scheduler.update_from_output(plan, result):
             rid = request.request_id
+            self.speculator.record(rid, num_proposed, len(tokens) - 1)
+            reason = None
             try:
                 state = self._text_states[rid]
-                reason = stop_reason(request, state)
-                if reason is not None:
-                    self.scheduler.finish_request(rid, reason)
+                for sampled in tokens:  # several after a verification; a stop ends them
+                    self.scheduler.append_token(request, sampled)
+                    reason = stop_reason(request, state)
+                    if reason is not None:
+                        self.scheduler.finish_request(rid, reason)
+                        break
                 outputs.append(state.make_output())
             except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: this request only
                 outputs.append(self.fail_request(rid, f"{type(exc).__name__}: {exc}"))
@@ -164,6 +172,8 @@ class LLMEngine:
             if reason is not None:
                 del self._text_states[rid]
                 self.runner.forget(rid)
+                self.speculator.forget(rid)
+        self.speculator.propose(self.scheduler.running)
         self._publish()
         return outputs
 

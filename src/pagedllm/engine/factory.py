@@ -12,7 +12,8 @@ import psutil
 import torch
 
 from pagedllm.backends import Backend, cpu_backend
-from pagedllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pagedllm.config import (CacheConfig, EngineConfig, ModelConfig, SchedulerConfig,
+                             SpeculativeConfig)
 from pagedllm.core import sizing
 from pagedllm.core.kv_cache import KVCacheManager, WindowBlocks
 from pagedllm.engine.model_runner import ModelRunner
@@ -39,6 +40,7 @@ class EngineParts:
     scheduler_config: SchedulerConfig
     kv_manager: KVCacheManager
     runner: ModelRunner
+    speculative: SpeculativeConfig  # the config's, its row limit lowered to the model's
 
 
 def engine_config(config: EngineConfig | str | None, settings: dict) -> EngineConfig:
@@ -73,9 +75,13 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
                                 window)
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
                          config.kv_cache_dtype, window_blocks)
+    # A verifying step stays on the fused decode path, which takes up to max_rows rows.
+    decode_loop = getattr(net, "decode_loop", None)
+    speculative = config.speculative if decode_loop is None else dataclasses.replace(
+        config.speculative, max_rows=min(config.speculative.max_rows, decode_loop.max_rows))
     parts = EngineParts(config, backend, model_config, model_path, tokenizer,
                         GrammarCompiler(tokenizer, model_config.vocab_size), kv_memory_bytes,
-                        cache_config, scheduler_config, kv_manager, runner)
+                        cache_config, scheduler_config, kv_manager, runner, speculative)
     _log_loaded(parts, window_blocks, time.monotonic() - started)
     return parts
 

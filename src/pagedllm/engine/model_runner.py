@@ -11,8 +11,9 @@ import torch
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.config import ModelConfig
 from pagedllm.core.request import SamplingParams
-from pagedllm.core.step_records import RunnerOutput, SampledToken, SchedulerOutput
+from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.engine.sampler import Sampler, SamplingRow
+from pagedllm.engine.verify import accepted_tokens, verification_rows
 
 
 class ModelRunner:
@@ -68,31 +69,47 @@ class ModelRunner:
         self.sequences.pop(request_id, None)
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
-        """Run one step of the plan; sample for the requests whose plan says so."""
+        """Run one step of the plan; sample for the requests whose plan says so.
+
+        A request that verifies proposals (num_draft_tokens > 0) enters the batch as one
+        single-token query per position, each reading the same block table up to its own
+        position: the step is then a decode step to the model (its fused decode path), so
+        every position's logits are bit-identical to decoding the tokens one at a time, and
+        the tokens kept are the ones decoding without proposals gives (engine/verify.py)."""
         if plan.is_empty:
             return RunnerOutput()
         input_ids, positions, slot_mapping = [], [], []
         query_start_loc, seq_lens, block_tables = [0], [], []
         window_slots, window_tables = [], []
         sample_indices, sampled_ids = [], []
+        drafts: dict[str, tuple[int, ...]] = {}
         bs = self.block_size
         for item in plan.scheduled:
             start, end, table = item.start, item.start + item.num_new_tokens, item.block_table
+            window = item.window_block_table
             input_ids.extend(item.token_ids)
             positions.extend(range(start, end))
             slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if item.window_block_table is not None:
-                window = item.window_block_table
+            if window is not None:
                 window_slots.extend(window[p // bs] * bs + p % bs for p in range(start, end))
-                window_tables.append(list(window))
-            query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
-            seq_lens.append(end)
-            block_tables.append(list(table))
-            if item.samples:
-                sample_indices.append(query_start_loc[-1] - 1)
-                sampled_ids.append(item.request_id)
+            # (query tokens, context length) of each query: one query of them all, or one
+            # per position for a verifying request.
+            queries = ([(1, p + 1) for p in range(start, end)] if item.num_draft_tokens
+                       else [(item.num_new_tokens, end)])
+            for num_queries, seq_len in queries:
+                query_start_loc.append(query_start_loc[-1] + num_queries)
+                seq_lens.append(seq_len)
+                block_tables.append(list(table))
+                if window is not None:
+                    window_tables.append(list(window))
+                if item.samples:
+                    sample_indices.append(query_start_loc[-1] - 1)
+                    sampled_ids.append(item.request_id)
+            if item.num_draft_tokens:
+                drafts[item.request_id] = item.token_ids[1:]
 
         meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs)
+        meta.num_requests = len(plan.scheduled)
         if window_tables:
             meta.window = AttentionMetadata.build(window_slots, query_start_loc, seq_lens,
                                                   window_tables, bs)
@@ -101,37 +118,37 @@ class ModelRunner:
         if not sample_indices:
             return RunnerOutput()
         logits = self.model.compute_logits(hidden[sample_indices])
-        return self._sample(logits, sampled_ids)
+        return self._sample(logits, sampled_ids, drafts)
 
-    def _sample(self, logits: torch.Tensor, request_ids: list[str]) -> RunnerOutput:
-        """Sample the batch at once; if that fails, row by row, so that only the rows that
-        fail alone fail (the others get the tokens the batch would have given them)."""
-        rows = [self.sequences[rid] for rid in request_ids]
+    def _sample(self, logits: torch.Tensor, request_ids: list[str],
+                drafts: dict[str, tuple[int, ...]]) -> RunnerOutput:
+        """Sample the batch at once (a verifying request's rows each as if the proposals
+        before them had been accepted); if that fails, request by request, so that only the
+        requests that fail alone fail (the others get the tokens the batch gave them)."""
+        rows = verification_rows(request_ids, self.sequences, drafts)
         result = RunnerOutput()
         try:
-            batches = [(request_ids, rows, *self._sample_rows(logits, request_ids, rows))]
-        except Exception:  # noqa: BLE001 - isolate the row below
+            batches = [(request_ids, *self._sample_rows(logits, request_ids, rows))]
+        except Exception:  # noqa: BLE001 - isolate the request below
             batches = []
-            for i, (rid, row) in enumerate(zip(request_ids, rows)):
+            for rid in dict.fromkeys(request_ids):
+                index = [i for i, r in enumerate(request_ids) if r == rid]
                 try:
-                    batches.append(([rid], [row], *self._sample_rows(logits[i:i + 1], [rid], [row])))
+                    batches.append(([rid] * len(index),
+                                    *self._sample_rows(logits[index], [rid] * len(index),
+                                                       [rows[i] for i in index])))
                 except Exception as exc:  # noqa: BLE001 - fails this request only
                     result.failed[rid] = f"sampling failed: {type(exc).__name__}: {exc}"
-        for ids, batch_rows, tokens, logprobs in batches:
-            for rid, row, token, logprob in zip(ids, batch_rows, tokens, logprobs):
-                if row.grammar is not None and row.grammar.failed:
-                    # The library gave up (a limit, or a state it cannot go on from): an
-                    # error for this request, never a "stop" the grammar does not accept.
-                    result.failed[rid] = f"structured output failed: {row.grammar.error}"
-                    continue
-                try:
-                    if row.grammar is not None:
-                        row.grammar.accept(token)
-                except Exception as exc:  # noqa: BLE001 - fails this request only
-                    result.failed[rid] = f"grammar failed: {type(exc).__name__}: {exc}"
-                    continue
-                row.output_token_ids.append(token)
-                result.sampled[rid] = SampledToken(token, logprob)
+        for ids, tokens, logprobs in batches:
+            for rid, sampled in accepted_tokens(ids, tokens, logprobs, drafts).items():
+                row = self.sequences[rid]
+                if row.grammar is not None:  # never verifies: one token
+                    error = _grammar_error(row, sampled[0].token_id)
+                    if error is not None:
+                        result.failed[rid] = error
+                        continue
+                row.output_token_ids.extend(s.token_id for s in sampled)
+                result.sampled[rid] = sampled
         return result
 
     def _sample_rows(self, logits: torch.Tensor, request_ids: list[str], rows: list[SamplingRow]):
@@ -139,3 +156,16 @@ class ModelRunner:
             for rid, row in zip(request_ids, rows):
                 self.fault_injector(rid, row)
         return self.sampler(logits, rows)
+
+
+def _grammar_error(row: SamplingRow, token: int) -> str | None:
+    """Advance the row's grammar by its sampled token; why the request fails, if it does."""
+    if row.grammar.failed:
+        # The library gave up (a limit, or a state it cannot go on from): an error for this
+        # request, never a "stop" the grammar does not accept.
+        return f"structured output failed: {row.grammar.error}"
+    try:
+        row.grammar.accept(token)
+    except Exception as exc:  # noqa: BLE001 - fails this request only
+        return f"grammar failed: {type(exc).__name__}: {exc}"
+    return None

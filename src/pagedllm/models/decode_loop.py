@@ -15,6 +15,8 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, LayerKVCache
 
+EVERY_ROW = 1 << 62  # a row limit no step reaches (quant_linear.ALL_ROWS)
+
 
 class DecodeLoop:
     def __init__(self, ops, weights: list[list[torch.Tensor]], cos: torch.Tensor, sin: torch.Tensor,
@@ -37,10 +39,17 @@ class DecodeLoop:
         """Embedded tokens [T, H] -> (last MLP output, residual), as the Python layers return."""
         batch = meta.decode_batch()
         quantized = kv_caches[0].quantized
+        exact_max_rows = self.exact_max_rows
+        if meta.num_requests is not None and meta.num_requests < len(batch.rows):
+            # Verifying proposals: exact or int8-rounded activations as a plain decode step
+            # of these requests would have them, so the tokens kept are the ones plain
+            # decoding gives, bit for bit.
+            exact_max_rows = [EVERY_ROW if meta.num_requests <= rows else 0
+                              for rows in exact_max_rows]
         hidden, residual = self.ops.decode_layers(
             hidden, positions, self.cos, self.sin, self.weights, [kv.key for kv in kv_caches],
             [kv.value for kv in kv_caches], [kv.key_scale for kv in kv_caches] if quantized else [],
             [kv.value_scale for kv in kv_caches] if quantized else [], meta.slot_mapping,
             batch.block_tables, batch.seq_lens, self.num_heads, self.eps, self.scale,
-            self.exact_max_rows)
+            exact_max_rows)
         return hidden, residual

@@ -132,6 +132,19 @@ class KVCacheManager:
             self.pool.cache_block(blocks[i], hashes[i])
         self._num_cached_blocks[request.request_id] = num_full
 
+    def trim(self, request: Request) -> None:
+        """Give back the blocks past the request's computed tokens: the slots of proposed
+        tokens that verification rejected (core/speculation.py). None of them is in the prefix
+        cache: only blocks of known tokens are registered, and these hold none."""
+        keep = self.blocks_needed(request.num_computed_tokens)
+        blocks = self.req_blocks.get(request.request_id, [])
+        if len(blocks) > keep:
+            extra = blocks[keep:]
+            del blocks[keep:]
+            self.pool.free(reversed(extra))
+        if self.window is not None:
+            self.window.trim(request.request_id, keep)
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, and forget its table."""
         blocks = self.req_blocks.pop(request.request_id, [])

@@ -93,6 +93,15 @@ class WindowBlocks:
                 self.pool.cache_block(table[i], hashes[i])
         self._num_cached[request_id] = max(num_full, self._num_cached.get(request_id, 0))
 
+    def trim(self, request_id: str, num_blocks: int) -> None:
+        """Give back the request's blocks past its first num_blocks (rejected proposals')."""
+        table = self.tables.get(request_id)
+        if table is None or len(table) <= num_blocks:
+            return
+        extra = table[num_blocks:]
+        del table[num_blocks:]
+        self.pool.free(b for b in reversed(extra) if b is not None)
+
     def free(self, request_id: str) -> None:
         table = self.tables.pop(request_id, [])
         self.pool.free(b for b in reversed(table) if b is not None)
