@@ -50,9 +50,23 @@ inline void store_row(const float* total, pagedllm::bf16* out) {
 // summed exactly in Acc (float32: a bfloat16 value times a 4-bit integer is exact; int32 for
 // codes), then total += (x . q) * d * scale + m * shift, where scale and shift are per row
 // and group: 1 and sum(x) for exact rows, dx and dx * sum(xq) for int8 rows.
+// The build's -ffast-math lets the compiler regroup `total + a * b + c * e` differently in
+// each instantiation of R, and then a row's result would depend on how many rows came with
+// it; speculative decoding needs a row computed alone and in a block to agree bit for bit
+// (engine/model_runner.py). Every loop here vectorises over independent output rows, so
+// keeping the written order costs nothing.
+#if defined(__clang__)
+#define PAGEDLLM_WRITTEN_ORDER _Pragma("clang fp reassociate(off)")
+#define PAGEDLLM_WRITTEN_ORDER_FN
+#else
+#define PAGEDLLM_WRITTEN_ORDER
+#define PAGEDLLM_WRITTEN_ORDER_FN __attribute__((optimize("no-associative-math")))
+#endif
+
 template <class L, int R, typename X, typename Acc>
-void tile_rows_of(const uint8_t* tile, int64_t groups, const X* x, int64_t ldx,
+PAGEDLLM_WRITTEN_ORDER_FN void tile_rows_of(const uint8_t* tile, int64_t groups, const X* x, int64_t ldx,
                   const float* scale, const float* shift, pagedllm::bf16* out, int64_t ldo) {
+  PAGEDLLM_WRITTEN_ORDER
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const UnpackedGroup<L> w(tile, g);
