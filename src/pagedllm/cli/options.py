@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                             KV_CACHE_DTYPES, MODEL_DTYPES, EngineConfig)
+                             KV_CACHE_DTYPES, MODEL_DTYPES, SPECULATIVE_METHODS, EngineConfig,
+                             SpeculativeConfig)
 from pagedllm.units import parse_bytes
 
 
@@ -88,6 +89,13 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
     group.add_argument("--max-memory", type=size, default=None,
                        help="resident size past which new requests wait, running ones go on "
                             "(default: wait while the machine has under 10%% of its memory free)")
+    group.add_argument("--speculative", default="off", choices=SPECULATIVE_METHODS,
+                       help="ngram: propose tokens copied from the prompt and answer so far and "
+                            "verify several per step (same output, faster where answers quote "
+                            "their input; BENCHMARKS.md); a request may choose with its "
+                            "`speculative` field")
+    group.add_argument("--num-speculative-tokens", type=positive_int, default=5,
+                       help="most tokens proposed per step with --speculative (1-16)")
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")
@@ -110,4 +118,7 @@ def engine_config(args) -> EngineConfig:
                         kv_cache_memory=args.kv_cache_memory, max_num_seqs=max_num_seqs,
                         max_model_len=args.max_model_len, max_memory=args.max_memory,
                         enable_prefix_caching=not args.no_prefix_caching,
-                        max_num_batched_tokens=args.max_num_batched_tokens)
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        speculative=SpeculativeConfig(
+                            method=args.speculative,
+                            num_speculative_tokens=args.num_speculative_tokens))

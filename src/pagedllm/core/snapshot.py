@@ -107,6 +107,12 @@ class EngineStats:
     num_generation_tokens: int
     last_step_tokens: int
     memory_pressure: bool = False  # new requests wait (engine/memory_guard.py)
+    # Speculative decoding (core/speculation.py): verifications with proposals, proposals,
+    # accepted proposals, and accepted ones by position in their proposal (vLLM's counters).
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 def sum_stats(rows: list[EngineStats]) -> EngineStats:
@@ -115,7 +121,12 @@ def sum_stats(rows: list[EngineStats]) -> EngineStats:
     used = sum(r.kv_blocks_used for r in rows)
     summed = {name: sum(getattr(r, name) for r in rows) for name in (
         "num_running", "num_waiting", "prefix_cache_queries", "prefix_cache_hits",
-        "num_preemptions", "num_prompt_tokens", "num_generation_tokens", "last_step_tokens")}
+        "num_preemptions", "num_prompt_tokens", "num_generation_tokens", "last_step_tokens",
+        "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens")}
+    positions = max((len(r.spec_accepted_per_position) for r in rows), default=0)
+    per_position = tuple(sum(r.spec_accepted_per_position[i] for r in rows
+                             if i < len(r.spec_accepted_per_position)) for i in range(positions))
     return EngineStats(kv_blocks_used=used, kv_blocks_total=total,
+                       spec_accepted_per_position=per_position,
                        kv_usage=used / total if total else 0.0,
                        memory_pressure=any(r.memory_pressure for r in rows), **summed)

@@ -182,7 +182,7 @@ class LLMEngine:
         return self.published
 
     def _stats(self) -> EngineStats:
-        s = self.scheduler.stats
+        s, spec = self.scheduler.stats, self.speculator.stats
         kv = self.kv_manager
         return EngineStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
@@ -190,5 +190,8 @@ class LLMEngine:
             kv_usage=kv.usage(), prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits, num_preemptions=s.num_preemptions,
             num_prompt_tokens=s.num_prompt_tokens, num_generation_tokens=s.num_generation_tokens,
-            last_step_tokens=s.last_step_tokens, memory_pressure=self.scheduler.admission_paused)
+            last_step_tokens=s.last_step_tokens, memory_pressure=self.scheduler.admission_paused,
+            spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
+            spec_num_accepted_tokens=spec.num_accepted_tokens,
+            spec_accepted_per_position=tuple(spec.accepted_per_position))
 

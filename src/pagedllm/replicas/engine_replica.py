@@ -67,6 +67,7 @@ class EngineReplica:
         return {"model_config": engine.model_config, "model_path": engine.model_path,
                 "cache_config": engine.cache_config, "scheduler_config": engine.scheduler_config,
                 "dtype": engine.dtype, "kv_memory_bytes": engine.kv_memory_bytes,
+                "speculative": engine.speculator.config,
                 "cpu": engine.cpu, "threads": self.threads, "replica_id": self.replica_id}
 
     async def generate(self, request: Request, report_position: bool = False):

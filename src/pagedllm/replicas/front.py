@@ -44,7 +44,7 @@ class ReplicaClient:
             replace(replica_scheduler, max_num_seqs=replica_scheduler.max_num_seqs * num_replicas),
             description["kv_memory_bytes"] * num_replicas, description["cpu"],
             f"{num_replicas} replica(s) x {self.threads_per_replica} compute thread(s) "
-            f"(--threads-per-replica)", self.threads_per_replica)
+            f"(--threads-per-replica)", self.threads_per_replica, description["speculative"])
         # Grammars are compiled here (a bad one is refused here); matchers are built where
         # the request runs.
         self.requests = RequestMaker(self._tokenizer, model_config.vocab_size,

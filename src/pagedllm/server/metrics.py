@@ -69,6 +69,11 @@ class EngineStatsCollector:
             yield self._family(GaugeMetricFamily, name, doc, rows, one(get))
         for name, doc, get in _COUNTERS:
             yield self._family(CounterMetricFamily, name, doc, rows, one(get))
+        yield self._family(CounterMetricFamily, "spec_decode_num_accepted_tokens_per_pos",
+                           "Proposed tokens accepted, by their position in the proposal.", rows,
+                           lambda row: [((str(i),), n) for i, n in
+                                        enumerate(row.stats.spec_accepted_per_position)],
+                           ["position"])
         yield self._family(GaugeMetricFamily, "num_requests_waiting_by_user",
                            "Waiting requests per user.", rows,
                            lambda row: [((user,), n) for user, n in
@@ -109,6 +114,12 @@ _COUNTERS = (
     ("num_preemptions", "Requests preempted (recompute).", lambda s: s.num_preemptions),
     ("prompt_tokens", "Prompt tokens of admitted requests.", lambda s: s.num_prompt_tokens),
     ("generation_tokens", "Generated tokens.", lambda s: s.num_generation_tokens),
+    # Speculative decoding, under vLLM's names (--speculative; core/speculation.py).
+    ("spec_decode_num_drafts", "Verification steps that checked proposed tokens.",
+     lambda s: s.spec_num_drafts),
+    ("spec_decode_num_draft_tokens", "Proposed tokens verified.", lambda s: s.spec_num_draft_tokens),
+    ("spec_decode_num_accepted_tokens", "Proposed tokens accepted.",
+     lambda s: s.spec_num_accepted_tokens),
 )
 
 

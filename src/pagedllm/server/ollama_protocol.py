@@ -36,6 +36,8 @@ class OllamaOptions(RequestModel):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     num_ctx: int | None = Field(default=None, ge=1)
+    # pagedllm's extension, as on the OpenAI routes: speculative decoding for this request.
+    speculative: Literal["off", "ngram"] | None = None
 
 
 class OllamaFields(RequestModel):
@@ -72,6 +74,7 @@ class OllamaFields(RequestModel):
             presence_penalty=o.presence_penalty or 0.0,
             frequency_penalty=o.frequency_penalty or 0.0,
             guided=self.grammar(),
+            speculative=o.speculative,
         )
 
 

@@ -67,6 +67,9 @@ class SamplingFields(RequestModel):
     user: str | None = None
     # Extension: while a streaming request waits, send chunks with its queue position.
     queue_position: bool = False
+    # Extension: speculative decoding for this request ("off", "ngram"); the server's
+    # --speculative otherwise. Same output either way, only the speed differs.
+    speculative: Literal["off", "ngram"] | None = None
     # Structured output: OpenAI's response_format, or one of vLLM's guided_* fields.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -103,6 +106,7 @@ class SamplingFields(RequestModel):
             logprobs=logprobs,
             guided=self.grammar_spec(),
             logit_bias=self.token_biases(),
+            speculative=self.speculative,
         )
 
     def token_biases(self) -> dict[int, float]:

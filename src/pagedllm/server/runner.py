@@ -97,6 +97,10 @@ def ready_message(info: EngineInfo, host: str, port: int, served_name: str, sche
         f"on, {keys} key(s) from {key_file}" if key_file else
         "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
         "off: ANYONE who can reach this address may use it"))
+    spec = info.speculative
+    if spec.method != "off":
+        lines.append(f"  speculative decoding: {spec.method}, up to {spec.num_speculative_tokens} "
+                     f"proposed tokens a step (a request may say \"speculative\": \"off\")")
     lines.append(f"  CPU: {info.cpu.level} kernels, {info.compute} of {os.cpu_count()} cores")
     return "\n".join(lines)
 

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from pagedllm.config import CacheConfig, ModelConfig, SchedulerConfig
+from pagedllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from pagedllm.core.request import OutputCaps, QueuePosition, Request, RequestOutput, SamplingParams
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 from pagedllm.kernels.cpu import Capabilities
@@ -47,6 +47,7 @@ class EngineInfo:
     cpu: Capabilities
     compute: str  # the compute threads, in words ("2 compute thread(s) (--threads)")
     num_threads: int
+    speculative: SpeculativeConfig = SpeculativeConfig()
 
     @property
     def max_model_len(self) -> int:

@@ -81,4 +81,5 @@ def engine_info(engine: LLMEngine, compute: str | None = None, num_threads: int 
     threads = torch.get_num_threads() if num_threads is None else num_threads
     return EngineInfo(engine.model_config, engine.model_path, engine.dtype, engine.cache_config,
                       engine.scheduler_config, engine.kv_memory_bytes, engine.cpu,
-                      compute or f"{threads} compute thread(s) (--threads)", threads)
+                      compute or f"{threads} compute thread(s) (--threads)", threads,
+                      engine.speculator.config)
