@@ -87,3 +87,41 @@ def test_serve_refuses_too_many_speculative_tokens():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "num_speculative_tokens must be 1-16" in done.stderr
+
+
+def test_bench_grounded_load_reports_acceptance(spec_server, tmp_path):
+    import json
+
+    out = subprocess.run([sys.executable, "-m", "pagedllm.cli", "bench", "--base-url", spec_server.url,
+                          "--concurrency", "1", "--requests", "2", "--prompt-tokens", "60:80",
+                          "--max-tokens", "24", "--load", "grounded", "--warmup", "0",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["settings"]["load"] == "grounded"
+    (level,) = data["levels"]
+    spec = level["speculative"]
+    assert spec["draft_tokens"] >= spec["accepted_tokens"] > 0 and spec["drafts"] > 0
+    assert spec["acceptance_rate"] == round(spec["accepted_tokens"] / spec["draft_tokens"], 4)
+    assert level["mean_prompt_tokens"] > 60  # the passage and the instruction around it
+
+
+def test_grounded_prompts_ask_to_repeat_their_passage():
+    from pagedllm.tokenizer import Tokenizer
+    from pagedllm.tools.text_prompts import GROUNDED_INSTRUCTION, grounded_prompt_token_ids
+
+    tokenizer = Tokenizer.from_model_path(None)
+    prompts = grounded_prompt_token_ids(tokenizer, [50, 120], seed=3)
+    texts = [tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+    assert all(GROUNDED_INSTRUCTION in t and t.startswith("<|im_start|>") for t in texts)
+    assert 50 < len(prompts[0]) < len(prompts[1])
+    assert grounded_prompt_token_ids(tokenizer, [50, 120], seed=3) == prompts
+
+
+def test_live_view_carries_the_acceptance(spec_server):
+    from openai import OpenAI
+
+    chat(OpenAI(base_url=spec_server.url + "/v1", api_key="none"))
+    stats = httpx.get(spec_server.url + "/v1/server/state").json()["stats"]
+    assert stats["spec_num_draft_tokens"] >= stats["spec_num_accepted_tokens"] > 0
+    assert stats["spec_num_drafts"] > 0

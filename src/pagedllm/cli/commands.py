@@ -139,6 +139,10 @@ def add_bench(sub, formatter) -> None:
                        help="MIN:MAX prompt length in tokens, drawn uniformly")
     bench.add_argument("--max-tokens", type=positive_int, default=BENCH_MAX_TOKENS,
                        help="tokens each request generates")
+    bench.add_argument("--load", default="plain", choices=("plain", "grounded"),
+                       help="plain: passages of text to continue; grounded: each prompt asks "
+                            "for its passage to be repeated (answers that quote their input, "
+                            "where --speculative ngram helps)")
     bench.add_argument("--shared-prefix-tokens", type=int, default=0,
                        help="tokens every prompt starts with (a shared system prompt)")
     bench.add_argument("--slo-ttft-p95", type=float, default=2000.0,

@@ -62,7 +62,10 @@ class LiveView:
             "prefix_cache_hits": stats.prefix_cache_hits, "num_preemptions": stats.num_preemptions,
             "num_prompt_tokens": stats.num_prompt_tokens,
             "num_generation_tokens": stats.num_generation_tokens,
-            "memory_pressure": stats.memory_pressure}
+            "memory_pressure": stats.memory_pressure,
+            "spec_num_drafts": stats.spec_num_drafts,
+            "spec_num_draft_tokens": stats.spec_num_draft_tokens,
+            "spec_num_accepted_tokens": stats.spec_num_accepted_tokens}
         data["latency"] = self.state.metrics.recent_latencies()
         data["memory"] = {"rss_bytes": self._process.memory_info().rss}
         return data

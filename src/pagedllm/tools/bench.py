@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from pagedllm.tools.text_prompts import make_prompt_token_ids
+from pagedllm.tools.text_prompts import grounded_prompt_token_ids, make_prompt_token_ids
 
 
 @dataclass
@@ -36,12 +36,48 @@ class MemoryPeaks:
 
 
 def make_prompts(tokenizer, num: int, lengths: tuple[int, int], shared_prefix: int,
-                 seed: int) -> list[tuple[str, int]]:
-    """(text, approximate token count) pairs of real text, distinct unless a prefix is shared."""
+                 seed: int, load: str = "plain") -> list[tuple[str, int]]:
+    """(text, approximate token count) pairs of real text, distinct unless a prefix is shared.
+    load "grounded": each asks for a passage of it to be repeated (text_prompts.py)."""
     rng = random.Random(seed)
     wanted = [rng.randint(*lengths) for _ in range(num)]
+    if load == "grounded":
+        prompts = grounded_prompt_token_ids(tokenizer, wanted, seed=seed)
+        return [(tokenizer.decode(p, skip_special_tokens=False), len(p)) for p in prompts]
     prompts = make_prompt_token_ids(tokenizer, wanted, seed=seed, shared_prefix_tokens=shared_prefix)
     return [(tokenizer.decode(p), len(p)) for p in prompts]
+
+
+SPEC_COUNTERS = {"pagedllm:spec_decode_num_drafts_total": "drafts",
+                 "pagedllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+                 "pagedllm:spec_decode_num_accepted_tokens_total": "accepted_tokens"}
+
+
+def spec_counters(base_url: str, headers: dict) -> dict[str, float]:
+    """The server's speculative-decoding counters, summed over its engines ({} if none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = {}
+    try:
+        text = httpx.get(base_url + "/metrics", headers=headers, timeout=30, verify=False).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = SPEC_COUNTERS.get(sample.name)
+                if name is not None:
+                    totals[name] = totals.get(name, 0.0) + sample.value
+    except Exception:  # noqa: BLE001 - another server, or no /metrics access
+        return {}
+    return totals
+
+
+def spec_during(before: dict[str, float], after: dict[str, float]) -> dict | None:
+    """What a level's requests proposed and had accepted; None if nothing was proposed."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    if not delta.get("draft_tokens"):
+        return None
+    return {**{k: int(v) for k, v in delta.items()},
+            "acceptance_rate": round(delta["accepted_tokens"] / delta["draft_tokens"], 4),
+            "tokens_per_verification": round(1 + delta["accepted_tokens"] / delta["drafts"], 3)}
 
 
 async def stream_completion(client: httpx.AsyncClient, model: str, prompt: str, num_prompt: int,

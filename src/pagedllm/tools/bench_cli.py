@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pagedllm.tools.bench import (host_busy_percent, make_prompts, run_level, served_model,
+                                  spec_counters, spec_during,
                                   server_settings, warm_up)
 from pagedllm.tools.bench_report import recommend, render_table, summarize_level, write_json, write_plot
 from pagedllm.tokenizer import Tokenizer
@@ -141,10 +142,12 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
                               f"worse than they are")
             progress.start_level(n, per_level[n])
             prompts = make_prompts(tokenizer, per_level[n], lengths, args.shared_prefix_tokens,
-                                   seed=args.seed * 1000 + index)
+                                   seed=args.seed * 1000 + index, load=args.load)
+            counted = spec_counters(base_url, headers)
             records, duration, peaks = asyncio.run(run_level(
                 base_url, model, n, prompts, args.max_tokens, headers, on_done=progress.advance))
             results.append(summarize_level(n, records, duration, peaks))
+            results[-1].speculative = spec_during(counted, spec_counters(base_url, headers))
             progress.end_level(results[-1])
     recommendation = recommend(results, args.slo_ttft_p95, args.slo_tpot_p95)
     console.print(render_table(results))
@@ -154,6 +157,7 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
     settings = {"base_url": base_url, "model": model, "concurrency": levels,
                 "requests_per_level": per_level, "prompt_tokens": list(lengths),
                 "max_tokens": args.max_tokens, "shared_prefix_tokens": args.shared_prefix_tokens,
+                "load": args.load,
                 "slo_ttft_p95_ms": args.slo_ttft_p95, "slo_tpot_p95_ms": args.slo_tpot_p95,
                 "seed": args.seed, "warmup_requests": args.warmup, "server": server,
                 "host_cpu_busy_percent_before_level": busy}

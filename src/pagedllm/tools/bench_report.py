@@ -44,6 +44,9 @@ class LevelResult:
     peak_gpu_memory_mib: float | None
     meets_slo: bool = False
     errors: list[str] | None = None
+    # Speculative decoding during the level, from the server's counters: proposals verified,
+    # accepted, and the acceptance rate (None where the server does not speculate).
+    speculative: dict | None = None
 
 
 def summarize_level(concurrency: int, records, duration: float, peaks) -> LevelResult:

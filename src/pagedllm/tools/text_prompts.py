@@ -33,3 +33,23 @@ def make_prompt_token_ids(tokenizer, lengths: list[int], seed: int = 0,
         body = [tokens[(start + i) % len(tokens)] for i in range(body_len)]
         prompts.append(prefix + body)
     return prompts
+
+
+# The instruction of an input-grounded prompt: the answer quotes the prompt (what editing,
+# summarising and retrieval answers do), the load speculative decoding is for.
+GROUNDED_INSTRUCTION = "Repeat the following text exactly, word for word:"
+
+
+def grounded_prompt_token_ids(tokenizer, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    """Prompts that ask the model to repeat a passage of the corpus (of about the requested
+    length): as a chat turn where the model has a chat template, else as plain text."""
+    prompts = []
+    for body in make_prompt_token_ids(tokenizer, lengths, seed=seed):
+        passage = tokenizer.decode(body).strip()
+        if tokenizer.chat_template:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"{GROUNDED_INSTRUCTION}\n\n{passage}"}])
+            prompts.append(tokenizer.encode(text, add_special_tokens=False))
+        else:
+            prompts.append(tokenizer.encode(f"{passage}\n\n{GROUNDED_INSTRUCTION}\n\n"))
+    return prompts

@@ -111,6 +111,9 @@ function showSnapshot(snapshot) {
   const hitRate = s.prefix_cache_queries ? (100 * s.prefix_cache_hits / s.prefix_cache_queries).toFixed(1) : "0";
   $("cache-stats").textContent = `pool ${(100 * s.kv_usage).toFixed(1)}% used · prefix-cache hit rate ` +
     `${hitRate}% (${s.prefix_cache_hits} of ${s.prefix_cache_queries} blocks) · preemptions ${s.num_preemptions}` +
+    (s.spec_num_draft_tokens ? ` · speculative: ${(100 * s.spec_num_accepted_tokens / s.spec_num_draft_tokens).toFixed(1)}% ` +
+      `of ${s.spec_num_draft_tokens} proposed tokens accepted, ` +
+      `${(1 + s.spec_num_accepted_tokens / s.spec_num_drafts).toFixed(2)} tokens a verification` : "") +
     (s.memory_pressure ? " · memory pressure: new requests wait" : "");
   fillTable("requests", snapshot.requests.map((r) => [r.request_id, r.user, r.status, r.num_prompt_tokens,
     r.num_output_tokens, r.num_cached_tokens < 0 ? "-" : r.num_cached_tokens, r.waiting_s.toFixed(1),

@@ -1,0 +1,216 @@
+"""Speculative decoding (n-gram proposals) against plain decoding, in one process, same host.
+
+    .venv/bin/python benchmarks/speculative.py grounded [--requests 6] [--max-tokens 128]
+        input-grounded prompts (`pagedllm bench --load grounded`'s: a passage of the bundled
+        corpus, then an instruction to repeat it), default model, bfloat16, greedy: TPOT p50
+        at N=1 and total tokens/s at N=16, without and with --speculative ngram, the ratios,
+        and the acceptance figures. Outputs are checked to be identical.
+    .venv/bin/python benchmarks/speculative.py verify-cost [--model PATH] [--shape-1.7b DIR]
+        one decode step of one request computing 1 + k positions (k = 0..8 proposals) against
+        one plain step (k = 0), on the default model and on a random model of SmolLM2-1.7B's
+        shape in Q4_K_M's formats (written once into DIR): the cost ratio c(k), and the
+        acceptance rate a at which k proposals pay off: (1 - a^(k+1)) / (1 - a) = c(k).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from pagedllm import LLM
+from pagedllm.attention import AttentionMetadata
+from pagedllm.config import SpeculativeConfig
+from pagedllm.core.request import SamplingParams
+from pagedllm.tools.text_prompts import grounded_prompt_token_ids
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def decode_ms(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
+    """Milliseconds per output token after the first, and the tokens, for one request."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))  # prompt cached
+    start = time.perf_counter()
+    first = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+    ttft = time.perf_counter() - start
+    start = time.perf_counter()
+    out = llm.generate([prompt], params)[0]
+    elapsed = time.perf_counter() - start
+    del first
+    return (elapsed - ttft) / (max_tokens - 1) * 1000, out.token_ids
+
+
+def throughput(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=1))
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return len(prompts) * max_tokens / (time.perf_counter() - start), [o.token_ids for o in outs]
+
+
+def cmd_grounded(args) -> None:
+    results, tokens = {}, {}
+    for method in ("off", "ngram"):
+        llm = LLM(dtype="bfloat16", speculative=SpeculativeConfig(method=method))
+        prompts = grounded_prompt_token_ids(llm.tokenizer, [args.prompt_tokens] * 16, seed=1)
+        tpots, outs = [], []
+        for prompt in prompts[:args.requests]:
+            ms, out = decode_ms(llm, prompt, args.max_tokens)
+            tpots.append(ms)
+            outs.append(out)
+        tps, batch = throughput(llm, prompts, args.max_tokens)
+        stats = llm.engine.speculator.stats
+        results[method] = (statistics.median(tpots), tps, stats)
+        tokens[method] = (outs, batch)
+        print(f"{method:6s} TPOT p50 at N=1 {statistics.median(tpots):6.2f} ms "
+              f"(each: {', '.join(f'{t:.2f}' for t in tpots)}); N=16 {tps:7.1f} tok/s"
+              + (f"; acceptance {stats.acceptance_rate:.2f}, {stats.mean_accepted_length:.2f} "
+                 f"tokens a verification" if stats.num_drafts else ""))
+    same = tokens["off"] == tokens["ngram"]
+    print(f"identical outputs: {same}")
+    off, on = results["off"], results["ngram"]
+    print(f"ratio ngram/off: TPOT p50 at N=1 {on[0] / off[0]:.2f}x, total tokens/s at N=16 "
+          f"{on[1] / off[1]:.2f}x   ({torch.get_num_threads()} threads)")
+
+
+# -- the cost of verifying k proposals ----------------------------------------------------------
+def step_ms(llm: LLM, rows: int, context: int = 256, repeat: int = 20) -> float:
+    """One step of one request at position `context` computing `rows` positions, as the
+    engine's runner lays out a verification (one single-token query per position)."""
+    runner = llm.engine.runner
+    bs = runner.block_size
+    table = list(range((context + rows + bs - 1) // bs))
+    ids = torch.randint(100, 1000, (context + rows,))
+
+    def run(start: int, n: int, verify: bool):
+        if verify:
+            meta = AttentionMetadata.build(list(range(start, start + n)), list(range(n + 1)),
+                                           list(range(start + 1, start + n + 1)), [table] * n, bs)
+            meta.num_requests = 1
+        else:
+            meta = AttentionMetadata.build(list(range(start, start + n)), [0, n], [start + n],
+                                           [table], bs)
+        hidden = runner.model(ids[start:start + n], torch.arange(start, start + n),
+                              runner.kv_caches, meta)
+        return runner.model.compute_logits(hidden)
+
+    run(0, context, False)
+    for _ in range(3):
+        run(context, rows, True)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run(context, rows, True)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def break_even(cost: float, k: int) -> float:
+    """The acceptance rate a with (1 - a^(k+1)) / (1 - a) = cost (bisection)."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        a = (low + high) / 2
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        low, high = (a, high) if tokens < cost else (low, a)
+    return (low + high) / 2
+
+
+def write_random_q4_k_m(path: str) -> None:
+    """Random blocks in Q4_K_M's formats (Q6_K for attn_v and ffn_down) at SmolLM2-1.7B's
+    shape: what a step costs depends on shapes and formats, not on the values."""
+    import gguf
+    from realistic_size import SHAPE
+    from pagedllm.weights import default_model_path
+
+    def blocks(qtype: str, rows: int, cols: int, seed: int) -> np.ndarray:
+        per_block, nbytes = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, qtype)]
+        rng = np.random.default_rng(seed)
+        data = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
+        scale = np.frombuffer(np.float16(0.001).tobytes(), dtype=np.uint8)
+        for offset in {"Q4_K": (0, 2), "Q6_K": (208,)}[qtype]:
+            data[:, :, offset:offset + 2] = scale
+        return data.reshape(rows, -1)
+
+    source = gguf.GGUFReader(default_model_path())
+    vocab = len(source.fields["tokenizer.ggml.tokens"].contents())
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(SHAPE["context"])
+    writer.add_embedding_length(SHAPE["hidden"])
+    writer.add_block_count(SHAPE["layers"])
+    writer.add_feed_forward_length(SHAPE["intermediate"])
+    writer.add_head_count(SHAPE["heads"])
+    writer.add_head_count_kv(SHAPE["kv_heads"])
+    writer.add_rope_freq_base(SHAPE["rope_theta"])
+    writer.add_layer_norm_rms_eps(1e-5)
+    for name, field in source.fields.items():
+        if name.startswith("tokenizer."):
+            value = field.contents()
+            if isinstance(value, list):
+                writer.add_array(name, value)
+            elif isinstance(value, str):
+                writer.add_string(name, value)
+            else:
+                writer.add_uint32(name, int(value))
+    h, i = SHAPE["hidden"], SHAPE["intermediate"]
+    q4k, q6k = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
+    writer.add_tensor("token_embd.weight", blocks("Q4_K", vocab, h, 0), raw_dtype=q4k)
+    writer.add_tensor("output.weight", blocks("Q6_K", vocab, h, 1), raw_dtype=q6k)
+    writer.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
+    for layer in range(SHAPE["layers"]):
+        for n, (rows, cols) in {"attn_q": (h, h), "attn_k": (h, h), "attn_v": (h, h),
+                                "attn_output": (h, h), "ffn_gate": (i, h), "ffn_up": (i, h),
+                                "ffn_down": (h, i)}.items():
+            qtype = "Q6_K" if n in ("attn_v", "ffn_down") else "Q4_K"
+            writer.add_tensor(f"blk.{layer}.{n}.weight", blocks(qtype, rows, cols, layer * 7 + len(n)),
+                              raw_dtype=getattr(gguf.GGMLQuantizationType, qtype))
+        writer.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(h, dtype=np.float32))
+        writer.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(h, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def cmd_verify_cost(args) -> None:
+    models = [("default 135M (Q4_1)", None)]
+    if args.shape_dir:
+        path = os.path.join(args.shape_dir, "smollm2-1.7b-random-q4_k_m-layout.gguf")
+        if not os.path.exists(path):
+            os.makedirs(args.shape_dir, exist_ok=True)
+            write_random_q4_k_m(path)
+        models.append(("1.7B shape (Q4_K_M formats)", path))
+    for name, path in models:
+        llm = LLM(path, dtype="bfloat16", kv_cache_memory=256 << 20, max_model_len=2048)
+        base = step_ms(llm, 1)
+        print(f"{name}: one plain step {base:.2f} ms ({torch.get_num_threads()} threads)")
+        print("   k   step ms   cost c(k)   break-even acceptance")
+        for k in range(1, 9):
+            ms = step_ms(llm, k + 1)
+            cost = ms / base
+            print(f"  {k:2d}   {ms:7.2f}   {cost:9.2f}   {break_even(cost, k):.2f}")
+        del llm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    grounded = sub.add_parser("grounded")
+    grounded.add_argument("--requests", type=int, default=6)
+    grounded.add_argument("--max-tokens", type=int, default=128)
+    grounded.add_argument("--prompt-tokens", type=int, default=200)
+    grounded.set_defaults(func=cmd_grounded)
+    cost = sub.add_parser("verify-cost")
+    cost.add_argument("--shape-dir", default=None,
+                      help="folder for the random 1.7B-shaped file (written once, ~1 GB)")
+    cost.set_defaults(func=cmd_verify_cost)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
