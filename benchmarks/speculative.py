@@ -185,7 +185,7 @@ def cmd_verify_cost(args) -> None:
             write_random_q4_k_m(path)
         models.append(("1.7B shape (Q4_K_M formats)", path))
     for name, path in models:
-        llm = LLM(path, dtype="bfloat16", kv_cache_memory=256 << 20, max_model_len=2048)
+        llm = LLM(path, dtype="bfloat16", kv_cache_memory=512 << 20, max_model_len=1024)
         base = step_ms(llm, 1)
         print(f"{name}: one plain step {base:.2f} ms ({torch.get_num_threads()} threads)")
         print("   k   step ms   cost c(k)   break-even acceptance")
