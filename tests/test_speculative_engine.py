@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from conftest import isa_level
+from conftest import ISA_LEVELS, isa_level
 from pagedllm import LLM
 from pagedllm.config import SpeculativeConfig
-from pagedllm.core.request import SamplingParams
+from pagedllm.core.request import SamplingParams, SamplingParamsError
 from pagedllm.models.quant_linear import Q4_EXACT_MAX_ROWS
 from test_gguf_low_bit import tiny_model
 from tiny_models import write_gguf
@@ -141,7 +141,8 @@ def test_blocks_never_leak_under_preemption_and_aborts(tiny_q4):
     assert not engine.speculator.states
 
 
-def test_sampling_keeps_its_distribution(tiny_llama_folder):
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_sampling_keeps_its_distribution(tiny_llama_folder, proposer):
     """Temperature 1, biased towards the tokens the prompt repeats so that proposals are
     accepted about one time in five: the joint distribution of tokens 2-4 over (11, 12, 13,
     anything else) is the same with and without speculation (a two-sample chi-square test
@@ -149,30 +150,31 @@ def test_sampling_keeps_its_distribution(tiny_llama_folder):
     prompt = [11, 12, 13] * 4
     bias = {11: 5.0, 12: 5.0, 13: 5.0}  # the tiny model's own logits are O(1)
     counts, stats = {}, {}
-    for method in ("off", "ngram"):
+    for method in ("off", proposer):
+        # The draft: the served model itself, so that its greedy guesses are often right.
         llm = LLM(tiny_llama_folder, max_num_seqs=32, speculative=SpeculativeConfig(
             method=method, max_batch_sequences=64, max_rows=512, num_speculative_tokens=3,
-            prompt_lookup_min=1))
+            prompt_lookup_min=1,
+            draft_model=str(tiny_llama_folder) if method == "draft" else None))
         engine, tally = llm.engine, {}
         seeds = list(range(3000))
         while seeds or engine.has_unfinished_requests():
             while seeds and len(engine.scheduler.requests) < 32:
                 seed = seeds.pop()
                 engine.add_request(None, prompt, SamplingParams(
-                    temperature=1.0, max_tokens=4, seed=seed * 7919 + (method == "ngram"),
+                    temperature=1.0, max_tokens=4, seed=seed * 7919 + (method != "off"),
                     logit_bias=bias, ignore_eos=True))
             for out in engine.step():
                 if out.finished:
                     key = tuple(t if t in bias else -1 for t in out.token_ids[1:4])
                     tally[key] = tally.get(key, 0) + 1
         counts[method], stats[method] = tally, engine.speculator.stats
-    spec = stats["ngram"]
+    spec = stats[proposer]
     assert spec.num_draft_tokens > 1000 and 0.1 < spec.acceptance_rate < 0.5
-    cells = set(counts["off"]) | set(counts["ngram"])
-    chi2 = sum((counts["off"].get(c, 0) - counts["ngram"].get(c, 0)) ** 2
-               / (counts["off"].get(c, 0) + counts["ngram"].get(c, 0)) for c in cells)
+    cells = set(counts["off"]) | set(counts[proposer])
+    chi2 = sum((counts["off"].get(c, 0) - counts[proposer].get(c, 0)) ** 2
+               / (counts["off"].get(c, 0) + counts[proposer].get(c, 0)) for c in cells)
     assert len(cells) == 64
-    print(f"chi2 {chi2:.1f} acceptance {spec.acceptance_rate:.3f} drafts {spec.num_draft_tokens}")
     assert chi2 < 103.4, f"chi-square {chi2:.1f} over 63 degrees of freedom"  # p = 0.001
 
 
@@ -185,3 +187,129 @@ def test_switched_off_for_a_large_batch(tiny_q4):
     rng = random.Random(0)
     llm.generate(rng.sample(prompts, 2), SamplingParams(temperature=0, max_tokens=16))
     assert llm.engine.speculator.stats.num_drafts > 0
+
+
+# -- a draft model ------------------------------------------------------------------------------
+def random_draft_with_the_real_tokenizer(path) -> str:
+    """A 2-layer random model with the default model's tokenizer: its proposals are almost
+    always wrong, which must change nothing but the speed."""
+    import gguf
+    import numpy as np
+
+    from pagedllm.weights import default_model_path
+
+    source = gguf.GGUFReader(default_model_path())
+    vocab = len(source.fields["tokenizer.ggml.tokens"].contents())
+    writer = gguf.GGUFWriter(str(path), "llama")
+    hidden, inter, layers = 64, 128, 2
+    for add, value in ((writer.add_context_length, 2048), (writer.add_embedding_length, hidden),
+                       (writer.add_block_count, layers), (writer.add_feed_forward_length, inter),
+                       (writer.add_head_count, 4), (writer.add_head_count_kv, 2),
+                       (writer.add_rope_freq_base, 10000.0), (writer.add_layer_norm_rms_eps, 1e-5)):
+        add(value)
+    for name, field in source.fields.items():
+        if name.startswith("tokenizer."):
+            value = field.contents()
+            if isinstance(value, list):
+                writer.add_array(name, value)
+            elif isinstance(value, str):
+                writer.add_string(name, value)
+            else:
+                writer.add_uint32(name, int(value))
+    rng = np.random.default_rng(0)
+
+    def matrix(rows, cols):
+        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", matrix(vocab, hidden))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    for layer in range(layers):
+        for name, shape in {"attn_q": (hidden, hidden), "attn_k": (32, hidden),
+                            "attn_v": (32, hidden), "attn_output": (hidden, hidden),
+                            "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),
+                            "ffn_down": (hidden, inter)}.items():
+            writer.add_tensor(f"blk.{layer}.{name}.weight", matrix(*shape))
+        writer.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def draft_config(path, **extra) -> SpeculativeConfig:
+    return SpeculativeConfig(method="draft", draft_model=str(path), **extra)
+
+
+@pytest.fixture(scope="module")
+def random_draft(tmp_path_factory):
+    return random_draft_with_the_real_tokenizer(tmp_path_factory.mktemp("draft") / "draft.gguf")
+
+
+@pytest.fixture(scope="module")
+def plain_real():
+    return real("avx512" if "avx512" in ISA_LEVELS else ISA_LEVELS[-1])
+
+
+def test_a_draft_model_changes_nothing_but_the_speed(plain_real, random_draft):
+    from pagedllm.weights import default_model_path
+
+    level = plain_real.engine.cpu.level
+    for draft, good in ((default_model_path(), True), (random_draft, False)):
+        fast = real(level, draft_config(draft))
+        for batch in batches(level):
+            want = generate(plain_real, batch, max_tokens=64)
+            got = generate(fast, batch, max_tokens=64)
+            assert [o.token_ids for o in got] == [o.token_ids for o in want], draft
+        stats = fast.engine.speculator.stats
+        assert stats.num_draft_tokens > 50
+        if good:  # the served model drafting for itself: nearly every proposal holds
+            assert stats.acceptance_rate > 0.8
+        else:
+            assert stats.acceptance_rate < 0.2
+        draft_pool = fast.engine.speculator.draft.kv
+        assert not fast.engine.speculator.draft.sequences
+        assert draft_pool.num_free_blocks == draft_pool.num_blocks
+        assert fast.engine.kv_manager.num_free_blocks == fast.engine.kv_manager.num_blocks
+
+
+def test_draft_blocks_never_leak_under_preemption_and_aborts(tiny_q4):
+    prompts = [[11, 12, 13, 14] * 3 + [20 + i] for i in range(6)]
+    roomy = LLM(tiny_q4, dtype="bfloat16", kv_cache_memory=8 << 20)
+    want = {tuple(o.prompt_token_ids): o.token_ids
+            for o in roomy.generate(prompts, SamplingParams(temperature=0, max_tokens=40))}
+    tight = LLM(tiny_q4, dtype="bfloat16", block_size=4, max_model_len=64, max_num_seqs=6,
+                kv_cache_memory=128 << 10,
+                speculative=draft_config(tiny_q4, num_speculative_tokens=4))
+    engine = tight.engine
+    ids = [engine.add_request(None, p, SamplingParams(temperature=0, max_tokens=40)).request_id
+           for p in prompts]
+    aborted, done, step = {ids[2], ids[5]}, {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        step += 1
+        if step == 5:
+            for rid in aborted:
+                engine.abort_request(rid)
+    assert engine.scheduler.stats.num_preemptions > 0
+    assert engine.speculator.stats.num_accepted_tokens > 0
+    for rid, prompt in zip(ids, prompts):
+        if rid not in aborted:
+            assert done[rid].token_ids == want[tuple(prompt)]
+    draft = engine.speculator.draft
+    assert not draft.sequences and draft.kv.num_free_blocks == draft.kv.num_blocks
+    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+
+
+def test_draft_settings_are_checked(tiny_q4, tiny_llama_folder):
+    with pytest.raises(ValueError, match="needs a draft model"):
+        SpeculativeConfig(method="draft")
+    with pytest.raises(ValueError, match="share the served model's tokenizer"):
+        LLM(tiny_q4, dtype="bfloat16", speculative=draft_config(tiny_llama_folder))
+    plain = LLM(tiny_q4, dtype="bfloat16")
+    with pytest.raises(SamplingParamsError) as err:
+        plain.engine.add_request(None, [1, 2, 3], SamplingParams(speculative="draft"))
+    assert err.value.param == "speculative" and "no draft model" in str(err.value)

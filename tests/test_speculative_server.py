@@ -125,3 +125,33 @@ def test_live_view_carries_the_acceptance(spec_server):
     stats = httpx.get(spec_server.url + "/v1/server/state").json()["stats"]
     assert stats["spec_num_draft_tokens"] >= stats["spec_num_accepted_tokens"] > 0
     assert stats["spec_num_drafts"] > 0
+
+
+def test_serve_with_a_draft_model(tmp_path):
+    from openai import OpenAI
+
+    from pagedllm.weights import default_model_path
+
+    draft = default_model_path()  # the served model drafting for itself: it is what is shipped
+    proc = ServerProcess("--dtype", "bfloat16", "--kv-cache-memory", str(128 << 20),
+                         "--speculative", "draft", "--draft-model", draft,
+                         "--served-model-name", "m", log_path=str(tmp_path / "server.log"))
+    try:
+        assert f"speculative decoding: draft model {draft}, up to 5" in proc.output()
+        client = OpenAI(base_url=proc.url + "/v1", api_key="none")
+        fast = chat(client)
+        assert chat(client, speculative="off") == fast
+        assert chat(client, speculative="ngram") == fast
+        name = next(k for k in counters(proc)
+                    if k.startswith("pagedllm:spec_decode_num_accepted_tokens_total"))
+        assert counters(proc)[name] > 0
+    finally:
+        proc.stop()
+
+
+def test_a_request_asking_for_a_draft_model_the_server_lacks_is_refused(spec_server):
+    reply = httpx.post(spec_server.url + "/v1/completions", json={
+        "prompt": "hi", "max_tokens": 4, "speculative": "draft"})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == "speculative" and "no draft model" in error["message"]

@@ -96,8 +96,9 @@ class ModelConfig:
 KV_CACHE_DTYPES = ("auto", "int8")
 
 
-# Speculative decoding (core/speculation.py): proposals of n-grams from the request itself.
-SPECULATIVE_METHODS = ("off", "ngram")
+# Speculative decoding (core/speculation.py): proposals of n-grams from the request itself,
+# or from a draft model.
+SPECULATIVE_METHODS = ("off", "ngram", "draft")
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,13 @@ class SpeculativeConfig:
     # At most this many rows (sequences x (1 + proposals)) in a verifying step; the model
     # runner lowers it to what its fused decode path takes (engine/factory.py).
     max_rows: int = 32
+    # method "draft": a smaller model of the same tokenizer proposes (engine/draft_proposer.py).
+    draft_model: str | None = None
 
     def __post_init__(self):
+        if self.method == "draft" and self.draft_model is None:
+            raise ValueError("speculative method 'draft' needs a draft model "
+                             "(--speculative draft --draft-model PATH)")
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}, "
                              f"got {self.method!r}")

@@ -90,12 +90,16 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="resident size past which new requests wait, running ones go on "
                             "(default: wait while the machine has under 10%% of its memory free)")
     group.add_argument("--speculative", default="off", choices=SPECULATIVE_METHODS,
-                       help="ngram: propose tokens copied from the prompt and answer so far and "
-                            "verify several per step (same output, faster where answers quote "
-                            "their input; BENCHMARKS.md); a request may choose with its "
-                            "`speculative` field")
+                       help="ngram: propose tokens copied from the prompt and answer so far; "
+                            "draft: proposed by --draft-model; either way several tokens are "
+                            "verified per step (same output, faster when proposals are "
+                            "accepted; BENCHMARKS.md); a request may choose with its "
+                            "`speculative` field (default: off)")
     group.add_argument("--num-speculative-tokens", type=positive_int, default=5,
-                       help="most tokens proposed per step with --speculative (1-16)")
+                       help="most tokens proposed per step with --speculative (1-16, default 5)")
+    group.add_argument("--draft-model", default=None,
+                       help="with --speculative draft: a smaller GGUF file or Hugging Face folder "
+                            "of the same tokenizer that proposes the tokens (default: none)")
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")
@@ -121,4 +125,5 @@ def engine_config(args) -> EngineConfig:
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         speculative=SpeculativeConfig(
                             method=args.speculative,
-                            num_speculative_tokens=args.num_speculative_tokens))
+                            num_speculative_tokens=args.num_speculative_tokens,
+                            draft_model=args.draft_model))

@@ -15,6 +15,7 @@ its input (editing, summarising, code, answers from retrieved text).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pagedllm.config import SpeculativeConfig
 from pagedllm.core.request import Request
@@ -101,12 +102,22 @@ class SpeculationStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
+class DraftModel(Protocol):
+    """Proposals from a draft model (engine/draft_proposer.py; torch, so not imported here)."""
+
+    def propose(self, wanted: list[tuple[Request, int]]) -> dict[str, list[int]]: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+
 class Speculator:
     """Sets each decoding request's proposals for the next step (Request.draft_token_ids)
     and learns from what verification accepted."""
 
-    def __init__(self, config: SpeculativeConfig):
+    def __init__(self, config: SpeculativeConfig, draft: DraftModel | None = None):
+        """draft: the draft model's proposer, where the server has one (method "draft")."""
         self.config = config
+        self.draft = draft
         self.states: dict[str, SpeculationState] = {}
         self.stats = SpeculationStats()
 
@@ -123,11 +134,13 @@ class Speculator:
         if len(running) >= config.max_batch_sequences:
             return
         rows_left = config.max_rows - len(running)
+        from_draft = []
         for request in running:
             if rows_left <= 0:
                 break
+            method = self.method(request)
             if (request.num_tokens - request.num_computed_tokens != 1
-                    or request.grammar is not None or self.method(request) == "off"):
+                    or request.grammar is not None or method == "off"):
                 continue
             state = self.states.get(request.request_id)
             if state is None:
@@ -135,10 +148,20 @@ class Speculator:
             k = min(state.k, rows_left, request.max_model_len - request.num_tokens)
             if request.max_tokens is not None:  # a step yields up to k + 1 tokens
                 k = min(k, request.max_tokens - request.num_output_tokens - 1)
+            if k < 1:
+                continue
+            if method == "draft":
+                from_draft.append((request, k))
+                rows_left -= k
+                continue
             drafts = state.index.propose(request.all_token_ids, k, config.prompt_lookup_max,
                                          config.prompt_lookup_min)
             request.draft_token_ids = drafts
             rows_left -= len(drafts)
+        if from_draft and self.draft is not None:
+            proposals = self.draft.propose(from_draft)
+            for request, _ in from_draft:
+                request.draft_token_ids = proposals.get(request.request_id, [])
 
     def record(self, request_id: str, num_proposed: int, num_accepted: int) -> None:
         """What one verification of the request's proposals accepted."""
@@ -151,3 +174,5 @@ class Speculator:
 
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+        if self.draft is not None:
+            self.draft.forget(request_id)

@@ -16,6 +16,7 @@ from pagedllm.config import (CacheConfig, EngineConfig, ModelConfig, SchedulerCo
                              SpeculativeConfig)
 from pagedllm.core import sizing
 from pagedllm.core.kv_cache import KVCacheManager, WindowBlocks
+from pagedllm.engine.draft_proposer import DraftProposer
 from pagedllm.engine.model_runner import ModelRunner
 from pagedllm.models.build import build_model
 from pagedllm.structured.compiler import GrammarCompiler
@@ -41,6 +42,7 @@ class EngineParts:
     kv_manager: KVCacheManager
     runner: ModelRunner
     speculative: SpeculativeConfig  # the config's, its row limit lowered to the model's
+    draft: DraftProposer | None = None  # with a draft model
 
 
 def engine_config(config: EngineConfig | str | None, settings: dict) -> EngineConfig:
@@ -79,11 +81,40 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     decode_loop = getattr(net, "decode_loop", None)
     speculative = config.speculative if decode_loop is None else dataclasses.replace(
         config.speculative, max_rows=min(config.speculative.max_rows, decode_loop.max_rows))
+    draft = None if speculative.draft_model is None else _draft_proposer(
+        speculative.draft_model, model_config, cache_config, scheduler_config, torch_dtype,
+        backend, config)
     parts = EngineParts(config, backend, model_config, model_path, tokenizer,
                         GrammarCompiler(tokenizer, model_config.vocab_size), kv_memory_bytes,
-                        cache_config, scheduler_config, kv_manager, runner, speculative)
+                        cache_config, scheduler_config, kv_manager, runner, speculative, draft)
     _log_loaded(parts, window_blocks, time.monotonic() - started)
     return parts
+
+
+def _draft_proposer(path: str, served: ModelConfig, cache: CacheConfig,
+                    scheduler: SchedulerConfig, dtype: torch.dtype, backend: Backend,
+                    config: EngineConfig) -> DraftProposer:
+    """The draft model, built as the served one is, with a pool of as many tokens as the
+    served model's (mapped as it is written)."""
+    checkpoint = load_checkpoint(path)
+    draft_config = checkpoint.config
+    if draft_config.vocab_size != served.vocab_size:
+        raise ValueError(f"the draft model {path} has a vocabulary of {draft_config.vocab_size} "
+                         f"tokens, the served model {served.vocab_size}: a draft model must "
+                         f"share the served model's tokenizer")
+    if draft_config.sliding_window is not None:
+        raise ValueError(f"the draft model {path} has sliding-window layers, which a draft "
+                         f"model may not have yet")
+    net = build_model(draft_config, checkpoint.weights, checkpoint.quantized, dtype, backend,
+                      int8_activations=not config.exact_activations)
+    del checkpoint
+    _return_freed_memory()
+    logger.info("draft model %s (%s, %d layers) proposes up to %d tokens a step",
+                path, draft_config.architecture, draft_config.num_layers,
+                config.speculative.num_speculative_tokens)
+    return DraftProposer(net, cache.num_blocks, cache.block_size, dtype,
+                         min(draft_config.max_position_embeddings, scheduler.max_model_len),
+                         scheduler.max_num_batched_tokens)
 
 
 def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch.dtype

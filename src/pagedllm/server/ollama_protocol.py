@@ -37,7 +37,7 @@ class OllamaOptions(RequestModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     num_ctx: int | None = Field(default=None, ge=1)
     # pagedllm's extension, as on the OpenAI routes: speculative decoding for this request.
-    speculative: Literal["off", "ngram"] | None = None
+    speculative: Literal["off", "ngram", "draft"] | None = None
 
 
 class OllamaFields(RequestModel):

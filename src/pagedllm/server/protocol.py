@@ -69,7 +69,7 @@ class SamplingFields(RequestModel):
     queue_position: bool = False
     # Extension: speculative decoding for this request ("off", "ngram"); the server's
     # --speculative otherwise. Same output either way, only the speed differs.
-    speculative: Literal["off", "ngram"] | None = None
+    speculative: Literal["off", "ngram", "draft"] | None = None
     # Structured output: OpenAI's response_format, or one of vLLM's guided_* fields.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
