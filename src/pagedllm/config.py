@@ -136,7 +136,9 @@ class EngineConfig:
     """The engine's settings as asked for; checked here, before anything loads."""
     model: str | None = None  # GGUF file or Hugging Face folder; None: the default model
     dtype: str = "float32"  # one of MODEL_DTYPES
-    exact_activations: bool = False  # bfloat16: never round activations to int8
+    # bfloat16: True never rounds activations to int8, False rounds them in large steps
+    # (prefill), None decides by the model's size (exact_activations_for).
+    exact_activations: bool | None = None
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     block_size: int = DEFAULT_BLOCK_SIZE
     kv_cache_memory: int | float | None = None  # bytes, a fraction of free memory, or default
@@ -168,6 +170,31 @@ class EngineConfig:
                                             or not isinstance(self.max_num_seqs, int)
                                             or self.max_num_seqs < 1):
             raise ValueError(f"max_num_seqs must be 'auto' or positive, got {self.max_num_seqs}")
+
+
+# Models below this many parameters keep exact activations by default: their prefill is cheap
+# (the 135M model's is ~6x llama.cpp's speed), and on the default model int8-rounded prefill
+# flips the answer to the first question people ask (benchmarks/quality_gate.py).
+EXACT_ACTIVATIONS_BELOW_PARAMS = 1_000_000_000
+
+
+def num_parameters(config: ModelConfig) -> int:
+    """The model's weights, counted from its shape (experts all counted)."""
+    h, layers = config.hidden_size, config.num_layers
+    attention = h * config.head_dim * (2 * config.num_heads + 2 * config.num_kv_heads)
+    if config.num_experts:
+        mlp = config.num_experts * 3 * h * config.expert_intermediate_size + h * config.num_experts
+    else:
+        mlp = 3 * h * config.intermediate_size
+    embeddings = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
+    return layers * (attention + mlp) + embeddings
+
+
+def exact_activations_for(config: EngineConfig, model: ModelConfig) -> bool:
+    """The setting as asked, or by the model's size when not asked."""
+    if config.exact_activations is not None:
+        return config.exact_activations
+    return num_parameters(model) < EXACT_ACTIVATIONS_BELOW_PARAMS
 
 
 @dataclass(frozen=True)

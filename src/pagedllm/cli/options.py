@@ -63,9 +63,11 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)")
     group.add_argument("--dtype", default=DEFAULT_DTYPE, choices=MODEL_DTYPES,
                        help="bfloat16: fast, 4-bit weights kept 4-bit; float32: exact")
-    group.add_argument("--exact-activations", action="store_true",
+    group.add_argument("--exact-activations", action="store_true", default=None,
                        help="bfloat16: never round activations to int8 for the 4-bit GEMMs "
-                            "(prefill ~1.2x slower, logits closer to float32; BENCHMARKS.md)")
+                            "(prefill ~1.2x slower, logits closer to float32; BENCHMARKS.md); "
+                            "default: exact for models under 1B parameters, prefill rounded "
+                            "to int8 (as llama.cpp does) from 1B on")
     group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                        help="auto: K/V in the model's dtype; int8: codes with a scale per row, "
                             "~half the memory and decode-attention reads (BENCHMARKS.md)")

@@ -13,7 +13,7 @@ import torch
 
 from pagedllm.backends import Backend, cpu_backend
 from pagedllm.config import (CacheConfig, EngineConfig, ModelConfig, SchedulerConfig,
-                             SpeculativeConfig)
+                             SpeculativeConfig, exact_activations_for)
 from pagedllm.core import sizing
 from pagedllm.core.kv_cache import KVCacheManager, WindowBlocks
 from pagedllm.engine.draft_proposer import DraftProposer
@@ -61,7 +61,7 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     torch_dtype = TORCH_DTYPES[config.dtype]
     net = build_model(model_config, checkpoint.weights, checkpoint.quantized, torch_dtype,
-                      backend, int8_activations=not config.exact_activations)
+                      backend, int8_activations=not exact_activations_for(config, model_config))
     del checkpoint
     _return_freed_memory()
     kv_memory_bytes, cache_config, scheduler_config, window_blocks = _size_kv(
@@ -106,7 +106,7 @@ def _draft_proposer(path: str, served: ModelConfig, cache: CacheConfig,
         raise ValueError(f"the draft model {path} has sliding-window layers, which a draft "
                          f"model may not have yet")
     net = build_model(draft_config, checkpoint.weights, checkpoint.quantized, dtype, backend,
-                      int8_activations=not config.exact_activations)
+                      int8_activations=not exact_activations_for(config, draft_config))
     del checkpoint
     _return_freed_memory()
     logger.info("draft model %s (%s, %d layers) proposes up to %d tokens a step",
