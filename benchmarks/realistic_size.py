@@ -39,8 +39,9 @@ SHAPE = dict(hidden=2048, layers=24, heads=32, kv_heads=32, intermediate=8192, c
 F16_NAME, Q4_K_M_NAME = "smollm2-1.7b-random-F16.gguf", "smollm2-1.7b-random-Q4_K_M.gguf"
 
 
-def write_random_f16(path: str) -> None:
-    """Normal(0, 0.02) weights in SmolLM2-1.7B's layout, the default model's tokenizer."""
+def writer_with_default_tokenizer(path: str):
+    """A GGUF writer holding SHAPE's header and the default model's tokenizer, and the size
+    of that vocabulary."""
     import gguf
 
     from pagedllm.weights import default_model_path
@@ -56,7 +57,6 @@ def write_random_f16(path: str) -> None:
     writer.add_head_count_kv(SHAPE["kv_heads"])
     writer.add_rope_freq_base(SHAPE["rope_theta"])
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     for name, field in source.fields.items():
         if not name.startswith("tokenizer."):
             continue
@@ -69,6 +69,15 @@ def write_random_f16(path: str) -> None:
             writer.add_bool(name, value)
         else:
             writer.add_uint32(name, int(value))
+    return writer, vocab
+
+
+def write_random_f16(path: str) -> None:
+    """Normal(0, 0.02) weights in SmolLM2-1.7B's layout, the default model's tokenizer."""
+    import gguf
+
+    writer, vocab = writer_with_default_tokenizer(path)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     rng = np.random.default_rng(0)
     h, i = SHAPE["hidden"], SHAPE["intermediate"]
 

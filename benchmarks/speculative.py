@@ -124,8 +124,7 @@ def write_random_q4_k_m(path: str) -> None:
     """Random blocks in Q4_K_M's formats (Q6_K for attn_v and ffn_down) at SmolLM2-1.7B's
     shape: what a step costs depends on shapes and formats, not on the values."""
     import gguf
-    from realistic_size import SHAPE
-    from pagedllm.weights import default_model_path
+    from realistic_size import SHAPE, writer_with_default_tokenizer
 
     def blocks(qtype: str, rows: int, cols: int, seed: int) -> np.ndarray:
         per_block, nbytes = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, qtype)]
@@ -136,26 +135,7 @@ def write_random_q4_k_m(path: str) -> None:
             data[:, :, offset:offset + 2] = scale
         return data.reshape(rows, -1)
 
-    source = gguf.GGUFReader(default_model_path())
-    vocab = len(source.fields["tokenizer.ggml.tokens"].contents())
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_context_length(SHAPE["context"])
-    writer.add_embedding_length(SHAPE["hidden"])
-    writer.add_block_count(SHAPE["layers"])
-    writer.add_feed_forward_length(SHAPE["intermediate"])
-    writer.add_head_count(SHAPE["heads"])
-    writer.add_head_count_kv(SHAPE["kv_heads"])
-    writer.add_rope_freq_base(SHAPE["rope_theta"])
-    writer.add_layer_norm_rms_eps(1e-5)
-    for name, field in source.fields.items():
-        if name.startswith("tokenizer."):
-            value = field.contents()
-            if isinstance(value, list):
-                writer.add_array(name, value)
-            elif isinstance(value, str):
-                writer.add_string(name, value)
-            else:
-                writer.add_uint32(name, int(value))
+    writer, vocab = writer_with_default_tokenizer(path)
     h, i = SHAPE["hidden"], SHAPE["intermediate"]
     q4k, q6k = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
     writer.add_tensor("token_embd.weight", blocks("Q4_K", vocab, h, 0), raw_dtype=q4k)

@@ -106,18 +106,21 @@ def test_a_request_chooses_for_itself(pair):
     assert server_on.engine.speculator.stats.num_drafts == before
 
 
-def test_blocks_never_leak_under_preemption_and_aborts(tiny_q4):
+@pytest.mark.parametrize("proposer", ["ngram", "draft"])
+def test_blocks_never_leak_under_preemption_and_aborts(tiny_q4, proposer):
     """A pool so small that requests preempt each other, speculation on, some requests
     aborted midway: the survivors' greedy tokens equal a roomy pool without speculation's,
-    and every block is free at the end."""
+    and every block is free at the end (the draft model's own pool too)."""
     prompts = [[11, 12, 13, 14] * 3 + [20 + i] for i in range(6)]
     roomy = LLM(tiny_q4, dtype="bfloat16", kv_cache_memory=8 << 20)
     want = {tuple(o.prompt_token_ids): o.token_ids
             for o in roomy.generate(prompts, SamplingParams(temperature=0, max_tokens=40))}
-    # 1 KiB of KV a token: 32 blocks of 4 tokens, two full-length requests' worth.
+    # 1 KiB of KV a token: 32 blocks of 4 tokens, two full-length requests' worth. The
+    # draft: the served model itself.
+    spec = SpeculativeConfig(method=proposer, num_speculative_tokens=6,
+                             draft_model=tiny_q4 if proposer == "draft" else None)
     tight = LLM(tiny_q4, dtype="bfloat16", block_size=4, max_model_len=64, max_num_seqs=6,
-                kv_cache_memory=128 << 10,
-                speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=6))
+                kv_cache_memory=128 << 10, speculative=spec)
     engine = tight.engine
     assert engine.kv_manager.num_blocks == 32
     ids = [engine.add_request(None, p, SamplingParams(temperature=0, max_tokens=40)).request_id
@@ -139,6 +142,9 @@ def test_blocks_never_leak_under_preemption_and_aborts(tiny_q4):
     assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
     assert all(block.ref_cnt == 0 for block in engine.kv_manager.pool.blocks)
     assert not engine.speculator.states
+    draft = engine.speculator.draft
+    if draft is not None:
+        assert not draft.sequences and draft.kv.num_free_blocks == draft.kv.num_blocks
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "draft"])
@@ -272,36 +278,6 @@ def test_a_draft_model_changes_nothing_but_the_speed(plain_real, random_draft):
         assert not fast.engine.speculator.draft.sequences
         assert draft_pool.num_free_blocks == draft_pool.num_blocks
         assert fast.engine.kv_manager.num_free_blocks == fast.engine.kv_manager.num_blocks
-
-
-def test_draft_blocks_never_leak_under_preemption_and_aborts(tiny_q4):
-    prompts = [[11, 12, 13, 14] * 3 + [20 + i] for i in range(6)]
-    roomy = LLM(tiny_q4, dtype="bfloat16", kv_cache_memory=8 << 20)
-    want = {tuple(o.prompt_token_ids): o.token_ids
-            for o in roomy.generate(prompts, SamplingParams(temperature=0, max_tokens=40))}
-    tight = LLM(tiny_q4, dtype="bfloat16", block_size=4, max_model_len=64, max_num_seqs=6,
-                kv_cache_memory=128 << 10,
-                speculative=draft_config(tiny_q4, num_speculative_tokens=4))
-    engine = tight.engine
-    ids = [engine.add_request(None, p, SamplingParams(temperature=0, max_tokens=40)).request_id
-           for p in prompts]
-    aborted, done, step = {ids[2], ids[5]}, {}, 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-        step += 1
-        if step == 5:
-            for rid in aborted:
-                engine.abort_request(rid)
-    assert engine.scheduler.stats.num_preemptions > 0
-    assert engine.speculator.stats.num_accepted_tokens > 0
-    for rid, prompt in zip(ids, prompts):
-        if rid not in aborted:
-            assert done[rid].token_ids == want[tuple(prompt)]
-    draft = engine.speculator.draft
-    assert not draft.sequences and draft.kv.num_free_blocks == draft.kv.num_blocks
-    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
 
 
 def test_draft_settings_are_checked(tiny_q4, tiny_llama_folder):
