@@ -12,7 +12,6 @@ from conftest import ISA_LEVELS, isa_level
 from pagedllm import LLM
 from pagedllm.config import SpeculativeConfig
 from pagedllm.core.request import SamplingParams, SamplingParamsError
-from pagedllm.models.quant_linear import Q4_EXACT_MAX_ROWS
 from test_gguf_low_bit import tiny_model
 from tiny_models import write_gguf
 
@@ -49,20 +48,21 @@ def tiny_q4(tmp_path_factory):
     return write_gguf(tiny_model(7), folder / "tiny.gguf", "Q4_K")
 
 
-def batches(isa: str) -> list[list[str]]:
-    """The prompts together where this level's kernels do not depend on the batch size up
-    to 3 sequences; alone elsewhere. Below avx512 a 4-bit layer multiplies one sequence's
-    activations exactly and several sequences' rounded to int8 (quant_linear.py), so there a
-    request's tokens already depend on what runs beside it without speculation, and
-    speculation, which changes when the others finish, changes that company."""
-    if Q4_EXACT_MAX_ROWS[isa] >= len(PROMPTS):
-        return [[p] for p in PROMPTS] + [PROMPTS]
-    return [[p] for p in PROMPTS]
+def batches(llm: LLM) -> list[list[str]]:
+    """The prompts alone, and together where the model's kernels do not depend on the batch
+    size up to 3 sequences. With int8-rounded activations (models from 1B parameters, or
+    asked for) a 4-bit layer multiplies up to Q4_EXACT_MAX_ROWS[level] rows exactly and more
+    rounded to int8 (quant_linear.py; 1 row below avx512), so there a request's tokens
+    already depend on what runs beside it without speculation, and speculation, which
+    changes when the others finish, changes that company."""
+    alone = [[p] for p in PROMPTS]
+    loop = llm.engine.runner.model.decode_loop
+    return alone + [PROMPTS] if min(loop.exact_max_rows) >= len(PROMPTS) else alone
 
 
 def test_greedy_output_is_the_same_token_for_token_at_every_level(isa, pair):
     plain, fast = pair
-    for batch in batches(isa):
+    for batch in batches(plain):
         want = generate(plain, batch, max_tokens=96)
         got = generate(fast, batch, max_tokens=96)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
@@ -74,6 +74,21 @@ def test_greedy_output_is_the_same_token_for_token_at_every_level(isa, pair):
     assert plain.engine.speculator.stats.num_drafts == 0
 
 
+def test_greedy_is_the_same_with_int8_rounded_prefill(isa):
+    """Where large steps round activations to int8, a verification's rows still multiply as
+    a plain decode step of its requests would (DecodeLoop: by requests, not rows)."""
+    with isa_level(isa):
+        plain = LLM(dtype="bfloat16", exact_activations=False, kv_cache_memory=256 << 20)
+        fast = LLM(dtype="bfloat16", exact_activations=False, kv_cache_memory=256 << 20,
+                   speculative=NGRAM)
+    assert min(plain.engine.runner.model.decode_loop.exact_max_rows) < 1 << 62
+    for batch in batches(plain):
+        want = generate(plain, batch, max_tokens=96)
+        got = generate(fast, batch, max_tokens=96)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert fast.engine.speculator.stats.num_accepted_tokens > 20
+
+
 def test_penalties_logprobs_and_stop_strings_agree(isa, pair):
     plain, fast = pair
     accepted = fast.engine.speculator.stats.num_accepted_tokens
@@ -82,7 +97,7 @@ def test_penalties_logprobs_and_stop_strings_agree(isa, pair):
              dict(max_tokens=96, stop=["dozen", "return"]),
              dict(max_tokens=40, ignore_eos=True, frequency_penalty=0.3)]
     for params in cases:
-        for batch in batches(isa)[-1:] + batches(isa)[:1]:
+        for batch in batches(plain)[-1:] + batches(plain)[:1]:
             want = generate(plain, batch, **params)
             got = generate(fast, batch, **params)
             for a, b in zip(got, want):
@@ -264,7 +279,7 @@ def test_a_draft_model_changes_nothing_but_the_speed(plain_real, random_draft):
     level = plain_real.engine.cpu.level
     for draft, good in ((default_model_path(), True), (random_draft, False)):
         fast = real(level, draft_config(draft))
-        for batch in batches(level):
+        for batch in batches(plain_real):
             want = generate(plain_real, batch, max_tokens=64)
             got = generate(fast, batch, max_tokens=64)
             assert [o.token_ids for o in got] == [o.token_ids for o in want], draft
