@@ -53,7 +53,7 @@ def main() -> None:
     print(f"{torch.get_num_threads()} threads; peaks: float32 {fp32:,.0f} GFLOP/s, int8 "
           + (f"{int8:,.0f} GOP/s" if int8 else "unavailable (torch._int_mm)"))
     llm = LLM(args.model, dtype="bfloat16", exact_activations=False, kv_cache_memory=64 << 20,
-              max_model_len=1024)
+              max_model_len=256)
     seen = set()
     x_cache = {}
     for name, module in llm.engine.runner.model.named_modules():

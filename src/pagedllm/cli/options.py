@@ -65,7 +65,7 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="bfloat16: fast, 4-bit weights kept 4-bit; float32: exact")
     group.add_argument("--exact-activations", action="store_true", default=None,
                        help="bfloat16: never round activations to int8 for the 4-bit GEMMs "
-                            "(prefill ~1.2x slower, logits closer to float32; BENCHMARKS.md); "
+                            "(prefill 1.2-2.2x slower by host, logits closer to float32; BENCHMARKS.md); "
                             "default: exact for models under 1B parameters, prefill rounded "
                             "to int8 (as llama.cpp does) from 1B on")
     group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
