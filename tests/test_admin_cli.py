@@ -112,7 +112,7 @@ NON_DEFAULTS = {
     "kv-cache-dtype": "int8", "block-size": 32, "max-num-seqs": "6",
     "max-num-batched-tokens": 512, "kv-cache-memory": "64MiB", "max-model-len": 4096,
     "no-prefix-caching": True, "max-memory": "3GiB", "threads": 1, "speculative": "ngram",
-    "num-speculative-tokens": 3, "draft-model": "/models/draft.gguf", "host": "0.0.0.0",
+    "num-speculative-tokens": 3, "draft-model": "/models/draft.gguf", "device": "cpu", "host": "0.0.0.0",
     "port": 9001, "served-model-name": "team-model", "model-alias": "gpt-4o-mini,claude-*",
     "embedding-model": "all-minilm", "replicas-per-node": 1,
     "log-level": "debug", "max-prompts-per-request": 32,

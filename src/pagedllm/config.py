@@ -99,6 +99,7 @@ KV_CACHE_DTYPES = ("auto", "int8")
 # Speculative decoding (core/speculation.py): proposals of n-grams from the request itself,
 # or from a draft model.
 SPECULATIVE_METHODS = ("off", "ngram", "draft")
+DEVICES = ("auto", "cpu", "cuda")  # --device (backends/device.py)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class EngineConfig:
     max_memory: int | None = None  # resident bytes past which admissions wait; None: leave
     #                                a tenth of the machine free (engine/memory_guard.py)
     speculative: SpeculativeConfig = SpeculativeConfig()  # method "off" unless asked
+    device: str = "auto"  # auto, cpu or cuda (backends/device.py)
 
     def __post_init__(self):
         if not isinstance(self.speculative, SpeculativeConfig):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                             KV_CACHE_DTYPES, MODEL_DTYPES, SPECULATIVE_METHODS, EngineConfig,
-                             SpeculativeConfig)
+                             DEVICES, KV_CACHE_DTYPES, MODEL_DTYPES, SPECULATIVE_METHODS,
+                             EngineConfig, SpeculativeConfig)
 from pagedllm.units import parse_bytes
 
 
@@ -102,6 +102,10 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
     group.add_argument("--draft-model", default=None,
                        help="with --speculative draft: a smaller GGUF file or Hugging Face folder "
                             "of the same tokenizer that proposes the tokens (default: none)")
+    group.add_argument("--device", default="auto", choices=DEVICES,
+                       help="where the model runs: auto (the CPU, until the CUDA backend is "
+                            "built), cpu, or cuda (refused, with why, where it cannot run; "
+                            "default: auto)")
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")
@@ -124,7 +128,7 @@ def engine_config(args) -> EngineConfig:
                         kv_cache_memory=args.kv_cache_memory, max_num_seqs=max_num_seqs,
                         max_model_len=args.max_model_len, max_memory=args.max_memory,
                         enable_prefix_caching=not args.no_prefix_caching,
-                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
                         speculative=SpeculativeConfig(
                             method=args.speculative,
                             num_speculative_tokens=args.num_speculative_tokens,

@@ -158,6 +158,13 @@ def cmd_serve(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if engine_settings.device == "cuda":  # refused before anything loads, with why
+        from pagedllm.backends import DeviceError, check_device
+        try:
+            check_device(engine_settings.device)
+        except DeviceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.model is not None and not os.path.exists(args.model):
         print(f"error: no model at {args.model}: no such file or folder; {MODEL_HINT}",
               file=sys.stderr)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from pagedllm.backends import Backend, cpu_backend
+from pagedllm.backends import Backend, choose_backend
 from pagedllm.config import (CacheConfig, EngineConfig, ModelConfig, SchedulerConfig,
                              SpeculativeConfig, exact_activations_for)
 from pagedllm.core import sizing
@@ -53,8 +53,9 @@ def engine_config(config: EngineConfig | str | None, settings: dict) -> EngineCo
 
 
 def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
-    # The backend first: a bad PAGEDLLM_CPU_ISA is a clear error before any loading.
-    backend = cpu_backend()
+    # The backend first: a bad PAGEDLLM_CPU_ISA or an unusable --device is a clear error
+    # before any loading.
+    backend = choose_backend(config.device)
     started = time.monotonic()
     checkpoint = load_checkpoint(config.model, load_progress)
     model_config, model_path = checkpoint.config, checkpoint.path

@@ -92,6 +92,9 @@ class EngineStatsCollector:
                                "An engine replica's process, Ray node and host (labels; value 1).",
                                rows, lambda row: [((str(row.pid), row.node, row.host), 1)],
                                ["pid", "node", "host"])
+        yield self._family(GaugeMetricFamily, "device_info",
+                           "Where the engine's model runs (--device; labels; value 1).", rows,
+                           lambda row: [((row.device,), 1)], ["device"])
         yield self._family(GaugeMetricFamily, "cpu_info",
                            "CPU kernel level in use (labels; value 1).", rows,
                            lambda row: [((row.cpu.level, row.cpu.best, row.cpu.machine), 1)],

@@ -91,4 +91,4 @@ def _model_card(info) -> dict:
     return {"architecture": info.model_config.architecture,
             # the GGUF's file type ("Q4_1"); a Hugging Face folder's weights are not quantized
             "quantization": file_type or "none", "dtype": info.dtype,
-            "context_length": info.max_model_len}
+            "context_length": info.max_model_len, "device": info.device}

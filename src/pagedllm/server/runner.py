@@ -102,7 +102,8 @@ def ready_message(info: EngineInfo, host: str, port: int, served_name: str, sche
         source = f"draft model {spec.draft_model}" if spec.method == "draft" else spec.method
         lines.append(f"  speculative decoding: {source}, up to {spec.num_speculative_tokens} "
                      f"proposed tokens a step (a request may say \"speculative\": \"off\")")
-    lines.append(f"  CPU: {info.cpu.level} kernels, {info.compute} of {os.cpu_count()} cores")
+    lines.append(f"  device: {info.device}; CPU: {info.cpu.level} kernels, {info.compute} of "
+                 f"{os.cpu_count()} cores")
     return "\n".join(lines)
 
 

@@ -48,6 +48,7 @@ class EngineInfo:
     compute: str  # the compute threads, in words ("2 compute thread(s) (--threads)")
     num_threads: int
     speculative: SpeculativeConfig = SpeculativeConfig()
+    device: str = "cpu"  # where the model runs (--device)
 
     @property
     def max_model_len(self) -> int:
@@ -71,6 +72,7 @@ class EngineFigures:
     pid: int | None = None  # a replica's process (replica_info), None for this process
     node: str = ""  # a replica's Ray node and host (replica_info)
     host: str = ""
+    device: str = "cpu"  # where the engine's model runs (device_info)
 
 
 RequestStream = AsyncIterable[RequestOutput | QueuePosition]

@@ -61,7 +61,7 @@ class LocalEngineClient:
     def figures(self) -> list[EngineFigures]:
         engine = self.engine
         return [EngineFigures(engine.stats(), engine.waiting_by_user(), engine.cache_config,
-                              engine.cpu)]
+                              engine.cpu, device=engine.backend.device)]
 
     async def snapshot(self, replica: str | None = None) -> EngineSnapshot:
         return await self.loop.snapshot()  # one engine: `replica` names nothing here
@@ -82,4 +82,4 @@ def engine_info(engine: LLMEngine, compute: str | None = None, num_threads: int 
     return EngineInfo(engine.model_config, engine.model_path, engine.dtype, engine.cache_config,
                       engine.scheduler_config, engine.kv_memory_bytes, engine.cpu,
                       compute or f"{threads} compute thread(s) (--threads)", threads,
-                      engine.speculator.config)
+                      engine.speculator.config, engine.backend.device)

@@ -1,0 +1,126 @@
+"""The GPU backend's Triton paged attention (attention/triton_paged.py), run on CPU tensors
+under Triton's interpreter, against a plain torch reference: decode tokens, prefill chunks
+(from the start and continuing), mixed batches, shared prefix blocks, sliding windows, soft
+caps, grouped-query heads, every head_dim the CPU kernels take, odd block sizes."""
+from __future__ import annotations
+
+import os
+
+# CI: CPU tensors under Triton's interpreter (set before triton is imported). On a GPU
+# machine scripts/gpu_check.sh runs the same tests compiled, with PAGEDLLM_TEST_DEVICE=cuda.
+DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from pagedllm.attention import AttentionMetadata  # noqa: E402
+from pagedllm.attention.triton_paged import paged_attention, token_layout  # noqa: E402
+
+
+def reference(query, key_cache, value_cache, meta, scale, softcap=None, window=None):
+    """Per query token, softmax over the positions it sees, in float64."""
+    out = torch.empty(query.shape, dtype=torch.float64)
+    block_size = key_cache.shape[1]
+    group = query.shape[1] // key_cache.shape[2]
+    for i in range(meta.num_seqs):
+        start, seq_len, nq = meta.query_start_loc[i], meta.seq_lens[i], meta.num_queries(i)
+        blocks = meta.context_block_ids[i]
+        keys = key_cache[blocks].flatten(0, 1)[:seq_len].double()
+        values = value_cache[blocks].flatten(0, 1)[:seq_len].double()
+        for j in range(nq):
+            pos = seq_len - nq + j
+            first = 0 if window is None else max(0, pos + 1 - window)
+            for h in range(query.shape[1]):
+                k, v = keys[first:pos + 1, h // group], values[first:pos + 1, h // group]
+                s = (k @ query[start + j, h].double()) * scale
+                if softcap is not None:
+                    s = softcap * torch.tanh(s / softcap)
+                out[start + j, h] = s.softmax(0) @ v
+    assert block_size > 0
+    return out
+
+
+def scattered_tables(lengths, block_size, num_blocks, seed, shared_prefix_blocks=0):
+    """Non-overlapping random blocks per sequence; the first `shared_prefix_blocks` of every
+    table the same blocks (a shared system prompt)."""
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    shared = [order.pop() for _ in range(shared_prefix_blocks)]
+    tables = []
+    for n in lengths:
+        need = -(-n // block_size)
+        tables.append(shared[:need] + [order.pop() for _ in range(need - len(shared[:need]))])
+    return tables
+
+
+def run_case(chunks, heads, kv_heads, head_dim, block_size=16, dtype=torch.float32,
+             softcap=None, window=None, shared_prefix_blocks=0, seed=0):
+    """chunks: (tokens already cached, tokens computed this step) per sequence."""
+    torch.manual_seed(seed)
+    lengths = [done + new for done, new in chunks]
+    num_blocks = sum(-(-n // block_size) for n in lengths) + 8
+    tables = scattered_tables(lengths, block_size, num_blocks, seed, shared_prefix_blocks)
+    key_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    starts = [0]
+    slots = []
+    for (done, new), table in zip(chunks, tables):
+        starts.append(starts[-1] + new)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(done, done + new)]
+    meta = AttentionMetadata.build(slots, starts, lengths, tables, block_size)
+    query = torch.randn(starts[-1], heads, head_dim).to(dtype)
+    scale = head_dim ** -0.5
+    got = paged_attention(query.to(DEVICE), key_cache.to(DEVICE), value_cache.to(DEVICE), meta,
+                          scale, softcap, window).cpu()
+    want = reference(query.float(), key_cache.float(), value_cache.float(), meta, scale, softcap, window)
+    assert got.dtype == dtype and got.shape == query.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (got.double() - want).abs().max() < tolerance
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 64), (8, 2, 64), (6, 3, 128),
+                                                    (4, 1, 96), (2, 2, 256), (4, 2, 80)])
+def test_decode_tokens(heads, kv_heads, head_dim):
+    run_case([(0, 1), (16, 1), (40, 1), (5, 1)], heads, kv_heads, head_dim)
+
+
+@pytest.mark.parametrize("done,new,block_size", [(0, 23, 16), (17, 9, 16), (30, 33, 8), (3, 11, 5)])
+def test_prefill_chunks_from_the_start_and_continuing(done, new, block_size):
+    run_case([(done, new)], 4, 2, 64, block_size=block_size)
+
+
+def test_a_mixed_batch_and_a_verifying_request_layout():
+    # Prefill chunks, decode tokens, and one request's positions as single-token queries
+    # (how a request verifies proposals: engine/model_runner.py) in one step.
+    chunks = [(0, 12), (20, 1), (7, 6), (33, 1), (33, 1)]
+    run_case(chunks, 8, 4, 64, seed=3)
+
+
+def test_shared_prefix_blocks_are_read_by_every_sequence():
+    run_case([(32, 1), (32, 5), (40, 1)], 4, 2, 64, shared_prefix_blocks=2, seed=5)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 20])
+def test_sliding_window(window):
+    run_case([(0, 30), (37, 1), (12, 8)], 4, 2, 64, window=window, seed=window)
+
+
+def test_soft_cap_and_window_together():
+    run_case([(0, 19), (25, 1)], 4, 2, 128, softcap=2.0, window=9, seed=7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_caches(dtype):
+    run_case([(0, 17), (21, 1)], 8, 2, 64, dtype=dtype, seed=11)
+
+
+def test_token_layout_and_an_empty_step():
+    meta = AttentionMetadata.build([0, 1, 2, 9], [0, 3, 4], [3, 10], [[0], [0, 1, 2]], 4)
+    seq_of_token, ctx_len, tables = token_layout(meta)
+    assert seq_of_token.tolist() == [0, 0, 0, 1] and ctx_len.tolist() == [1, 2, 3, 10]
+    assert tables.tolist() == [[0, 0, 0], [0, 1, 2]]
+    empty = torch.empty(0, 4, 64)
+    cache = torch.zeros(2, 4, 2, 64)
+    meta = AttentionMetadata.build([], [0, 0], [3], [[0]], 4)
+    assert paged_attention(empty, cache, cache, meta, 0.125).shape == (0, 4, 64)
