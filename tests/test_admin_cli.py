@@ -109,6 +109,7 @@ def test_plan_json_into_a_closed_pipe_exits_0():
 # A value for every serve option that differs from its default (so a dropped option shows).
 NON_DEFAULTS = {
     "model": "/models/x.gguf", "dtype": "float32", "exact-activations": True,
+    "int8-activations": True,
     "kv-cache-dtype": "int8", "block-size": 32, "max-num-seqs": "6",
     "max-num-batched-tokens": 512, "kv-cache-memory": "64MiB", "max-model-len": 4096,
     "no-prefix-caching": True, "max-memory": "3GiB", "threads": 1, "speculative": "ngram",

@@ -127,3 +127,29 @@ def test_exact_activations_option_keeps_every_layer_exact(fast_model, isa):
     fast_logits, = run_paged(fast_model, [ids], block_size=16)
     assert not torch.equal(exact_logits, fast_logits)
     assert (exact_logits.argmax(-1) == fast_logits.argmax(-1)).float().mean() >= 0.9
+
+
+def test_small_models_keep_exact_activations_unless_asked(fast_model):
+    """The default decides by the model's size (config.exact_activations_for): the default
+    model (135M) is exact, a 1.7B shape rounds prefill to int8; either flag overrides."""
+    import dataclasses
+
+    from pagedllm import LLM
+    from pagedllm.cli import build_parser, engine_config
+    from pagedllm.config import EngineConfig, exact_activations_for, num_parameters
+
+    small = LLM(dtype="bfloat16", kv_cache_memory=16 << 20).engine
+    assert num_parameters(small.model_config) == 134_479_872  # SmolLM2-135M, as published
+    assert small.runner.model.decode_loop.exact_max_rows == [ALL_ROWS] * small.model_config.num_layers
+    large = dataclasses.replace(small.model_config, hidden_size=2048, intermediate_size=8192,
+                                num_layers=24, num_heads=32, num_kv_heads=32, head_dim=64)
+    assert num_parameters(large) > 1_000_000_000
+    assert exact_activations_for(EngineConfig(), small.model_config) is True
+    assert exact_activations_for(EngineConfig(), large) is False
+    assert exact_activations_for(EngineConfig(exact_activations=True), large) is True
+    assert exact_activations_for(EngineConfig(exact_activations=False), small.model_config) is False
+    parse = build_parser().parse_args
+    assert engine_config(parse(["serve"])).exact_activations is None
+    assert engine_config(parse(["serve", "--int8-activations"])).exact_activations is False
+    with pytest.raises(ValueError, match="contradict"):
+        engine_config(parse(["serve", "--exact-activations", "--int8-activations"]))

@@ -63,11 +63,15 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)")
     group.add_argument("--dtype", default=DEFAULT_DTYPE, choices=MODEL_DTYPES,
                        help="bfloat16: fast, 4-bit weights kept 4-bit; float32: exact")
-    group.add_argument("--exact-activations", action="store_true", default=None,
+    group.add_argument("--exact-activations", action="store_true",
                        help="bfloat16: never round activations to int8 for the 4-bit GEMMs "
-                            "(prefill 1.2-2.2x slower by host, logits closer to float32; BENCHMARKS.md); "
-                            "default: exact for models under 1B parameters, prefill rounded "
-                            "to int8 (as llama.cpp does) from 1B on")
+                            "(prefill 1.2-2.2x slower by host, logits closer to float32; "
+                            "BENCHMARKS.md); default: exact for models under 1B parameters, "
+                            "prefill rounded to int8 (as llama.cpp does) from 1B on")
+    group.add_argument("--int8-activations", action="store_true",
+                       help="bfloat16: round prefill's activations to int8 whatever the model's "
+                            "size (faster prefill, the answers of BENCHMARKS.md's quality gate); "
+                            "default: only from 1B parameters")
     group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                        help="auto: K/V in the model's dtype; int8: codes with a scale per row, "
                             "~half the memory and decode-attention reads (BENCHMARKS.md)")
@@ -123,7 +127,10 @@ def engine_config(args) -> EngineConfig:
             max_num_seqs = int(max_num_seqs)
         except ValueError:
             raise ValueError(f"max_num_seqs must be 'auto' or positive, got {max_num_seqs!r}") from None
-    return EngineConfig(model=args.model, dtype=args.dtype, exact_activations=args.exact_activations,
+    if args.exact_activations and args.int8_activations:
+        raise ValueError("--exact-activations and --int8-activations contradict each other")
+    exact = True if args.exact_activations else False if args.int8_activations else None
+    return EngineConfig(model=args.model, dtype=args.dtype, exact_activations=exact,
                         kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
                         kv_cache_memory=args.kv_cache_memory, max_num_seqs=max_num_seqs,
                         max_model_len=args.max_model_len, max_memory=args.max_memory,
