@@ -310,3 +310,17 @@ def test_routes_under_root_are_not_the_page(server, keyed):
     ok = httpx.get(keyed.url + "/v1/server/state", headers={"Authorization": f"Bearer {KEY}"},
                    timeout=30)
     assert ok.status_code == 200
+
+
+def test_the_live_view_shows_speculation_when_a_request_asked_for_it(server, page):
+    """A request may ask for n-gram proposals on a server that does not default to them; the
+    page's pool line then shows how many were accepted."""
+    body = {"prompt": "one two three four five six seven eight. one two three four five six",
+            "max_tokens": 24, "temperature": 0, "speculative": "ngram"}
+    assert httpx.post(server.url + "/v1/completions", json=body, timeout=120).status_code == 200
+    page.goto(server.url + "/#server")
+    page.wait_for_selector("body[data-ready=true]", timeout=30_000)
+    page.wait_for_function("document.getElementById('cache-stats').textContent.includes('speculative')",
+                           timeout=60_000)
+    text = page.inner_text("#cache-stats")
+    assert "proposed tokens accepted" in text and "tokens a verification" in text
