@@ -176,7 +176,7 @@ def test_verification_keeps_samples_up_to_the_first_mismatch():
 
 def test_verification_rows_see_the_proposals_before_them():
     row = SamplingRow(SamplingParams(presence_penalty=1.0), [1, 2], [3])
-    rows = verification_rows(["a", "a", "a", "p"], {"a": row, "p": row}, {"a": (7, 8)})
+    rows = verification_rows(["a", "a", "a", "p"], {"a": row, "p": row}, {"a": (7, 8)}, 100)
     assert [r.output_token_ids for r in rows] == [[3], [3, 7], [3, 7, 8], [3]]
     assert rows[0] is row and row.output_token_ids == [3]  # the request's own list untouched
 

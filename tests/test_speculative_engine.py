@@ -306,3 +306,30 @@ def test_draft_settings_are_checked(tiny_q4, tiny_llama_folder):
     with pytest.raises(SamplingParamsError) as err:
         plain.engine.add_request(None, [1, 2, 3], SamplingParams(speculative="draft"))
     assert err.value.param == "speculative" and "no draft model" in str(err.value)
+
+
+def test_structured_output_speculates_and_keeps_its_tokens(plain_real):
+    """A JSON schema's request verifies proposals too: each position is sampled under the
+    grammar's mask after the proposals before it; the tokens are the same as without."""
+    import json
+
+    from pagedllm.structured.spec import json_schema_spec
+
+    schema = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
+        "type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+        "required": ["name", "city"], "additionalProperties": False}}
+    prompt = plain_real.tokenizer.apply_chat_template([{"role": "user", "content":
+        "List four people with their city as JSON: [{\"name\": ..., \"city\": ...}, ...]"}])
+    fast = real(plain_real.engine.cpu.level, NGRAM)
+    outs = {}
+    for name, llm in (("plain", plain_real), ("fast", fast)):
+        for temperature in (0.0, 0.8):
+            params = SamplingParams(temperature=temperature, seed=5, max_tokens=160,
+                                    guided=json_schema_spec(schema, "response_format"))
+            outs[name, temperature] = llm.generate([prompt], params)[0]
+    assert outs["fast", 0.0].token_ids == outs["plain", 0.0].token_ids
+    for key, out in outs.items():
+        if out.finish_reason == "stop":
+            assert len(json.loads(out.text)) == 4, key  # the schema holds, proposals or not
+    stats = fast.engine.speculator.stats
+    assert stats.num_accepted_tokens > 10

@@ -7,6 +7,8 @@ from typing import Literal
 import httpx
 import jsonschema
 import pytest
+
+from pagedllm.structured.compiler import GrammarMatcher
 import torch
 from pydantic import BaseModel, Field
 
@@ -66,8 +68,13 @@ def compiler():
     return GrammarCompiler(tokenizer, tokenizer.vocab_size)
 
 
-class FailedMatcher:
-    failed, eos_token_ids = True, (2, 31, 32)
+class FailedMatcher(GrammarMatcher):
+    """A walk the library gave up on: its mask allows its EOS tokens only."""
+
+    failed, _eos = True, (2, 31, 32)
+
+    def __init__(self):
+        pass
 
 
 def test_masks_forbid_exactly_what_the_grammar_forbids_and_leave_free_rows_alone(compiler):
@@ -407,3 +414,30 @@ def test_a_forced_calls_arguments_follow_required_and_additional_properties(comp
     assert _grammar_takes(compiler, spec, call % '{"city": "Paris"}')
     assert not _grammar_takes(compiler, spec, call % '{"city": "Paris", "units": "C"}')
     assert not _grammar_takes(compiler, spec, call % '{}')
+
+
+def test_masks_along_proposed_tokens_are_the_masks_after_consuming_them(compiler):
+    """A request verifying proposals samples position j under the grammar's mask after the
+    first j of them (GrammarMatcher.masks_along); the walk stays where it was; a proposal
+    the grammar refuses ends the masks there."""
+    from pagedllm.tokenizer import Tokenizer
+    from pagedllm.weights import default_model_path
+
+    vocab = compiler.lltokenizer.vocab_size
+    tokenizer = Tokenizer.from_model_path(default_model_path())
+    spec = GrammarSpec("regex", "(one two three|one four)", "guided_regex")
+    tokens = tokenizer.encode("one two three", add_special_tokens=False)
+    assert len(tokens) >= 3
+    matcher = compiler.matcher(spec)
+    masks = matcher.masks_along(tokens, (vocab + 31) // 32 * 4)
+    assert len(masks) == len(tokens) + 1
+    step_by_step = compiler.matcher(spec)
+    for j, mask in enumerate(masks):
+        want = _mask_allows(step_by_step, vocab)
+        assert torch.equal(_mask_allows(mask, vocab), want), j
+        assert [t for t in range(vocab) if mask.allows(t)] == want.nonzero().flatten().tolist()
+        if j < len(tokens):
+            step_by_step.accept(tokens[j])
+    assert torch.equal(_mask_allows(matcher, vocab), _mask_allows(compiler.matcher(spec), vocab))
+    refused = tokenizer.encode(" zebra", add_special_tokens=False)
+    assert len(matcher.masks_along(tokens[:1] + refused, (vocab + 31) // 32 * 4)) == 2

@@ -139,8 +139,7 @@ class Speculator:
             if rows_left <= 0:
                 break
             method = self.method(request)
-            if (request.num_tokens - request.num_computed_tokens != 1
-                    or request.grammar is not None or method == "off"):
+            if request.num_tokens - request.num_computed_tokens != 1 or method == "off":
                 continue
             state = self.states.get(request.request_id)
             if state is None:

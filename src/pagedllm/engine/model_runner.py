@@ -125,7 +125,7 @@ class ModelRunner:
         """Sample the batch at once (a verifying request's rows each as if the proposals
         before them had been accepted); if that fails, request by request, so that only the
         requests that fail alone fail (the others get the tokens the batch gave them)."""
-        rows = verification_rows(request_ids, self.sequences, drafts)
+        rows = verification_rows(request_ids, self.sequences, drafts, self.config.vocab_size)
         result = RunnerOutput()
         try:
             batches = [(request_ids, *self._sample_rows(logits, request_ids, rows))]
@@ -142,8 +142,9 @@ class ModelRunner:
         for ids, tokens, logprobs in batches:
             for rid, sampled in accepted_tokens(ids, tokens, logprobs, drafts).items():
                 row = self.sequences[rid]
-                if row.grammar is not None:  # never verifies: one token
-                    error = _grammar_error(row, sampled[0].token_id)
+                if row.grammar is not None:  # the walk goes on by every kept token
+                    error = next((e for s in sampled
+                                  if (e := _grammar_error(row, s.token_id)) is not None), None)
                     if error is not None:
                         result.failed[rid] = error
                         continue

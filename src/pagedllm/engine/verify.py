@@ -26,18 +26,26 @@ from pagedllm.engine.sampler import SamplingRow
 
 
 def verification_rows(request_ids: list[str], sequences: dict[str, SamplingRow],
-                      drafts: dict[str, tuple[int, ...]]) -> list[SamplingRow]:
+                      drafts: dict[str, tuple[int, ...]], vocab_size: int) -> list[SamplingRow]:
     """The sampling row of each logits row: a verifying request's j-th row sees its output
-    extended by its first j proposals (for the penalties), and shares its random stream."""
-    rows, seen = [], {}
+    extended by its first j proposals (for the penalties), shares its random stream, and,
+    under a grammar, samples under the grammar's mask after those proposals (past the first
+    proposal the grammar refuses, under the mask before it: those rows are never kept)."""
+    rows, seen, masks = [], {}, {}
+    row_bytes = (vocab_size + 31) // 32 * 4
     for rid in request_ids:
         row = sequences[rid]
         j = seen[rid] = seen.get(rid, -1) + 1
         if j == 0:
             rows.append(row)
-        else:
-            rows.append(dataclasses.replace(
-                row, output_token_ids=row.output_token_ids + list(drafts[rid][:j])))
+            continue
+        grammar = row.grammar
+        if grammar is not None:
+            if rid not in masks:
+                masks[rid] = grammar.masks_along(list(drafts[rid]), row_bytes)
+            grammar = masks[rid][min(j, len(masks[rid]) - 1)]
+        rows.append(dataclasses.replace(
+            row, output_token_ids=row.output_token_ids + list(drafts[rid][:j]), grammar=grammar))
     return rows
 
 

@@ -72,19 +72,64 @@ class GrammarMatcher:
     def eos_token_ids(self) -> tuple[int, ...]:
         return self._eos
 
+    def fill_mask(self, ptr: int, row_bytes: int) -> None:
+        """This step's allowed-token bitmask (bit t of 32-bit word t // 32) into the zeroed
+        row at ptr; a failed walk's row allows its EOS tokens only."""
+        if not self.failed:
+            self._matcher.unsafe_compute_mask_ptr(ptr, row_bytes)
+            return
+        words = (ctypes.c_uint32 * (row_bytes // 4)).from_address(ptr)
+        for token in self._eos:
+            words[token // 32] |= 1 << (token % 32)
 
-def fill_bitmasks(matchers: list[GrammarMatcher], bitmask_ptr: int, row_bytes: int) -> None:
-    """Write each matcher's allowed-token bitmask (bit t of 32-bit word t // 32) into row i of
-    the zeroed int32 array at bitmask_ptr; a failed matcher's row allows its EOS tokens only.
-    One row after another: llguidance's parallel executor was slower here (its threads
-    contend with torch's spinning OpenMP threads on a 2-core machine)."""
-    words = (ctypes.c_uint32 * (row_bytes // 4 * len(matchers))).from_address(bitmask_ptr)
+    def masks_along(self, tokens: list[int], row_bytes: int) -> list[GrammarMask]:
+        """The masks after 0, 1, ... of `tokens`, as long as the grammar accepts them (a
+        request verifying proposed tokens samples each position under its own mask); the
+        walk itself is left where it was."""
+        masks = [GrammarMask.of(self, row_bytes)]
+        if self.failed or self._matcher.is_stopped():
+            return masks
+        valid = self._matcher.validate_tokens(tokens)
+        for token in tokens[:valid]:
+            self._matcher.consume_token(token)
+            masks.append(GrammarMask.of(self, row_bytes))
+        if valid:
+            self._matcher.rollback(valid)
+        return masks
+
+
+class GrammarMask:
+    """A GrammarMatcher's mask at one point of its walk, kept: what the sampler reads of a
+    matcher (fill_mask, allows, failed, error, eos_token_ids), for one position of a
+    verification (masks_along)."""
+
+    def __init__(self, words: bytearray, failed: bool, error: str, eos: tuple[int, ...]):
+        self._words, self.failed, self.error, self.eos_token_ids = words, failed, error, eos
+
+    @classmethod
+    def of(cls, matcher: GrammarMatcher, row_bytes: int) -> GrammarMask:
+        words = bytearray(row_bytes)
+        buffer = (ctypes.c_char * row_bytes).from_buffer(words)
+        matcher.fill_mask(ctypes.addressof(buffer), row_bytes)
+        failed = matcher.failed
+        return cls(words, failed, matcher.error if failed else "", matcher.eos_token_ids)
+
+    def fill_mask(self, ptr: int, row_bytes: int) -> None:
+        ctypes.memmove(ptr, bytes(self._words[:row_bytes]), min(row_bytes, len(self._words)))
+
+    def allows(self, token_id: int) -> bool:
+        byte = token_id // 8
+        return byte < len(self._words) and bool(self._words[byte] >> (token_id % 8) & 1)
+
+
+def fill_bitmasks(matchers: list[GrammarMatcher | GrammarMask], bitmask_ptr: int,
+                  row_bytes: int) -> None:
+    """Write each matcher's allowed-token bitmask into row i of the zeroed int32 array at
+    bitmask_ptr (GrammarMatcher.fill_mask). One row after another: llguidance's parallel
+    executor was slower here (its threads contend with torch's spinning OpenMP threads on a
+    2-core machine)."""
     for i, m in enumerate(matchers):
-        if not m.failed:
-            m._matcher.unsafe_compute_mask_ptr(bitmask_ptr + i * row_bytes, row_bytes)
-        else:
-            for token in m.eos_token_ids:
-                words[i * (row_bytes // 4) + token // 32] |= 1 << (token % 32)
+        m.fill_mask(bitmask_ptr + i * row_bytes, row_bytes)
 
 
 class GrammarCompiler:
