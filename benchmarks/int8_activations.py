@@ -61,7 +61,7 @@ def main() -> None:
     layers = len(model.layers)
     settings = {"exact": set(),
                 "int8 everywhere": set(range(layers)),
-                f"int8, {EXACT_EDGE_LAYERS} exact layers each end (default)":
+                f"int8, {EXACT_EDGE_LAYERS} exact layers each end (default from 1B)":
                     set(range(EXACT_EDGE_LAYERS, layers - EXACT_EDGE_LAYERS))}
     print(f"{len(prompts)} prompts, {sum(map(len, prompts))} tokens; bfloat16 against float32")
     print(f"{'setting':<42} {'mean |diff|':>11} {'agreement':>10} {'prefill s':>10} {'speed-up':>9}")
