@@ -243,15 +243,17 @@ def test_proposals_are_dropped_before_anyone_is_preempted():
 
 
 def test_budget_limits_the_proposals():
+    """Proposals take what the step's token budget leaves after the decode token, no more."""
     sched = make(num_blocks=64, block_size=4, budget=3)
     spec = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=5))
-    sched.add_request(Request("a", [1, 2, 1], SamplingParams(max_tokens=20), max_model_len=10_000))
-    spec_step(sched, spec, accept=lambda r, k: k)
-    sched.requests["a"].all_token_ids += [2]  # pretend: now "1 2 1 2" -> proposes "1 2"
-    sched.requests["a"].num_computed_tokens = 3
+    request = Request("a", [7, 8, 9, 7, 8], SamplingParams(max_tokens=20), max_model_len=10_000)
+    sched.add_request(request)
+    spec_step(sched, spec, accept=lambda r, k: k, token=9)  # 3 of 5 prompt tokens
+    spec_step(sched, spec, accept=lambda r, k: k, token=9)  # the other 2, then 9
     spec.propose(sched.running)
-    out = sched.schedule()
-    assert out.scheduled[0].num_new_tokens <= 3
+    assert request.draft_token_ids == [7, 8, 9]  # what followed "8 9" before
+    (item,) = sched.schedule().scheduled
+    assert item.num_draft_tokens == 2 and item.token_ids == (9, 7, 8)
 
 
 def test_a_stop_inside_the_kept_tokens_ends_the_request_there():

@@ -7,10 +7,10 @@ and keeps the proposals up to the first one the model would not have produced, p
 the model produced there (engine/verify.py). So a step yields 1 to k + 1 tokens for one read
 of the weights, and the output is the one decoding without proposals gives.
 
-Proposals here are n-gram (prompt lookup, as vLLM's `ngram` method and llama.cpp's lookup
-decoding): the request's longest recent n-gram that occurred before in its prompt or answer,
-and the tokens that followed it there. They cost no model; they win where the answer quotes
-its input (editing, summarising, code, answers from retrieved text).
+Proposals are n-gram ones made here (prompt lookup, as vLLM's `ngram` method and llama.cpp's
+lookup decoding: the request's longest recent n-gram that occurred before in its prompt or
+answer, and the tokens that followed it there; no model, they win where the answer quotes
+its input), or a draft model's (engine/draft_proposer.py, behind the DraftModel protocol).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Protocol
 
 from pagedllm.config import SpeculativeConfig
 from pagedllm.core.request import Request
+
 
 class NgramIndex:
     """Where each token occurred in one request's tokens, grown as the request grows, so a

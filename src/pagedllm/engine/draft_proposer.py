@@ -13,16 +13,14 @@ what the served model alone gives, greedy or sampled (engine/verify.py says why)
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.core.kv_cache import KVCacheManager
-from pagedllm.core.request import Request
-
-logger = logging.getLogger("pagedllm")
+from pagedllm.core.request import Request, SamplingParams
+from pagedllm.engine.sampler import apply_logit_bias
 
 
 @dataclass
@@ -36,7 +34,7 @@ class DraftSequence:
     tokens: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_real: int = 0
-    logit_bias: dict[int, float] = field(default_factory=dict)  # the request's, on proposals too
+    params: SamplingParams | None = None  # the request's: its logit_bias moves proposals too
 
 
 class DraftProposer:
@@ -76,9 +74,9 @@ class DraftProposer:
         live = [(seq, chunk) for seq, chunk, k in feeds]
         for seq, chunk in live:
             seq.num_real += len(chunk)
+        ks = {seq.request_id: k for seq, _, k in feeds}
         while live:
             tokens = self._forward(live)
-            ks = {seq.request_id: k for seq, _, k in feeds}
             live = []
             for seq, token in tokens:
                 drafts = proposals[seq.request_id]
@@ -106,7 +104,7 @@ class DraftProposer:
         while valid < limit and seq.tokens[valid] == tokens[valid]:
             valid += 1
         seq.num_computed_tokens = seq.num_real = valid
-        seq.logit_bias = request.params.logit_bias
+        seq.params = request.params
         del seq.tokens[valid:]
         self.kv.trim(seq)
         return seq
@@ -138,11 +136,9 @@ class DraftProposer:
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long),
                             torch.tensor(positions, dtype=torch.long), self.kv_caches, meta)
         logits = self.model.compute_logits(hidden[[end - 1 for end in starts[1:]]])
-        if any(seq.logit_bias for seq, _ in feeds):
-            logits = logits.clone()  # the model's own output is an inference tensor
-        for row, (seq, _) in enumerate(feeds):
-            # A request's logit_bias moves what it samples, so it moves what to propose.
-            if seq.logit_bias:
-                ids = torch.tensor(list(seq.logit_bias), dtype=torch.long)
-                logits[row, ids] += torch.tensor(list(seq.logit_bias.values()), dtype=logits.dtype)
-        return list(zip((seq for seq, _ in feeds), logits.argmax(dim=-1).tolist()))
+        seqs = [seq for seq, _ in feeds]
+        # A request's logit_bias moves what it samples, so it moves what to propose (the
+        # sampler's own step; a copy, the model's output being an inference tensor).
+        if any(seq.params.logit_bias for seq in seqs):
+            logits = apply_logit_bias(logits.clone(), seqs)
+        return list(zip(seqs, logits.argmax(dim=-1).tolist()))

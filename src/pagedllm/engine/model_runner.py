@@ -125,18 +125,16 @@ class ModelRunner:
         """Sample the batch at once (a verifying request's rows each as if the proposals
         before them had been accepted); if that fails, request by request, so that only the
         requests that fail alone fail (the others get the tokens the batch gave them)."""
-        rows = verification_rows(request_ids, self.sequences, drafts, self.config.vocab_size)
         result = RunnerOutput()
         try:
-            batches = [(request_ids, *self._sample_rows(logits, request_ids, rows))]
+            batches = [(request_ids, *self._sample_rows(logits, request_ids, drafts))]
         except Exception:  # noqa: BLE001 - isolate the request below
             batches = []
             for rid in dict.fromkeys(request_ids):
                 index = [i for i, r in enumerate(request_ids) if r == rid]
                 try:
                     batches.append(([rid] * len(index),
-                                    *self._sample_rows(logits[index], [rid] * len(index),
-                                                       [rows[i] for i in index])))
+                                    *self._sample_rows(logits[index], [rid] * len(index), drafts)))
                 except Exception as exc:  # noqa: BLE001 - fails this request only
                     result.failed[rid] = f"sampling failed: {type(exc).__name__}: {exc}"
         for ids, tokens, logprobs in batches:
@@ -152,7 +150,11 @@ class ModelRunner:
                 result.sampled[rid] = sampled
         return result
 
-    def _sample_rows(self, logits: torch.Tensor, request_ids: list[str], rows: list[SamplingRow]):
+    def _sample_rows(self, logits: torch.Tensor, request_ids: list[str],
+                     drafts: dict[str, tuple[int, ...]]):
+        """The rows' tokens and logprobs; the sampling rows are made here (a grammar's masks
+        along proposals too), so that whatever fails fails inside the isolation above."""
+        rows = verification_rows(request_ids, self.sequences, drafts, self.config.vocab_size)
         if self.fault_injector is not None:
             for rid, row in zip(request_ids, rows):
                 self.fault_injector(rid, row)

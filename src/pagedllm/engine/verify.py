@@ -43,7 +43,8 @@ def verification_rows(request_ids: list[str], sequences: dict[str, SamplingRow],
         if grammar is not None:
             if rid not in masks:
                 masks[rid] = grammar.masks_along(list(drafts[rid]), row_bytes)
-            grammar = masks[rid][min(j, len(masks[rid]) - 1)]
+            along = masks[rid]
+            grammar = along[min(j, len(along)) - 1] if along else grammar
         rows.append(dataclasses.replace(
             row, output_token_ids=row.output_token_ids + list(drafts[rid][:j]), grammar=grammar))
     return rows

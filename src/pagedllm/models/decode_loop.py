@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 
 from pagedllm.attention import AttentionMetadata, LayerKVCache
-
-EVERY_ROW = 1 << 62  # a row limit no step reaches (quant_linear.ALL_ROWS)
+from pagedllm.models.quant_linear import ALL_ROWS
 
 
 class DecodeLoop:
@@ -44,7 +43,7 @@ class DecodeLoop:
             # Verifying proposals: exact or int8-rounded activations as a plain decode step
             # of these requests would have them, so the tokens kept are the ones plain
             # decoding gives, bit for bit.
-            exact_max_rows = [EVERY_ROW if meta.num_requests <= rows else 0
+            exact_max_rows = [ALL_ROWS if meta.num_requests <= rows else 0
                               for rows in exact_max_rows]
         hidden, residual = self.ops.decode_layers(
             hidden, positions, self.cos, self.sin, self.weights, [kv.key for kv in kv_caches],

@@ -83,10 +83,10 @@ class GrammarMatcher:
             words[token // 32] |= 1 << (token % 32)
 
     def masks_along(self, tokens: list[int], row_bytes: int) -> list[GrammarMask]:
-        """The masks after 0, 1, ... of `tokens`, as long as the grammar accepts them (a
-        request verifying proposed tokens samples each position under its own mask); the
-        walk itself is left where it was."""
-        masks = [GrammarMask.of(self, row_bytes)]
+        """The masks after 1, 2, ... of `tokens`, as long as the grammar accepts them (a
+        request verifying proposed tokens samples each position under its own mask; the
+        first position reads the walk itself); the walk is left where it was."""
+        masks: list[GrammarMask] = []
         if self.failed or self._matcher.is_stopped():
             return masks
         valid = self._matcher.validate_tokens(tokens)
