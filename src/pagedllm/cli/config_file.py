@@ -43,6 +43,8 @@ def config_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
     options = file_options(parser)
     argv = []
     for key, value in table.items():
+        if key == "models" and isinstance(value, dict):
+            continue  # the model store's entries: models_table()
         name = key.replace("_", "-")
         action = options.get(name)
         if action is None:
@@ -106,3 +108,17 @@ def _toml_value(value) -> str:
         return repr(value)
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
+
+
+def models_table(path: str) -> dict:
+    """The file's [models] table (a model store's entries; serving/model_store.py reads
+    them), or {} without one."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}  # config_argv has said why already
+    models = table.get("models", table.get("serve", {}).get("models", {}))
+    if not isinstance(models, dict):
+        raise ConfigFileError(f"{path}: [models] is a table of NAME = {{ path = ... }} entries")
+    return models

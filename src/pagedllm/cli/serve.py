@@ -21,6 +21,8 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
                        help="print the options in effect as a config file and exit")
     add_engine_args(serve)
     _add_http_args(serve.add_argument_group("HTTP"))
+    _add_store_args(serve.add_argument_group(
+        "model store (several models, loaded on demand; Ollama's behaviour)"))
     _add_shared_args(serve.add_argument_group("shared-server controls"))
     _add_replica_args(serve.add_argument_group(
         "replicas (Ray Serve; needs `pip install pagedllm[ray]`)"))
@@ -59,6 +61,21 @@ def _add_http_args(http) -> None:
     http.add_argument("--bench-results", default=None, metavar="DIR",
                       help="a folder of `pagedllm bench --out` results; the page at / shows "
                            "the newest (default: none)")
+
+
+def _add_store_args(store) -> None:
+    store.add_argument("--models-dir", default=None, metavar="DIR",
+                       help="serve every model in DIR (each *.gguf file, each Hugging Face "
+                            "folder), by its file or folder name, each loaded on its first "
+                            "request; [models] entries in --config add more, with their own "
+                            "options (default: the one --model)")
+    store.add_argument("--max-loaded-models", type=positive_int, default=3,
+                       help="with a store: models loaded at once; a new one unloads the least "
+                            "recently used idle one (Ollama's OLLAMA_MAX_LOADED_MODELS)")
+    store.add_argument("--keep-alive", default="5m",
+                       help="with a store: how long an idle model stays loaded (\"5m\", "
+                            "\"1h\", seconds; 0 unloads once idle, -1 never); a request's "
+                            "keep_alive wins (Ollama's OLLAMA_KEEP_ALIVE)")
 
 
 def _add_shared_args(shared) -> None:
@@ -169,6 +186,8 @@ def cmd_serve(args) -> int:
         print(f"error: no model at {args.model}: no such file or folder; {MODEL_HINT}",
               file=sys.stderr)
         return 2
+    if args.models_dir is not None or _store_table(args):
+        return _serve_store(args, engine_settings, config)
     if args.replicas is not None:
         if args.embedding_model:
             print("error: --embedding-model is not served with --replicas yet; run it on a "
@@ -190,6 +209,70 @@ def cmd_serve(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return serve(client, config, embeddings)
+
+
+def _store_table(args) -> dict:
+    if not args.config:
+        return {}
+    from pagedllm.cli.config_file import models_table
+
+    return models_table(args.config)
+
+
+def _serve_store(args, engine_settings, config) -> int:
+    """A model store: the catalog checked now, each model loaded on its first request."""
+    from pagedllm.core.residency import KeepAliveError, parse_keep_alive
+    from pagedllm.server.runner import serve
+    from pagedllm.serving.model_pool import ModelPool
+    from pagedllm.serving.model_store import (ModelCatalog, StoreEntry, StoreError,
+                                              entries_from_table, scan_models_dir)
+
+    if args.replicas is not None:
+        print("error: --replicas does not serve a model store yet; run one model per "
+              "server with --replicas", file=sys.stderr)
+        return 2
+    if args.model_alias:
+        print("error: --model-alias names the one --model; in a store give a model its "
+              "aliases in its [models] entry (aliases = [\"gpt-4o-mini\"])", file=sys.stderr)
+        return 2
+    if args.served_model_name and not args.model:
+        print("error: --served-model-name names --model; a store's models are named by their "
+              "files, folders or [models] entries", file=sys.stderr)
+        return 2
+    try:
+        keep_alive = parse_keep_alive(args.keep_alive)
+        entries = scan_models_dir(args.models_dir) if args.models_dir else []
+        entries += entries_from_table(_store_table(args), args.config or "",
+                                      os.path.dirname(os.path.abspath(args.config or ".")))
+        first = None
+        if args.model:  # joins the store, loaded now
+            first = args.served_model_name or _model_name(args.model)
+            entries.append(StoreEntry(first, os.path.abspath(args.model)))
+        catalog = ModelCatalog(entries)
+    except (StoreError, KeepAliveError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    pool = ModelPool(catalog, engine_settings, max_loaded_models=args.max_loaded_models,
+                     max_memory=args.max_memory, keep_alive=keep_alive)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    from pagedllm.errors import ModelLoadError
+    from pagedllm.server.loading import LoadingServer
+
+    try:
+        with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
+            embeddings = _load_embeddings(args.embedding_model)
+            if first is not None:
+                pool.preload(first)
+    except (EmbeddingModelError, ModelLoadError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        pool.shutdown()
+        return 2
+    return serve(pool, config, embeddings)
+
+
+def _model_name(path: str) -> str:
+    base = os.path.basename(os.path.normpath(path))
+    return base[:-len(".gguf")] if base.lower().endswith(".gguf") else base
 
 
 MODEL_HINT = ("--model takes a GGUF file (on Hugging Face, search the model's name with "

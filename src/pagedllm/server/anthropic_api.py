@@ -24,20 +24,21 @@ from pagedllm.server.state import ServerState
 def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: HTTPRequest):
-        state.check_model(body.model)
-        prompt, params = await prepare_chat(
-            state, body.conversation(), body.sampling_params(), tools=body.openai_tools(),
-            tool_choice=body.openai_tool_choice(), continue_final=body.prefill(),
-            parallel_tool_calls=body.parallel_tool_calls())
-        job = Job([prompt.token_ids], params, body.stream, body.user(), api="anthropic.messages")
-        return await run(state, request, job, MessageShape(body.model, prompt.tools))
+        async with state.serving(body.model) as served:
+            prompt, params = await prepare_chat(
+                served, body.conversation(), body.sampling_params(), tools=body.openai_tools(),
+                tool_choice=body.openai_tool_choice(), continue_final=body.prefill(),
+                parallel_tool_calls=body.parallel_tool_calls())
+            job = Job([prompt.token_ids], params, body.stream, body.user(),
+                      api="anthropic.messages")
+            return await run(served, request, job, MessageShape(body.model, prompt.tools))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
-        state.check_model(body.model)
-        use = tool_use(state, body.openai_tools(), body.openai_tool_choice())
-        prompt = render_chat(state, body.conversation(), use, continue_final=body.prefill())
-        return {"input_tokens": len(prompt.token_ids)}
+        async with state.serving(body.model) as served:
+            use = tool_use(served, body.openai_tools(), body.openai_tool_choice())
+            prompt = render_chat(served, body.conversation(), use, continue_final=body.prefill())
+            return {"input_tokens": len(prompt.token_ids)}
 
 
 class MessageShape:

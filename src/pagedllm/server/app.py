@@ -18,7 +18,7 @@ from pagedllm.server.docs import install_docs
 from pagedllm.server.embeddings_api import add_embedding_routes
 from pagedllm.server.web_routes import add_web_routes
 from pagedllm.server.errors import APIError
-from pagedllm.server.metrics import EmbeddingCollector, ServerMetrics
+from pagedllm.server.metrics import EmbeddingCollector, ModelPoolCollector, ServerMetrics
 from pagedllm.server.middleware import ApiKeyAuth, BodyGuard
 from pagedllm.server.ollama_api import add_ollama_routes
 from pagedllm.server.openai_routes import add_openai_routes
@@ -26,6 +26,7 @@ from pagedllm.server.openapi import install_openapi
 from pagedllm.server.responses_api import add_responses_routes
 from pagedllm.server.state import ServerState
 from pagedllm.serving.client import EngineClient
+from pagedllm.serving.model_pool import ModelPool
 
 logger = logging.getLogger("pagedllm.server")
 
@@ -34,14 +35,18 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
                config: ServerConfig | None = None,
                metrics: ServerMetrics | None = None, embeddings=None) -> FastAPI:
     """The server over any EngineClient (serving/client.py): one local engine, whose loop the
-    caller runs (client.run()), or the replicas' front (its own metrics, labelled by
-    replica)."""
+    caller runs (client.run()), the replicas' front (its own metrics, labelled by replica),
+    or a model store's pool (serving/model_pool.py: models loaded on demand)."""
     config = config or ServerConfig()
-    info = client.info
-    name = served_model_name or info.model_config.name
+    pool = client if isinstance(client, ModelPool) else None
+    # A store has no one name: its models' rows carry theirs (the first is the examples').
+    name = (pool.catalog.names[0] if pool is not None
+            else served_model_name or client.info.model_config.name)
     keys = KeyStore(config.api_key_file)
     state = ServerState(client, name, metrics or ServerMetrics(client.figures, name),
-                        config, keys, int(time.time()))
+                        config, keys, int(time.time()), pool=pool)
+    if pool is not None:
+        state.metrics.registry.register(ModelPoolCollector(pool))
     state.apply_key_policies()
     if embeddings is not None:
         state.embeddings = embeddings

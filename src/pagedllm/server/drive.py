@@ -61,7 +61,8 @@ def _observe_finish(state: ServerState, choice: Choice, out: RequestOutput) -> N
     ttft = None if choice.first_token_time is None else choice.first_token_time - choice.arrival
     state.metrics.observe_request(
         ttft=ttft, e2e=time.monotonic() - choice.arrival, num_output_tokens=len(out.token_ids),
-        queue_time=out.queue_time, finish_reason=out.finish_reason)
+        queue_time=out.queue_time, finish_reason=out.finish_reason,
+        model=state.served_model_name)
     state.metrics.observe_user(choice.user, len(out.prompt_token_ids), len(out.token_ids),
                                is_key=choice.key is not None)
     choice.settle_tokens(state)

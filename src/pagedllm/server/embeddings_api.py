@@ -79,8 +79,8 @@ def _service_for(state: ServerState, model: str, field: str = "model") -> "Embed
             "; this server has none (serve --embedding-model all-minilm)"
         raise APIError(400, f"The model `{model}` generates text and does not make embeddings{served}.",
                        field, "model_not_embedding")
-    names = [f"`{state.served_model_name}`"] + ([f"`{service.name}`"] if service else [])
-    raise APIError(404, f"The model `{model}` does not exist; this server serves {' and '.join(names)}.",
+    names = state.known_models() + (f", `{service.name}`" if service else "")
+    raise APIError(404, f"The model `{model}` does not exist; this server serves {names}.",
                    field, "model_not_found")
 
 

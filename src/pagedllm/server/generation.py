@@ -46,7 +46,11 @@ def completion_endpoint(state: ServerState) -> Endpoint:
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, http_request: HTTPRequest):
-    state.check_model(body.model)
+    async with state.serving(body.model) as served:
+        return await _completion(served, body, http_request)
+
+
+async def _completion(state: ServerState, body: CompletionRequest, http_request: HTTPRequest):
     if body.echo:
         raise APIError(400, "echo is not supported", "echo", "unsupported")
     params = body.sampling_params(body.max_tokens, body.logprobs)
@@ -126,7 +130,12 @@ def _finish_reason(reason: str | None, calls: list) -> str | None:
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http_request: HTTPRequest):
-    state.check_model(body.model)
+    async with state.serving(body.model) as served:
+        return await _chat_completion(served, body, http_request)
+
+
+async def _chat_completion(state: ServerState, body: ChatCompletionRequest,
+                           http_request: HTTPRequest):
     top = (body.top_logprobs or 0) if body.logprobs else None
     prompt, params = await prepare_chat(
         state, body.template_messages(),

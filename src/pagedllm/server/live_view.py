@@ -31,23 +31,35 @@ class LiveView:
         self.state = state
         self.bench_results = bench_results
         self._process = psutil.Process()
+        self._configs: dict[tuple, dict] = {}
 
     async def snapshot(self, replica: str | None = None) -> dict:
         """With replicas: `replica`'s picture (the first one's by default), under `replicas`
-        a line for each (id, host, pool use, running, waiting); counters for them all."""
+        a line for each (id, host, pool use, running, waiting); counters for them all. In a
+        model store the loaded models take the replicas' place (`replica` names one;
+        `models` lists the store, loaded or not)."""
         figures = self.state.client.figures()
-        replicas = [f for f in figures if f.labels]
+        replicas = [f for f in figures if f.labels or f.model]
+        key = lambda f: f.labels[0] if f.labels else f.model  # noqa: E731
         if replicas and replica is None:
-            replica = replicas[0].labels[0]
-        engine_snapshot = await self.state.client.snapshot(replica)
+            replica = key(replicas[0])
+        if self.state.pool is not None and not replicas:  # nothing loaded yet
+            data = {"time": time.time(), "block_size": 0, "blocks": "", "block_hashed": "",
+                    "block_refs": {}, "requests": [], "fair_share": []}
+        else:
+            try:
+                data = (await self.state.client.snapshot(replica)).to_json()
+            except LookupError as exc:  # a store's model unloaded meanwhile
+                raise APIError(404, str(exc), "replica", "not_found") from exc
         stats = sum_stats([f.stats for f in figures])
-        data = engine_snapshot.to_json()
         if replicas:
             data["replica"] = replica
-            data["replicas"] = [{"replica": f.labels[0], "host": f.host, "node": f.node,
+            data["replicas"] = [{"replica": key(f), "host": f.host, "node": f.node,
                                  "kv_usage": f.stats.kv_usage, "kv_blocks_total": f.stats.kv_blocks_total,
                                  "num_running": f.stats.num_running, "num_waiting": f.stats.num_waiting}
                                 for f in replicas]
+        if self.state.pool is not None:
+            data["models"] = self.models()
         now = time.monotonic()
         for view in data["requests"]:
             choice = self.state.live_choices.get(view["request_id"])
@@ -80,17 +92,55 @@ class LiveView:
                 replica = None
             await asyncio.sleep(max(0.0, STREAM_INTERVAL_S - (time.monotonic() - started)))
 
-    @functools.cached_property
-    def config(self) -> dict:
-        """What the server runs with (read once: the quantization comes from the file)."""
+    def models(self) -> list[dict]:
+        """A store's models: loaded or not, resident size, seconds until unloaded, loads."""
+        pool = self.state.pool
+        loaded = {m.name: m for m in pool.loaded()}
+        now = time.monotonic()
+        rows = []
+        for name in pool.catalog.names:
+            model = loaded.get(name)
+            expires = model.expires_in(now) if model is not None else None
+            rows.append({"model": name, "loaded": model is not None,
+                         "size_bytes": model.size_bytes if model is not None else None,
+                         "expires_in_s": None if expires in (None, float("inf")) else round(expires),
+                         "busy": model.busy if model is not None else False,
+                         "loads": pool.events.loads[name],
+                         "load_seconds": pool.events.load_seconds.get(name)})
+        return rows
+
+    def info(self, replica: str | None = None):
+        """The EngineInfo shown: the server's; in a store the picked loaded model's (default:
+        the most recently used), None while nothing is loaded."""
+        chosen = self._chosen(replica)
+        return None if chosen is None else chosen[0]
+
+    def config(self, replica: str | None = None) -> dict | None:
+        """What the server (in a store: the picked loaded model) runs with."""
+        chosen = self._chosen(replica)
+        if chosen is None:
+            return None
+        info, name = chosen
+        key = (name, info.model_path)
+        if key not in self._configs:  # read once per model: the quantization is in the file
+            self._configs[key] = self._config(info, name)
+        return self._configs[key]
+
+    def _chosen(self, replica: str | None):
+        if self.state.pool is None:
+            return self.state.client.info, self.state.served_model_name
+        loaded = sorted(self.state.pool.loaded(), key=lambda m: -m.last_used)
+        chosen = next((m for m in loaded if m.name == replica), loaded[0] if loaded else None)
+        return None if chosen is None else (chosen.client.info, chosen.name)
+
+    def _config(self, info, name: str) -> dict:
         from pagedllm.weights.inspect import summarize_checkpoint
 
-        info = self.state.client.info
         cache, scheduler = info.cache_config, info.scheduler_config
         summary = summarize_checkpoint(info.model_path)
         cpu = info.cpu
         return {
-            "model": self.state.served_model_name, "architecture": info.model_config.architecture,
+            "model": name, "architecture": info.model_config.architecture,
             "quantization": summary.file_type or info.dtype, "dtype": info.dtype,
             "kv_cache_dtype": cache.cache_dtype, "kv_cache_bytes": info.kv_memory_bytes,
             "num_blocks": cache.num_blocks, "block_size": cache.block_size,
@@ -99,11 +149,10 @@ class LiveView:
             "cpu_isa": cpu.level, "cpu_best_isa": cpu.best, "threads": info.num_threads,
             "keys": self.state.keys.enabled}
 
-    def plan(self) -> list[dict]:
+    def plan(self, info) -> list[dict]:
         """KV memory for N parallel requests at the full context and at a typical length,
-        with this server's bytes per token: what raising --max-num-seqs would cost, and
-        whether each fits in this server's pool."""
-        info = self.state.client.info
+        with this server's (a model's) bytes per token: what raising --max-num-seqs would
+        cost, and whether each fits in its pool."""
         cache = info.cache_config
         per_token = sizing.kv_bytes_per_token(info.model_config, sizing.ELEMENT_SIZES[info.dtype],
                                               cache.cache_dtype)

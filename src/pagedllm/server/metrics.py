@@ -48,7 +48,8 @@ _TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
 
 class EngineStatsCollector:
     """Engine figures at scrape time from `figures()`: one sample per engine, labelled by
-    model_name plus `label_names` (("replica",) when replicas serve)."""
+    model_name (the row's own in a model store) plus `label_names` (("replica",) when
+    replicas serve)."""
 
     def __init__(self, figures, model_name: str, label_names: tuple[str, ...] = ()):
         self.figures = figures
@@ -59,7 +60,7 @@ class EngineStatsCollector:
         family = kind(P + name, doc, labels=self.label_names + list(extra))
         for row in rows:
             for labels, v in value(row):
-                family.add_metric([self.model_name, *row.labels, *labels], v)
+                family.add_metric([row.model or self.model_name, *row.labels, *labels], v)
         return family
 
     def collect(self):
@@ -196,8 +197,9 @@ class ServerMetrics:
         return OTHER_USERS
 
     def observe_request(self, *, ttft: float | None, e2e: float, num_output_tokens: int,
-                        queue_time: float | None, finish_reason: str | None) -> None:
-        label = self.model_name
+                        queue_time: float | None, finish_reason: str | None,
+                        model: str | None = None) -> None:
+        label = model or self.model_name
         tpot = None if ttft is None or num_output_tokens < 2 else (e2e - ttft) / (num_output_tokens - 1)
         with self._recent_lock:
             self._recent.append((time.monotonic(), ttft, tpot))
@@ -229,3 +231,42 @@ class EmbeddingCollector:
             family = CounterMetricFamily(P + name, doc, labels=["model_name"])
             family.add_metric([self.service.name], getattr(figures, attribute))
             yield family
+
+
+class ModelPoolCollector:
+    """A model store's loads and unloads (serving/model_pool.py's events) at scrape time."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def collect(self):
+        events, loaded = self.pool.events, self.pool.loaded()
+        resident = GaugeMetricFamily(P + "models_loaded", "Models loaded now (a store).")
+        resident.add_metric([], len(loaded))
+        yield resident
+        size = GaugeMetricFamily(P + "model_resident_bytes",
+                                 "A loaded model's weights and KV cache (bytes).",
+                                 labels=["model_name"])
+        for model in loaded:
+            size.add_metric([model.name], model.size_bytes)
+        yield size
+        loads = CounterMetricFamily(P + "model_loads", "Models loaded on demand.",
+                                    labels=["model_name"])
+        for name, count in list(events.loads.items()):
+            loads.add_metric([name], count)
+        yield loads
+        unloads = CounterMetricFamily(P + "model_unloads", "Models unloaded, by why (expired: "
+                                      "keep_alive ran out; room: another model needed it; "
+                                      "failed; shutdown).", labels=["model_name", "reason"])
+        for (name, reason), count in list(events.unloads.items()):
+            unloads.add_metric([name, reason], count)
+        yield unloads
+        seconds = GaugeMetricFamily(P + "model_load_seconds", "The last load's duration.",
+                                    labels=["model_name"])
+        for name, value in list(events.load_seconds.items()):
+            seconds.add_metric([name], value)
+        yield seconds
+        refused = CounterMetricFamily(P + "model_busy_refusals", "Requests refused (503) "
+                                      "because every model that could make room was busy.")
+        refused.add_metric([], events.refusals)
+        yield refused

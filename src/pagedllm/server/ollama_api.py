@@ -23,7 +23,8 @@ from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import merged
 from pagedllm.server.errors import APIError
 from pagedllm.server.pipeline import Job, run
-from pagedllm.server.ollama_models import ModelInfo, embedding_listing
+from pagedllm.server.ollama_models import (EXPIRES_NEVER, ModelInfo, embedding_listing,
+                                          expires_at, model_infos)
 from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields,
                                              OllamaGenerateRequest, OllamaModelRequest)
 from pagedllm.server.ollama_shapes import ChatShape, GenerateShape
@@ -38,65 +39,99 @@ _NO_IMAGES = "images are not supported: this server's model reads text only"
 
 
 def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
-    info = ModelInfo(state)
+    infos = model_infos(state)
 
     @app.post("/api/chat")
     async def chat(body: OllamaChatRequest, request: HTTPRequest):
-        info.check(body.model)
-        # Ollama has no tool_choice: a model offered tools may call them or answer ("auto").
-        prompt, params = await prepare_chat(state, _chat_messages(body), body.sampling_params(),
-                                            tools=body.tools)
-        return await run(state, request, _job(body, prompt.token_ids, params, "ollama.chat"),
-                         OllamaShape(body.model, lambda: ChatShape(prompt.tools)))
+        async with _serving(state, body.model, body.keep_alive) as served:
+            # Ollama has no tool_choice: a model offered tools may call them or answer.
+            prompt, params = await prepare_chat(served, _chat_messages(body),
+                                                body.sampling_params(), tools=body.tools)
+            return await run(served, request, _job(body, prompt.token_ids, params, "ollama.chat"),
+                             OllamaShape(body.model, lambda: ChatShape(prompt.tools)))
 
     @app.post("/api/generate")
     async def generate(body: OllamaGenerateRequest, request: HTTPRequest):
-        info.check(body.model)
         for field in ("template", "suffix"):
             if getattr(body, field):
                 raise APIError(400, f"{field} is not supported: pagedllm renders prompts with "
                                     f"the model's own chat template (or raw: true)", field)
         if body.images:
             raise APIError(400, _NO_IMAGES, "images")
-        if not body.prompt and not body.context:  # Ollama's "load the model" request
-            return JSONResponse({"model": body.model, "created_at": _now(), "response": "",
-                                 "done": True, "done_reason": "load"})
-        # Tokenized off the event loop, and stopped at the context (a raw prompt of megabytes
-        # is refused after about as much work as one that fits).
-        prompt_ids = list(body.context or []) + await asyncio.to_thread(_generate_prompt, state, body)
-        return await run(state, request, _job(body, prompt_ids, body.sampling_params(),
-                                              "ollama.generate"),
-                         OllamaShape(body.model, GenerateShape))
+        async with _serving(state, body.model, body.keep_alive) as served:
+            if not body.prompt and not body.context:  # Ollama's "load (or unload) the model"
+                unload = served.pool is not None and _keep_alive(body.keep_alive) == 0
+                return JSONResponse({"model": body.model, "created_at": _now(), "response": "",
+                                     "done": True, "done_reason": "unload" if unload else "load"})
+            # Tokenized off the event loop, and stopped at the context (a raw prompt of
+            # megabytes is refused after about as much work as one that fits).
+            prompt_ids = list(body.context or []) + await asyncio.to_thread(
+                _generate_prompt, served, body)
+            return await run(served, request, _job(body, prompt_ids, body.sampling_params(),
+                                                   "ollama.generate"),
+                             OllamaShape(body.model, GenerateShape))
 
-    _add_model_routes(app, state, info)
+    _add_model_routes(app, state, infos)
 
 
-def _add_model_routes(app: FastAPI, state: ServerState, info: ModelInfo) -> None:
+def _keep_alive(value) -> float | None:
+    """Ollama's keep_alive in seconds (None: the server's default); a bad value is a 400."""
+    from pagedllm.core.residency import KeepAliveError, parse_keep_alive
+
+    if value is None:
+        return None
+    try:
+        return parse_keep_alive(value)
+    except KeepAliveError as exc:
+        raise APIError(400, str(exc), "keep_alive") from exc
+
+
+def _serving(state: ServerState, model: str | None, keep_alive=None):
+    """state.serving with Ollama's own wording for a missing or unknown model."""
+    seconds = _keep_alive(keep_alive)
+    state.check_draining()
+    if not model:
+        raise APIError(400, "model is required", "model")
+    if not state.answers_to(model):
+        raise APIError(404, f"model '{model}' not found; this server serves "
+                            f"{state.known_models()}", "model")
+    return state.serving(model, seconds)
+
+
+def _add_model_routes(app: FastAPI, state: ServerState, infos: dict[str, ModelInfo]) -> None:
     """What Ollama's clients ask of the models: tags, ps, show, version; a model manager's
     routes answer that this server does not do that."""
-    # The model's details are read from its file once, on a worker thread (a GGUF's header
-    # takes seconds to parse), never on the event loop.
+    # The models' details are read from their files once, on a worker thread (a GGUF's
+    # header takes a second to parse), never on the event loop.
     @app.get("/api/tags")
     async def tags():
         embedder = [embedding_listing(state.embeddings)] if state.embeddings else []
-        return {"models": [await asyncio.to_thread(info.listing), *embedder]}
+        listed = [await asyncio.to_thread(info.listing) for info in infos.values()]
+        return {"models": [*listed, *embedder]}
 
     @app.get("/api/ps")
     async def ps():
-        far = datetime.datetime(2318, 1, 1, tzinfo=datetime.timezone.utc)  # never unloaded
-        listing = await asyncio.to_thread(info.listing)
-        loaded = [{**listing, "size": info.memory_bytes(), "size_vram": 0,
-                   "expires_at": far.isoformat(), "context_length": state.client.info.max_model_len}]
-        if state.embeddings is not None:  # loaded for the server's life, as the chat model
+        if state.pool is None:  # the one model, loaded for the server's life
+            info, client = next(iter(infos.values())), state.client
+            loaded = [await asyncio.to_thread(
+                lambda: info.loaded(info.card.file_bytes + int(client.info.kv_memory_bytes or 0),
+                                    EXPIRES_NEVER, client.info.max_model_len))]
+        else:
+            now = time.monotonic()
+            loaded = [await asyncio.to_thread(
+                infos[m.name].loaded, m.size_bytes, expires_at(m.expires_in(now)),
+                m.client.info.max_model_len) for m in state.pool.loaded()]
+        if state.embeddings is not None:  # loaded for the server's life
             embedder = await asyncio.to_thread(embedding_listing, state.embeddings)
-            loaded.append({**embedder, "size_vram": 0, "expires_at": far.isoformat(),
+            loaded.append({**embedder, "size_vram": 0, "expires_at": EXPIRES_NEVER,
                            "context_length": state.embeddings.model.max_tokens})
         return {"models": loaded}
 
     @app.post("/api/show")
     async def show(body: OllamaModelRequest):
-        info.check(body.model or body.name)
-        return await asyncio.to_thread(info.show)
+        async with _serving(state, body.model or body.name) as served:
+            info = infos[served.served_model_name]
+            return await asyncio.to_thread(info.show, served.client)
 
     @app.get("/api/version")
     async def api_version():
@@ -113,9 +148,10 @@ def _add_model_routes(app: FastAPI, state: ServerState, info: ModelInfo) -> None
 def _refusal(state: ServerState, path: str, what: str):
     # A client error, not a server fault: this server will never do it, whatever is retried.
     async def refuse():
-        raise APIError(400, f"{path}: pagedllm does not do {what}; it serves the one model it "
-                            f"was started with ({state.served_model_name}), chosen with "
-                            f"`pagedllm serve --model PATH`", None, "unsupported")
+        raise APIError(400, f"{path}: pagedllm does not do {what}; it serves the models it "
+                            f"was started with ({state.known_models()}), chosen with "
+                            f"`pagedllm serve --model PATH` or `--models-dir DIR`", None,
+                       "unsupported")
     return refuse
 
 

@@ -1,4 +1,4 @@
-"""The one served model as Ollama's /api/tags, /api/show and /api/ps describe a model."""
+"""The served models as Ollama's /api/tags, /api/show and /api/ps describe a model."""
 from __future__ import annotations
 
 import datetime
@@ -6,79 +6,56 @@ import functools
 import hashlib
 import os
 
-from pagedllm.server.errors import APIError
 from pagedllm.server.ollama_protocol import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from pagedllm.server.state import ServerState
 
 
 class ModelInfo:
-    """The one served model as Ollama's listing, show and ps describe a model."""
+    """One model (the served one, or a store's) as Ollama's listing, show and ps describe
+    it; what is read from its file (serving/model_store.py's card) is read once, on a
+    worker thread."""
 
-    def __init__(self, state: ServerState):
-        self.state = state
-        name = state.served_model_name
+    def __init__(self, name: str, path: str, dtype: str):
         self.name = name if ":" in name else f"{name}:latest"
-        self._accepted = {name, self.name}
-        path = state.client.info.model_path
-        self.path = path
-        stat = os.stat(path)
-        self.size = stat.st_size if os.path.isfile(path) else sum(
-            os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-        self.modified_at = datetime.datetime.fromtimestamp(
-            stat.st_mtime, datetime.timezone.utc).isoformat()
-        # Identifies the file (path, size, time), not its bytes: hashing a multi-GB model
-        # at start would cost seconds for a field no client checks.
-        self.digest = hashlib.sha256(f"{path}:{self.size}:{stat.st_mtime_ns}".encode()).hexdigest()
-
-    def check(self, model: str) -> None:
-        self.state.check_model(None)  # draining
-        if not model:
-            raise APIError(400, "model is required", "model")
-        if model not in self._accepted and not self.state.answers_to(model):
-            raise APIError(404, f"model '{model}' not found; this server serves "
-                                f"'{self.name}'", "model")
-
-    def details(self) -> dict:
-        return dict(self._details)
+        self.path, self.dtype = path, dtype
 
     @functools.cached_property
-    def _details(self) -> dict:
-        # Read from the file once (its header and every tensor's shape: ~1 s for a GGUF).
-        from pagedllm.weights.inspect import summarize_checkpoint
+    def card(self):
+        from pagedllm.serving.model_store import describe
 
-        config = self.state.client.info.model_config
-        summary = summarize_checkpoint(self.path)
-        params = summary.num_embedding_params + summary.num_body_params
-        return {"parent_model": "", "format": "gguf" if os.path.isfile(self.path) else "safetensors",
-                "family": config.architecture, "families": [config.architecture],
-                "parameter_size": f"{params / 1e6:.0f}M" if params < 1e9 else f"{params / 1e9:.1f}B",
+        return describe(self.path)
+
+    def details(self) -> dict:
+        card = self.card
+        return {"parent_model": "", "format": card.format, "family": card.architecture,
+                "families": [card.architecture], "parameter_size": card.parameter_size,
                 # a GGUF: the type it was written as; a folder: the dtype served
-                "quantization_level": summary.file_type or self.state.client.info.dtype.upper(),
-                "parameter_count": params}
+                "quantization_level": (card.quantization if card.quantization != "none"
+                                       else self.dtype.upper())}
 
     def listing(self) -> dict:
-        details = self.details()
-        details.pop("parameter_count")
-        return {"name": self.name, "model": self.name, "modified_at": self.modified_at,
-                "size": self.size, "digest": self.digest, "details": details}
+        card = self.card
+        return {"name": self.name, "model": self.name, "modified_at": card.modified_at,
+                "size": card.file_bytes, "digest": card.digest(self.path),
+                "details": self.details()}
 
-    def memory_bytes(self) -> int:
-        return self.size + int(self.state.client.info.kv_memory_bytes or 0)
+    def loaded(self, size: int, expires_at: str, context_length: int) -> dict:
+        """/api/ps's entry: the listing with the resident size (weights + KV cache)."""
+        return {**self.listing(), "size": size, "size_vram": 0, "expires_at": expires_at,
+                "context_length": context_length}
 
-    def show(self) -> dict:
-        client = self.state.client
+    def show(self, client) -> dict:
+        """/api/show's answer, from the loaded model's client."""
         config = client.info.model_config
-        details = self.details()
         arch = config.architecture
-        params = details.pop("parameter_count")
         return {
             "modelfile": f"# served by pagedllm\nFROM {self.path}\n",
             "parameters": (f"temperature {DEFAULT_TEMPERATURE}\ntop_k {DEFAULT_TOP_K}\n"
                            f"top_p {DEFAULT_TOP_P}"),
             "template": client.tokenizer.chat_template or "",
-            "details": details,
+            "details": self.details(),
             "model_info": {
-                "general.architecture": arch, "general.parameter_count": params,
+                "general.architecture": arch, "general.parameter_count": self.card.parameters,
                 f"{arch}.context_length": client.info.max_model_len,
                 f"{arch}.embedding_length": config.hidden_size,
                 f"{arch}.block_count": config.num_layers,
@@ -86,8 +63,30 @@ class ModelInfo:
                 f"{arch}.attention.head_count_kv": config.num_kv_heads,
                 f"{arch}.vocab_size": config.vocab_size},
             "capabilities": ["completion", "tools"],
-            "modified_at": self.modified_at,
+            "modified_at": self.card.modified_at,
         }
+
+
+def model_infos(state: ServerState) -> dict[str, ModelInfo]:
+    """Every model the server serves, by its store name (one: the served name)."""
+    if state.pool is None:
+        info = state.client.info
+        return {state.served_model_name: ModelInfo(state.served_model_name, info.model_path,
+                                                   info.dtype)}
+    catalog, base = state.pool.catalog, state.pool.base_config
+    return {name: ModelInfo(name, entry.path, entry.engine_config(base).dtype)
+            for name, entry in catalog.entries.items()}
+
+
+EXPIRES_NEVER = datetime.datetime(2318, 1, 1, tzinfo=datetime.timezone.utc).isoformat()
+
+
+def expires_at(seconds: float) -> str:
+    """/api/ps's expires_at for a model that unloads in `seconds` (inf: never)."""
+    if seconds == float("inf"):
+        return EXPIRES_NEVER
+    return (datetime.datetime.now(datetime.timezone.utc)
+            + datetime.timedelta(seconds=seconds)).isoformat()
 
 
 def embedding_listing(service) -> dict:

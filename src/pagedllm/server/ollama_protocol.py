@@ -49,7 +49,7 @@ class OllamaFields(RequestModel):
     format: Literal["", "json"] | dict[str, Any] | None = None
     options: OllamaOptions = Field(default_factory=OllamaOptions)
     stream: bool = True
-    keep_alive: str | int | float | None = None  # the one model stays loaded; accepted
+    keep_alive: str | int | float | None = None  # a store's model stays loaded this long
 
     def grammar(self) -> GrammarSpec | None:
         if not self.format:

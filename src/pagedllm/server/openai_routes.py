@@ -4,6 +4,9 @@ parses and shapes them; the pipeline runs them), and vLLM's /tokenize and /detok
 in the schema."""
 from __future__ import annotations
 
+import asyncio
+import functools
+
 from fastapi import FastAPI, Request as HTTPRequest
 
 from pagedllm.errors import FieldError
@@ -16,9 +19,6 @@ from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 
 
 def add_openai_routes(app: FastAPI, state: ServerState) -> None:
-    client, info, name = state.client, state.client.info, state.served_model_name
-    card = _model_card(info)
-
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     async def models():
@@ -26,9 +26,10 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         embedding = [{"id": embedder.name, "object": "model", "created": state.created,
                       "owned_by": "pagedllm", "max_model_len": embedder.model.max_tokens,
                       "kind": "embedding", "dimensions": embedder.model.dimensions}] if embedder else []
-        return {"object": "list", "data": [{
-            "id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
-            "max_model_len": info.max_model_len, **card}, *embedding]}
+        cards = await asyncio.to_thread(_model_cards, state)
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
+             **card} for name, card in cards.items()] + embedding}
 
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
@@ -42,18 +43,19 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
-        state.check_model(body.model)
-        return _tokenize(state, body)
+        async with state.serving(body.model) as served:
+            return _tokenize(served, body)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        state.check_model(body.model)
-        vocab = info.model_config.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"token ids must be in [0, {vocab}), got {bad[:3]}", "tokens",
-                           "invalid_value")
-        return {"prompt": client.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        async with state.serving(body.model) as served:
+            vocab = served.client.info.model_config.vocab_size
+            bad = [t for t in body.tokens if not 0 <= t < vocab]
+            if bad:
+                raise APIError(400, f"token ids must be in [0, {vocab}), got {bad[:3]}",
+                               "tokens", "invalid_value")
+            return {"prompt": served.client.tokenizer.decode(body.tokens,
+                                                             skip_special_tokens=False)}
 
 
 def _tokenize(state: ServerState, body: TokenizeRequest) -> dict:
@@ -80,15 +82,41 @@ def _tokenize(state: ServerState, body: TokenizeRequest) -> dict:
     return {"tokens": ids, "count": len(ids), "max_model_len": limit}
 
 
-def _model_card(info) -> dict:
-    """What /v1/models adds to OpenAI's fields: what is served, in what format and dtype."""
+def _model_cards(state: ServerState) -> dict[str, dict]:
+    """What /v1/models adds to OpenAI's fields, per model: what it is (read from its file
+    without loading it) and, once loaded, how it is served."""
+    if state.pool is None:
+        return {state.served_model_name: _loaded_card(state.client.info)}
+    loaded = {m.name: m for m in state.pool.loaded()}
+    cards = {}
+    for name, entry in state.pool.catalog.entries.items():
+        try:
+            card = state.pool.catalog.card(name)
+            known = {"architecture": card.architecture, "quantization": card.quantization,
+                     "parameters": card.parameters, "size": card.file_bytes,
+                     "context_length": card.context_length}
+        except Exception as exc:  # noqa: BLE001 - one unreadable file must not hide the rest
+            known = {"error": f"cannot read {entry.path}: {exc}"}
+        model = loaded.get(name)
+        cards[name] = {**known, "loaded": model is not None,
+                       **(_loaded_card(model.client.info) if model is not None else {})}
+    return cards
+
+
+def _loaded_card(info) -> dict:
+    """A loaded model's card: what is served, in what format and dtype, where."""
+    return {"max_model_len": info.max_model_len, "architecture": info.model_config.architecture,
+            # the GGUF's file type ("Q4_1"); a Hugging Face folder's weights are not quantized
+            "quantization": _file_type(info.model_path) or "none", "dtype": info.dtype,
+            "context_length": info.max_model_len, "device": info.device}
+
+
+@functools.lru_cache(maxsize=64)
+def _file_type(path: str) -> str | None:
+    """A GGUF's file type, read once per file (its header: about a second)."""
     from pagedllm.weights.inspect import summarize_checkpoint
 
     try:
-        file_type = summarize_checkpoint(info.model_path).file_type
+        return summarize_checkpoint(path).file_type
     except Exception:  # noqa: BLE001 - a listing must not fail on a header it cannot read
-        file_type = None
-    return {"architecture": info.model_config.architecture,
-            # the GGUF's file type ("Q4_1"); a Hugging Face folder's weights are not quantized
-            "quantization": file_type or "none", "dtype": info.dtype,
-            "context_length": info.max_model_len, "device": info.device}
+        return None

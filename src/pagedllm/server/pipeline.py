@@ -56,7 +56,7 @@ async def run(state: ServerState, http_request: HTTPRequest, job: Job, shape: Sh
         await asyncio.to_thread(state.client.compile_grammar, job.params.guided)
     choices = make_choices(state, http_request, job)
     submit(state, choices, job.report_position and job.stream)
-    state.metrics.api_requests.labels(state.metrics.model_name, job.api).inc()
+    state.metrics.api_requests.labels(state.served_model_name, job.api).inc()
     if job.stream:
         return shape.stream(state, choices)
     if not await collect(state, http_request, choices):

@@ -27,15 +27,16 @@ def add_responses_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/responses")
     @app.post("/responses", include_in_schema=False)
     async def create(body: ResponsesRequest, request: HTTPRequest):
-        state.check_model(body.model)
-        owner = _owner(state, request)
-        conversation = _earlier(state, body, owner) + body.conversation()
-        prompt, params = await prepare_chat(
-            state, conversation, body.sampling_params(), tools=body.chat_tools(),
-            tool_choice=body.chat_tool_choice(), parallel_tool_calls=body.parallel_tool_calls)
-        job = Job([prompt.token_ids], params, body.stream, body.user, api="openai.responses")
-        shape = ResponseShape(body, prompt.tools, conversation, owner)
-        return await run(state, request, job, shape)
+        async with state.serving(body.model) as served:
+            owner = _owner(served, request)
+            conversation = _earlier(served, body, owner) + body.conversation()
+            prompt, params = await prepare_chat(
+                served, conversation, body.sampling_params(), tools=body.chat_tools(),
+                tool_choice=body.chat_tool_choice(),
+                parallel_tool_calls=body.parallel_tool_calls)
+            job = Job([prompt.token_ids], params, body.stream, body.user, api="openai.responses")
+            shape = ResponseShape(body, prompt.tools, conversation, owner)
+            return await run(served, request, job, shape)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str, request: HTTPRequest):

@@ -68,10 +68,11 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def ready_message(info: EngineInfo, host: str, port: int, served_name: str, scheme: str = "http",
-                  keys: int | None = None, key_file: str | None = None, embeddings=None) -> str:
-    """What an admin needs to see once: where, what model, how much fits, who may use it."""
-    cache, scheduler = info.cache_config, info.scheduler_config
+def ready_message(info: EngineInfo | None, host: str, port: int, served_name: str,
+                  scheme: str = "http", keys: int | None = None, key_file: str | None = None,
+                  embeddings=None, pool=None) -> str:
+    """What an admin needs to see once: where, what model (or store), how much fits, who
+    may use it."""
     wildcard = host in ("0.0.0.0", "::", "")
     shown_host = socket.gethostname() if wildcard else (f"[{host}]" if ":" in host else host)
     where = f"{scheme}://{shown_host}:{port}"
@@ -80,6 +81,49 @@ def ready_message(info: EngineInfo, host: str, port: int, served_name: str, sche
     # Each base URL as its clients take it: OpenAI's with /v1; Anthropic's and Ollama's
     # clients add their own paths (/v1/messages, /api/chat) to the bare address.
     lines.append(f"  base URLs: OpenAI {where}/v1, Anthropic and Ollama {where}")
+    if info is None:  # a model store (`pool`): what it holds and its bounds
+        lines += _store_lines(pool)
+    else:
+        lines += _model_lines(info, served_name)
+    if embeddings is not None:
+        model = embeddings.model
+        lines.append(f"  embeddings: {embeddings.name} ({model.dimensions} dimensions, up to "
+                     f"{model.max_tokens} tokens an input) at /v1/embeddings and /api/embed")
+    lines.append("  API keys: " + (
+        f"on, {keys} key(s) from {key_file}" if key_file else
+        "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
+        "off: ANYONE who can reach this address may use it"))
+    spec = info.speculative if info is not None else pool.base_config.speculative
+    if spec.method != "off":
+        source = f"draft model {spec.draft_model}" if spec.method == "draft" else spec.method
+        lines.append(f"  speculative decoding: {source}, up to {spec.num_speculative_tokens} "
+                     f"proposed tokens a step (a request may say \"speculative\": \"off\")")
+    if info is not None:
+        lines.append(f"  device: {info.device}; CPU: {info.cpu.level} kernels, {info.compute} of "
+                     f"{os.cpu_count()} cores")
+    else:
+        lines.append(f"  device: cpu; {pool.num_threads} compute thread(s) per loaded model "
+                     f"(--threads) of {os.cpu_count()} cores")
+    return "\n".join(lines)
+
+
+def _store_lines(pool) -> list[str]:
+    from pagedllm.core.residency import FOREVER
+
+    names = pool.catalog.names
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    keep = ("forever" if pool.keep_alive == FOREVER else f"{pool.keep_alive:g} s")
+    memory = ("" if pool.max_memory is None
+              else f", within {pool.max_memory / 2**20:,.0f} MiB (--max-memory)")
+    return [f"  model store: {len(names)} model(s): {shown}",
+            f"  each loaded on its first request, at most {pool.max_loaded_models} at once "
+            f"(--max-loaded-models){memory}; idle ones unloaded after {keep} (--keep-alive, or "
+            f"a request's keep_alive)"]
+
+
+def _model_lines(info: EngineInfo, served_name: str) -> list[str]:
+    cache, scheduler = info.cache_config, info.scheduler_config
+    lines = []
     longest = info.model_config.max_position_embeddings
     cut = (f" (the model's is {longest:,}: raise --kv-cache-memory to serve more)"
            if scheduler.max_model_len < longest else "")
@@ -89,22 +133,7 @@ def ready_message(info: EngineInfo, host: str, port: int, served_name: str, sche
     lines.append(f"  KV cache {info.kv_memory_bytes / 2**20:,.0f} MiB = {info.capacity_tokens:,} "
                  f"tokens; {scheduler.max_num_seqs} requests run in parallel (max_num_seqs), "
                  f"{full} of them at the full context at once")
-    if embeddings is not None:
-        model = embeddings.model
-        lines.append(f"  embeddings: {embeddings.name} ({model.dimensions} dimensions, up to "
-                     f"{model.max_tokens} tokens an input) at /v1/embeddings and /api/embed")
-    lines.append("  API keys: " + (
-        f"on, {keys} key(s) from {key_file}" if key_file else
-        "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
-        "off: ANYONE who can reach this address may use it"))
-    spec = info.speculative
-    if spec.method != "off":
-        source = f"draft model {spec.draft_model}" if spec.method == "draft" else spec.method
-        lines.append(f"  speculative decoding: {source}, up to {spec.num_speculative_tokens} "
-                     f"proposed tokens a step (a request may say \"speculative\": \"off\")")
-    lines.append(f"  device: {info.device}; CPU: {info.cpu.level} kernels, {info.compute} of "
-                 f"{os.cpu_count()} cores")
-    return "\n".join(lines)
+    return lines
 
 
 class PollFilter(logging.Filter):
@@ -165,7 +194,8 @@ def serve(client: EngineClient, config: ServerConfig, embeddings=None) -> int:
         logging.getLogger("uvicorn.access").addFilter(PollFilter())
     server = DrainingServer(http_config, state, grace_seconds,
                             ready_message(client.info, host, port, state.served_model_name, scheme,
-                                          len(state.keys.keys), config.api_key_file, embeddings))
+                                          len(state.keys.keys), config.api_key_file, embeddings,
+                                          state.pool))
     http = threading.Thread(target=server.run, name="pagedllm-http", daemon=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.handle_exit)

@@ -1,9 +1,16 @@
 """What every request handler shares: the engine client, the served name, metrics,
 config, keys and rate limits; who is asking; admission (queue room, tokens per minute).
-Built once by app.create_app; the handlers take it as their first argument."""
+Built once by app.create_app; the handlers take it as their first argument.
+
+With a model store (serve --models-dir) the state's client is the pool of loaded models
+(serving/model_pool.py); a handler asks `serving(model)` for the request's view: the same
+state with the named model's engine as its client (loaded first if need be), held until the
+handler is done."""
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import Request as HTTPRequest
@@ -35,18 +42,64 @@ class ServerState:
     responses: ResponseStore = field(default_factory=ResponseStore)
     # The embedding model (embeddings/service.py's EmbeddingService), when one is served.
     embeddings: object | None = None
+    # A model store's loaded models (serving/model_pool.py's ModelPool, also `client`);
+    # None: the one model of `client`.
+    pool: object | None = None
 
-    def check_model(self, model: str | None) -> None:
+    def check_draining(self) -> None:
         if self.draining:
             raise APIError(503, "server is shutting down", None, "shutting_down")
-        if model is not None and not self.answers_to(model):
+
+    def check_model(self, model: str | None) -> None:
+        self.check_draining()
+        if self.pool is not None:
+            if not model:
+                raise APIError(400, f"model is required: this server serves "
+                                    f"{self.known_models()}", "model", "model_required")
+            if self.pool.catalog.find(model) is None:
+                raise APIError(404, f"The model `{model}` does not exist; this server serves "
+                                    f"{self.known_models()}.", "model", "model_not_found")
+        elif model is not None and not self.answers_to(model):
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
                                 f"`{self.served_model_name}`.", "model", "model_not_found")
 
+    def known_models(self) -> str:
+        names = self.pool.catalog.names if self.pool is not None else [self.served_model_name]
+        return ", ".join(f"`{n}`" for n in names)
+
     def answers_to(self, model: str) -> bool:
-        """The served name, or one of the admin's aliases (--model-alias; * patterns)."""
-        return model == self.served_model_name or any(
+        """The served name, or one of the admin's aliases (--model-alias; * patterns); in a
+        store, any of its models' names or aliases."""
+        if self.pool is not None:
+            return self.pool.catalog.find(model) is not None
+        return model in (self.served_model_name, self.served_model_name + ":latest") or any(
             fnmatch.fnmatchcase(model, alias) for alias in self.config.model_aliases)
+
+    @asynccontextmanager
+    async def serving(self, model: str | None, keep_alive: float | None = None):
+        """This request's view of the server: itself with one model; in a store, the named
+        model's engine as `client` (loaded on demand, which the caller waits for), leased
+        until the block ends so it is not unloaded before the requests are submitted (then
+        they keep it busy). keep_alive: seconds it stays loaded after (Ollama's field)."""
+        self.check_model(model)
+        if self.pool is None:
+            yield self
+            return
+        from pagedllm.serving.model_pool import ModelLoadFailed, ModelsBusy, ModelTooLarge
+
+        entry = self.pool.catalog.find(model)
+        try:
+            loaded = await self.pool.acquire(entry, keep_alive)
+        except ModelsBusy as exc:
+            raise APIError(503, str(exc), "model", "model_busy", {"Retry-After": "5"}) from exc
+        except ModelTooLarge as exc:
+            raise APIError(503, str(exc), "model", "model_too_large") from exc
+        except ModelLoadFailed as exc:
+            raise APIError(500, str(exc), "model", "model_load_failed") from exc
+        try:
+            yield dataclasses.replace(self, client=loaded.client, served_model_name=loaded.name)
+        finally:
+            self.pool.release(loaded)
 
     def cache_salt_for(self, user: str) -> str | None:
         # Salted by user so one user cannot learn another's prompts through cache timing.

@@ -48,7 +48,9 @@ def add_web_routes(app: FastAPI, state: ServerState, bench_results: str | None) 
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         data = await view.snapshot(replica)
         if config:
-            data.update(config=view.config, plan=view.plan(), bench=view.bench())
+            data.update(config=view.config(data.get("replica")), bench=view.bench())
+            info = view.info(data.get("replica"))
+            data["plan"] = view.plan(info) if info is not None else []
         return JSONResponse(data)
 
     return view

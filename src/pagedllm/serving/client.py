@@ -1,10 +1,11 @@
 """EngineClient: the one interface the HTTP server has to whatever generates tokens.
 
 The local engine (serving/local.py), the Ray replicas' front (replicas/front.py) and the
-coming model store implement it; the server (server/) imports this module and nothing of
+model store's pool (serving/model_pool.py) implement it; the server (server/) imports this module and nothing of
 the engine's own. The contract:
 
-- `info` and `tokenizer` say what is served; they never change while serving.
+- `info` and `tokenizer` say what is served; they never change while serving (a model
+  store's pool, serving/model_pool.py, has none of its own: each loaded model's client has).
 - `make_request` turns a prompt and sampling parameters into a checked Request without
   touching any engine state (safe on the event loop). It raises a FieldError (errors.py)
   naming the field for bad input; the output budget is decided there, once
@@ -73,6 +74,7 @@ class EngineFigures:
     node: str = ""  # a replica's Ray node and host (replica_info)
     host: str = ""
     device: str = "cpu"  # where the engine's model runs (device_info)
+    model: str = ""  # a model store's name for the engine's model ("": the served model)
 
 
 RequestStream = AsyncIterable[RequestOutput | QueuePosition]

@@ -1,0 +1,313 @@
+"""A model store's loaded models: each its own engine (KV pool, scheduler, loop thread) in
+this process, loaded on its first request, unloaded when its keep-alive runs out or when a
+newly asked model needs the room (core/residency.py decides which), never while busy.
+
+The pool is also the server's EngineClient for what concerns every model at once (requests
+in flight, aborts, published figures, key policies, run/shutdown), so draining, key
+revocation and /metrics work unchanged; a request's own work (make_request, submit, the
+tokenizer) goes to the engine of the model it names, which it holds (a lease) from the
+moment it is routed until its requests are submitted, so nothing unloads under it.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import gc
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from pagedllm.config import EngineConfig
+from pagedllm.core import sizing
+from pagedllm.core.residency import (DEFAULT_KEEP_ALIVE, FOREVER, NeverFits, Resident, expired,
+                                     make_room)
+from pagedllm.core.snapshot import EngineSnapshot
+from pagedllm.serving.client import EngineFigures
+from pagedllm.serving.model_store import ModelCatalog, StoreEntry
+
+logger = logging.getLogger("pagedllm.models")
+REAP_INTERVAL = 0.25  # seconds between keep-alive checks
+
+
+class ModelsBusy(RuntimeError):
+    """No room for the model now: every model that could make room is busy."""
+
+
+class ModelTooLarge(RuntimeError):
+    """The model does not fit within --max-memory even with nothing else loaded."""
+
+
+class ModelLoadFailed(RuntimeError):
+    """Loading the model failed (its file, its options); the message says why."""
+
+
+@dataclass
+class LoadedModel:
+    entry: StoreEntry
+    client: object  # LocalEngineClient
+    thread: threading.Thread
+    size_bytes: int
+    loaded_at: float  # wall clock
+    last_used: float  # monotonic
+    keep_alive: float
+    leases: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def busy(self) -> bool:
+        return self.leases > 0 or self.client.num_in_flight > 0
+
+    def expires_in(self, now: float) -> float:
+        """Seconds until its keep-alive runs out (FOREVER: never; while busy it restarts)."""
+        if self.keep_alive == FOREVER:
+            return FOREVER
+        return self.keep_alive if self.busy else max(0.0, self.last_used + self.keep_alive - now)
+
+
+@dataclass
+class PoolEvents:
+    """Loads and unloads, for /metrics and the page (read by any thread, counts only grow)."""
+
+    loads: collections.Counter = field(default_factory=collections.Counter)
+    unloads: collections.Counter = field(default_factory=collections.Counter)  # (name, reason)
+    load_seconds: dict = field(default_factory=dict)  # name -> the last load's seconds
+    refusals: int = 0  # requests answered 503 because every candidate was busy
+
+
+def estimate_resident_bytes(config: EngineConfig) -> tuple[int, int]:
+    """(weight bytes, KV bytes) a model will hold once loaded with `config`, from its header:
+    a GGUF served in bfloat16 keeps its quantized matrices (about the file's size); otherwise
+    every parameter in the dtype, the embeddings in float32. The KV cache as the engine sizes
+    it (engine/factory.py)."""
+    from pagedllm.weights.inspect import summarize_checkpoint
+
+    summary = summarize_checkpoint(config.model)
+    element_size = sizing.ELEMENT_SIZES[config.dtype]
+    if os.path.isfile(config.model) and config.dtype == "bfloat16":
+        weights = os.path.getsize(config.model)
+    else:
+        weights = summary.weight_bytes(element_size)
+    model = summary.config
+    full_request = sizing.kv_bytes_per_request(
+        model, element_size, config.kv_cache_dtype,
+        min(config.max_model_len or model.max_position_embeddings, model.max_position_embeddings),
+        config.block_size)
+    return weights, sizing.resolve_kv_memory(config.kv_cache_memory, full_request)
+
+
+def _load_engine(config: EngineConfig):
+    from pagedllm.engine.faults import Faults
+    from pagedllm.serving.local import LocalEngineClient
+
+    return LocalEngineClient.load(config, faults=Faults.from_env())
+
+
+class ModelPool:
+    def __init__(self, catalog: ModelCatalog, base_config: EngineConfig, *,
+                 max_loaded_models: int | None = 3, max_memory: int | None = None,
+                 keep_alive: float = DEFAULT_KEEP_ALIVE, num_threads: int | None = None,
+                 load=_load_engine, estimate=estimate_resident_bytes):
+        """max_memory bounds the loaded models' weights + KV together (None: no bound);
+        num_threads: each engine's compute threads (default: torch's now)."""
+        import torch
+
+        self.catalog = catalog
+        self.base_config = base_config
+        self.max_loaded_models = max_loaded_models
+        self.max_memory = max_memory
+        self.keep_alive = keep_alive
+        self.num_threads = num_threads or torch.get_num_threads()
+        self.events = PoolEvents()
+        self.dead: str | None = None  # a store keeps serving when one model fails
+        self._load, self._estimate = load, estimate
+        self._loaded: dict[str, LoadedModel] = {}
+        self._mutex = threading.Lock()  # the loaded dict and leases (event loop + reaper)
+        self._loading: asyncio.Lock | None = None  # one load at a time (the budget's view)
+        self._stopped = threading.Event()
+        self._policies: tuple[dict, dict] = ({}, {})
+
+    # -- what a request asks of the pool (event loop) -----------------------------------------
+    async def acquire(self, entry: StoreEntry, keep_alive: float | None = None) -> LoadedModel:
+        """The entry's engine, loaded first if it is not (the caller waits; other models keep
+        serving), leased to the caller until release(). Raises ModelsBusy, ModelTooLarge or
+        ModelLoadFailed."""
+        loaded = self._lease(entry.name, keep_alive)
+        if loaded is not None:
+            return loaded
+        if self._loading is None:
+            self._loading = asyncio.Lock()
+        async with self._loading:
+            loaded = self._lease(entry.name, keep_alive)
+            if loaded is None:
+                loaded = await asyncio.to_thread(self._load_leased, entry, keep_alive)
+        return loaded
+
+    def preload(self, name: str) -> None:
+        """Load a model now (serve --model with a store), idle afterwards."""
+        self.release(self._load_leased(self.catalog.entries[name], None))
+
+    def release(self, loaded: LoadedModel) -> None:
+        with self._mutex:
+            loaded.leases -= 1
+            loaded.last_used = time.monotonic()
+
+    def _lease(self, name: str, keep_alive: float | None) -> LoadedModel | None:
+        with self._mutex:
+            loaded = self._loaded.get(name)
+            if loaded is not None:
+                loaded.leases += 1
+                loaded.last_used = time.monotonic()
+                loaded.keep_alive = self.keep_alive if keep_alive is None else keep_alive
+            return loaded
+
+    def loaded(self) -> list[LoadedModel]:
+        with self._mutex:
+            return list(self._loaded.values())
+
+    def get(self, name: str) -> LoadedModel | None:
+        return self._loaded.get(name)
+
+    # -- loading and unloading (a worker thread; the reaper) ---------------------------------
+    def _load_leased(self, entry: StoreEntry, keep_alive: float | None) -> LoadedModel:
+        config = entry.engine_config(self.base_config)
+        try:
+            weights, kv = self._estimate(config)
+        except Exception as exc:  # noqa: BLE001 - an unreadable file is the client's answer
+            raise ModelLoadFailed(f"cannot read model {entry.name}: {exc}") from exc
+        with self._mutex:
+            resident = [Resident(m.name, m.size_bytes, m.busy, m.last_used)
+                        for m in self._loaded.values()]
+            try:
+                names = make_room(resident, weights + kv, self.max_loaded_models, self.max_memory)
+            except NeverFits as exc:
+                raise ModelTooLarge(
+                    f"model {entry.name} needs about {(weights + kv) / 2**20:,.0f} MiB (weights "
+                    f"{weights / 2**20:,.0f} MiB + KV cache {kv / 2**20:,.0f} MiB), more than "
+                    f"--max-memory ({self.max_memory / 2**20:,.0f} MiB); give it a smaller "
+                    f"kv-cache-memory or raise --max-memory") from exc
+            if names is None:
+                self.events.refusals += 1
+                busy = ", ".join(m.name for m in self._loaded.values() if m.busy)
+                raise ModelsBusy(f"model {entry.name} does not fit while {busy} "
+                                 f"{'is' if ',' not in busy else 'are'} busy "
+                                 f"(--max-loaded-models {self.max_loaded_models}, --max-memory "
+                                 f"{self.max_memory}); retry when they finish")
+            victims = [self._loaded.pop(name) for name in names]
+        for victim in victims:
+            self._stop(victim, "room")
+        started = time.monotonic()
+        try:
+            client = self._load(config)
+        except Exception as exc:  # noqa: BLE001 - said to the client, logged here
+            logger.exception("loading model %s failed", entry.name)
+            raise ModelLoadFailed(f"loading model {entry.name} failed: {exc}") from exc
+        seconds = time.monotonic() - started
+        client.set_user_policies(*self._policies)
+        thread = threading.Thread(target=self._run_engine, args=(client,), daemon=True,
+                                  name=f"pagedllm-engine-{entry.name}")
+        thread.start()
+        loaded = LoadedModel(entry, client, thread, weights + int(client.info.kv_memory_bytes),
+                             time.time(), time.monotonic(),
+                             self.keep_alive if keep_alive is None else keep_alive, leases=1)
+        with self._mutex:
+            self._loaded[entry.name] = loaded
+            self.events.loads[entry.name] += 1
+            self.events.load_seconds[entry.name] = seconds
+        logger.info("model %s loaded on first request in %.1fs (about %.0f MiB with its KV "
+                    "cache); %d model(s) loaded", entry.name, seconds, loaded.size_bytes / 2**20,
+                    len(self._loaded))
+        return loaded
+
+    def _run_engine(self, client) -> None:
+        import torch
+
+        # A new thread starts with the runtime's default thread count, not --threads.
+        torch.set_num_threads(self.num_threads)
+        client.run()
+
+    def _stop(self, loaded: LoadedModel, reason: str) -> None:
+        loaded.client.shutdown()
+        loaded.thread.join(timeout=30)
+        self.events.unloads[(loaded.name, reason)] += 1
+        logger.info("model %s unloaded (%s)", loaded.name, {
+            "room": "to make room for another model", "expired": "its keep_alive ran out",
+            "failed": "its engine failed", "shutdown": "server shutting down"}.get(reason, reason))
+        del loaded.client  # the engine's tensors go with the last reference
+        gc.collect()
+        from pagedllm.engine.factory import _return_freed_memory
+        _return_freed_memory()
+
+    def reap(self, now: float | None = None) -> list[str]:
+        """Unload the idle models whose keep-alive ran out and the failed ones; a busy
+        model's keep-alive restarts (it counts from the end of the last request)."""
+        now = time.monotonic() if now is None else now
+        with self._mutex:
+            gone = []
+            for name, loaded in list(self._loaded.items()):
+                if loaded.client.dead:
+                    gone.append((self._loaded.pop(name), "failed"))
+                elif loaded.busy:
+                    loaded.last_used = now
+                elif expired(loaded.last_used, loaded.keep_alive, now):
+                    gone.append((self._loaded.pop(name), "expired"))
+        for loaded, reason in gone:
+            self._stop(loaded, reason)
+        return [loaded.name for loaded, _ in gone]
+
+    # -- EngineClient, for every model at once -----------------------------------------------
+    info = None  # no one model's: the server asks each loaded model's client
+
+    @property
+    def num_in_flight(self) -> int:
+        return sum(m.client.num_in_flight for m in self.loaded())
+
+    def abort(self, request_id: str) -> None:
+        for loaded in self.loaded():  # ids are unique: only the engine holding it acts
+            loaded.client.abort(request_id)
+
+    def abort_all(self) -> None:
+        for loaded in self.loaded():
+            loaded.client.abort_all()
+
+    def figures(self) -> list[EngineFigures]:
+        rows = []
+        for loaded in self.loaded():
+            rows += [dataclasses.replace(row, model=loaded.name)
+                     for row in loaded.client.figures()]
+        return rows
+
+    async def snapshot(self, replica: str | None = None) -> EngineSnapshot:
+        """The named model's engine picture (default: the most recently used loaded one)."""
+        models = sorted(self.loaded(), key=lambda m: -m.last_used)
+        chosen = next((m for m in models if m.name == replica), None) if replica else (
+            models[0] if models else None)
+        if chosen is None:
+            raise LookupError(f"model {replica} is not loaded" if replica else "no model is loaded")
+        return await chosen.client.snapshot()
+
+    def set_user_policies(self, weights: dict[str, float], max_running: dict[str, int]) -> None:
+        self._policies = (dict(weights), dict(max_running))
+        for loaded in self.loaded():
+            loaded.client.set_user_policies(weights, max_running)
+
+    def run(self) -> None:
+        """The main thread: check keep-alives until shutdown()."""
+        while not self._stopped.wait(REAP_INTERVAL):
+            try:
+                self.reap()
+            except Exception:  # noqa: BLE001 - the reaper must outlive one bad unload
+                logger.exception("unloading an idle model failed")
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        with self._mutex:
+            every = list(self._loaded.values())
+            self._loaded.clear()
+        for loaded in every:
+            self._stop(loaded, "shutdown")

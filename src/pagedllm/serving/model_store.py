@@ -1,0 +1,198 @@
+"""The models a server can serve (`serve --models-dir DIR`, `[models]` in the config file):
+each a name, a GGUF file or Hugging Face folder, and its own engine options; described
+(architecture, parameters, quantization, size, context) from the file's header without
+loading it. Which of them are loaded is serving/model_pool.py's business."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+
+from pagedllm.config import EngineConfig
+from pagedllm.units import parse_bytes
+
+LATEST = ":latest"  # Ollama's clients add the default tag to a bare name
+
+
+class StoreError(ValueError):
+    """A models folder or [models] entry that cannot be served (the message says why)."""
+
+
+# What a [models] entry may set besides `path` and `aliases`: EngineConfig fields, each read
+# as its command-line option would be.
+def _memory(value):
+    if isinstance(value, float) and 0 < value <= 1:
+        return value
+    return parse_bytes(str(value))
+
+
+ENTRY_OPTIONS = {
+    "max-model-len": ("max_model_len", int),
+    "dtype": ("dtype", str),
+    "kv-cache-memory": ("kv_cache_memory", _memory),
+    "kv-cache-dtype": ("kv_cache_dtype", str),
+    "max-num-seqs": ("max_num_seqs", lambda v: v if v == "auto" else int(v)),
+    "speculative": (None, str),  # speculative.method; handled in engine_config
+}
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    name: str
+    path: str
+    options: tuple[tuple[str, object], ...] = ()  # EngineConfig field -> value
+    aliases: tuple[str, ...] = ()
+
+    def engine_config(self, base: EngineConfig) -> EngineConfig:
+        """The server's engine settings with this model's file and own options."""
+        fields = dict(self.options)
+        method = fields.pop("speculative", None)
+        config = dataclasses.replace(base, model=self.path, **fields)
+        if method is not None:
+            config = dataclasses.replace(config, speculative=dataclasses.replace(
+                config.speculative, method=method))
+        return config
+
+
+def scan_models_dir(folder: str) -> list[StoreEntry]:
+    """Every servable model in a folder: each *.gguf file (named by its file name without
+    .gguf) and each subfolder holding config.json and *.safetensors (named by the folder).
+    A sentence-transformers folder (modules.json) is an embedding model, not listed here."""
+    if not os.path.isdir(folder):
+        raise StoreError(f"--models-dir {folder}: no such folder")
+    entries = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and name.lower().endswith(".gguf"):
+            entries.append(StoreEntry(name[:-len(".gguf")], os.path.abspath(path)))
+        elif os.path.isdir(path) and _is_hf_folder(path):
+            entries.append(StoreEntry(name, os.path.abspath(path)))
+    return entries
+
+
+def _is_hf_folder(path: str) -> bool:
+    files = os.listdir(path)
+    return ("config.json" in files and "modules.json" not in files
+            and any(f.endswith(".safetensors") for f in files))
+
+
+def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[StoreEntry]:
+    """A config file's [models] table: `[models.NAME]` with path = FILE and optional aliases
+    and engine options (`max-model-len = 2048`, `dtype = "float32"`, ...), or `NAME = PATH`."""
+    entries = []
+    for name, value in table.items():
+        where = f"{source}: [models.{name}]"
+        if isinstance(value, str):
+            value = {"path": value}
+        if not isinstance(value, dict) or not isinstance(value.get("path"), str):
+            raise StoreError(f"{where} needs path = \"FILE.gguf or FOLDER\"")
+        options, aliases = [], ()
+        for key, item in value.items():
+            key = key.replace("_", "-")
+            if key == "path":
+                continue
+            if key == "aliases":
+                if not (isinstance(item, list) and all(isinstance(a, str) for a in item)):
+                    raise StoreError(f"{where}: aliases is a list of names")
+                aliases = tuple(item)
+            elif key in ENTRY_OPTIONS:
+                field, convert = ENTRY_OPTIONS[key]
+                try:
+                    options.append((field or key, convert(item)))
+                except (TypeError, ValueError) as exc:
+                    raise StoreError(f"{where}: {key} = {item!r}: {exc}") from exc
+            else:
+                raise StoreError(f"{where}: unknown key {key!r}; known: path, aliases, "
+                                 f"{', '.join(ENTRY_OPTIONS)}")
+        path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(value["path"])))
+        if not os.path.exists(path):
+            raise StoreError(f"{where}: no model at {path}")
+        entries.append(StoreEntry(name, path, tuple(options), aliases))
+    return entries
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What is known of a model without loading it."""
+
+    architecture: str
+    parameters: int
+    quantization: str  # a GGUF's file type ("Q4_K_M"), "none" for a folder
+    file_bytes: int
+    context_length: int
+    modified: float  # the file's mtime
+    format: str  # "gguf" or "safetensors"
+
+    @property
+    def parameter_size(self) -> str:  # as Ollama writes it
+        p = self.parameters
+        return f"{p / 1e6:.0f}M" if p < 1e9 else f"{p / 1e9:.1f}B"
+
+    def digest(self, path: str) -> str:
+        # Identifies the file (path, size, time), not its bytes: hashing GBs costs seconds.
+        return hashlib.sha256(f"{path}:{self.file_bytes}:{self.modified}".encode()).hexdigest()
+
+    @property
+    def modified_at(self) -> str:
+        return datetime.datetime.fromtimestamp(self.modified, datetime.timezone.utc).isoformat()
+
+
+def describe(path: str) -> ModelCard:
+    """The card of a model file or folder, from its header (a GGUF: ~1 s; call off the event
+    loop)."""
+    from pagedllm.weights.inspect import summarize_checkpoint
+
+    summary = summarize_checkpoint(path)
+    is_file = os.path.isfile(path)
+    size = os.path.getsize(path) if is_file else sum(
+        os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+        if os.path.isfile(os.path.join(path, f)))
+    return ModelCard(summary.config.architecture,
+                     summary.num_embedding_params + summary.num_body_params,
+                     summary.file_type or "none", size, summary.config.max_position_embeddings,
+                     os.stat(path).st_mtime, "gguf" if is_file else "safetensors")
+
+
+class ModelCatalog:
+    """The store's entries by name; a name is found as given, without Ollama's `:latest`, or
+    through an entry's aliases (and the server's --model-alias patterns, for the first)."""
+
+    def __init__(self, entries: list[StoreEntry]):
+        names = [e.name for e in entries]
+        duplicate = {n for n in names if names.count(n) > 1}
+        if duplicate:
+            raise StoreError(f"two models are named {sorted(duplicate)[0]!r}: rename one file or "
+                             f"[models] entry")
+        if not entries:
+            raise StoreError("the model store is empty: --models-dir has no *.gguf file or "
+                             "Hugging Face folder, and the config file no [models] entry")
+        self.entries = {e.name: e for e in entries}
+        self._cards: dict[str, ModelCard] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def find(self, name: str) -> StoreEntry | None:
+        for candidate in (name, name.removesuffix(LATEST)):
+            if candidate in self.entries:
+                return self.entries[candidate]
+        for entry in self.entries.values():
+            if name in entry.aliases or name.removesuffix(LATEST) in entry.aliases:
+                return entry
+        return None
+
+    def card(self, name: str) -> ModelCard:
+        """The entry's card, read once (slow: call off the event loop)."""
+        with self._lock:
+            card = self._cards.get(name)
+        if card is None:
+            card = describe(self.entries[name].path)
+            with self._lock:
+                self._cards[name] = card
+        return card
+

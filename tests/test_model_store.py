@@ -1,0 +1,266 @@
+"""The model store without a model: the catalog (a models folder, [models] entries, names,
+aliases, Ollama's :latest) and the pool's loading, leasing and unloading decisions with
+stand-in engines (each load and unload counted), so every rule runs in CI in milliseconds.
+The real thing, two real models behind one server, is tests/test_model_store_server.py."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.residency import FOREVER
+from pagedllm.serving.client import EngineFigures
+from pagedllm.serving.model_pool import (ModelLoadFailed, ModelPool, ModelsBusy, ModelTooLarge)
+from pagedllm.serving.model_store import (ModelCatalog, StoreEntry, StoreError,
+                                          entries_from_table, scan_models_dir)
+
+
+def make_models_dir(root) -> str:
+    (root / "chat.gguf").write_bytes(b"GGUF")
+    (root / "coder.GGUF").write_bytes(b"GGUF")
+    (root / "notes.txt").write_text("not a model")
+    hf = root / "folder-model"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    st = root / "minilm"  # a sentence-transformers folder: an embedding model, not listed
+    st.mkdir()
+    for name in ("config.json", "modules.json", "model.safetensors"):
+        (st / name).write_text("{}")
+    (root / "empty-folder").mkdir()
+    return str(root)
+
+
+def test_a_models_folder_lists_gguf_files_and_hf_folders(tmp_path):
+    entries = scan_models_dir(make_models_dir(tmp_path))
+    assert [e.name for e in entries] == ["chat", "coder", "folder-model"]
+    assert all(os.path.isabs(e.path) and os.path.exists(e.path) for e in entries)
+
+
+def test_a_missing_models_folder_says_so(tmp_path):
+    with pytest.raises(StoreError, match="no such folder"):
+        scan_models_dir(str(tmp_path / "nope"))
+
+
+def test_models_table_entries_with_options_and_aliases(tmp_path):
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    entries = entries_from_table({
+        "small": {"path": "a.gguf", "max-model-len": 2048, "dtype": "float32",
+                  "kv_cache_memory": "64MiB", "aliases": ["gpt-4o-mini"]},
+        "short": "a.gguf"}, "serve.toml", str(tmp_path))
+    small, short = entries
+    assert small.path == str(tmp_path / "a.gguf") and small.aliases == ("gpt-4o-mini",)
+    config = small.engine_config(EngineConfig(dtype="bfloat16", max_num_seqs=4))
+    assert (config.model, config.max_model_len, config.dtype, config.kv_cache_memory,
+            config.max_num_seqs) == (small.path, 2048, "float32", 64 << 20, 4)
+    assert short.engine_config(EngineConfig()).model == short.path
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"path": "missing.gguf"}, "no model at"),
+    ({"max-model-len": 5}, "needs path"),
+    ({"path": "a.gguf", "temperature": 1}, "unknown key 'temperature'"),
+    ({"path": "a.gguf", "max-model-len": "long"}, "max-model-len"),
+    ({"path": "a.gguf", "aliases": "x"}, "aliases is a list"),
+    (7, "needs path"),
+])
+def test_bad_models_entries_say_what_is_wrong(tmp_path, entry, message):
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    with pytest.raises(StoreError, match=message):
+        entries_from_table({"m": entry}, "serve.toml", str(tmp_path))
+
+
+def test_catalog_finds_names_tags_and_aliases():
+    catalog = ModelCatalog([StoreEntry("chat", "/a"), StoreEntry("coder", "/b", aliases=("gpt-4o",))])
+    assert catalog.find("chat").path == "/a" and catalog.find("chat:latest").path == "/a"
+    assert catalog.find("gpt-4o").name == "coder" and catalog.find("gpt-4o:latest").name == "coder"
+    assert catalog.find("llama3") is None and catalog.find("chat:7b") is None
+
+
+def test_catalog_refuses_duplicates_and_emptiness():
+    with pytest.raises(StoreError, match="two models are named 'x'"):
+        ModelCatalog([StoreEntry("x", "/a"), StoreEntry("x", "/b")])
+    with pytest.raises(StoreError, match="empty"):
+        ModelCatalog([])
+
+
+# -- the pool, with stand-in engines -----------------------------------------------------------
+
+@dataclass
+class FakeInfo:
+    kv_memory_bytes: int = 10
+
+
+class FakeClient:
+    """What the pool uses of a LocalEngineClient."""
+
+    def __init__(self, name):
+        self.name = name
+        self.info = FakeInfo()
+        self.num_in_flight = 0
+        self.dead = None
+        self.policies = None
+        self.aborted = []
+        self._stop = threading.Event()
+
+    def run(self):
+        self._stop.wait()
+
+    def shutdown(self):
+        self._stop.set()
+
+    def set_user_policies(self, weights, max_running):
+        self.policies = (weights, max_running)
+
+    def abort(self, request_id):
+        self.aborted.append(request_id)
+
+    def abort_all(self):
+        self.aborted.append("*")
+
+    def figures(self):
+        return [EngineFigures(None, {}, None, None)]
+
+
+def make_pool(names=("a", "b", "c"), sizes=None, fail=(), **bounds):
+    sizes = sizes or {}
+    clients = {}
+
+    def load(config):
+        name = os.path.basename(config.model)
+        if name in fail:
+            raise ValueError("bad file")
+        clients[name] = FakeClient(name)
+        return clients[name]
+
+    def estimate(config):
+        return sizes.get(os.path.basename(config.model), 90), 10
+
+    catalog = ModelCatalog([StoreEntry(n, f"/models/{n}") for n in names])
+    pool = ModelPool(catalog, EngineConfig(), load=load, estimate=estimate, num_threads=1,
+                     **bounds)
+    return pool, catalog, clients
+
+
+def acquire(pool, catalog, name, keep_alive=None):
+    return asyncio.run(pool.acquire(catalog.find(name), keep_alive))
+
+
+def test_a_model_loads_on_first_use_and_is_leased_until_released():
+    pool, catalog, clients = make_pool()
+    pool.set_user_policies({"alice": 2.0}, {})
+    first = acquire(pool, catalog, "a")
+    assert first.leases == 1 and first.busy and first.size_bytes == 100
+    assert clients["a"].policies == ({"alice": 2.0}, {})  # the keys' policies reach it
+    again = acquire(pool, catalog, "a")
+    assert again is first and first.leases == 2 and pool.events.loads["a"] == 1
+    pool.release(first)
+    pool.release(first)
+    assert not first.busy
+    pool.shutdown()
+    assert pool.events.unloads[("a", "shutdown")] == 1 and not first.thread.is_alive()
+
+
+def test_the_least_recently_used_idle_model_makes_room():
+    pool, catalog, clients = make_pool(max_loaded_models=2)
+    for name in ("a", "b"):
+        pool.release(acquire(pool, catalog, name))
+    pool.release(acquire(pool, catalog, "a"))  # a is now the more recent
+    pool.release(acquire(pool, catalog, "c"))
+    assert sorted(m.name for m in pool.loaded()) == ["a", "c"]
+    assert pool.events.unloads == {("b", "room"): 1}
+    assert clients["b"]._stop.is_set()
+    pool.shutdown()
+
+
+def test_a_busy_model_is_never_unloaded_for_another():
+    pool, catalog, clients = make_pool(max_loaded_models=1)
+    held = acquire(pool, catalog, "a")  # a handler holds it
+    with pytest.raises(ModelsBusy, match="a is busy"):
+        acquire(pool, catalog, "b")
+    pool.release(held)
+    clients["a"].num_in_flight = 1  # its requests run: still busy
+    with pytest.raises(ModelsBusy):
+        acquire(pool, catalog, "b")
+    assert pool.events.refusals == 2 and [m.name for m in pool.loaded()] == ["a"]
+    clients["a"].num_in_flight = 0
+    pool.release(acquire(pool, catalog, "b"))
+    assert [m.name for m in pool.loaded()] == ["b"]
+    pool.shutdown()
+
+
+def test_memory_budget_counts_weights_and_kv():
+    pool, catalog, _ = make_pool(sizes={"a": 290, "b": 190, "c": 990}, max_memory=500,
+                                 max_loaded_models=None)
+    pool.release(acquire(pool, catalog, "a"))  # 300
+    pool.release(acquire(pool, catalog, "b"))  # 200: 500 in all, fits
+    assert len(pool.loaded()) == 2
+    with pytest.raises(ModelTooLarge, match="more than --max-memory"):
+        acquire(pool, catalog, "c")  # 1000 alone
+    assert len(pool.loaded()) == 2  # nothing was unloaded for a model that can never fit
+    pool.shutdown()
+
+
+def test_a_failed_load_is_reported_and_leaves_nothing_behind():
+    pool, catalog, _ = make_pool(fail=("b",))
+    with pytest.raises(ModelLoadFailed, match="loading model b failed: bad file"):
+        acquire(pool, catalog, "b")
+    assert pool.loaded() == [] and pool.events.loads["b"] == 0
+    pool.shutdown()
+
+
+def test_keep_alive_unloads_an_idle_model_and_restarts_while_busy():
+    pool, catalog, clients = make_pool(keep_alive=300.0)
+    model = acquire(pool, catalog, "a")
+    pool.release(model)
+    start = model.last_used
+    assert pool.reap(now=start + 299) == []
+    clients["a"].num_in_flight = 1  # busy at 299: its keep-alive counts from when it is idle
+    assert pool.reap(now=start + 299) == [] and model.last_used == start + 299
+    clients["a"].num_in_flight = 0
+    assert pool.reap(now=start + 500) == []
+    assert pool.reap(now=start + 600) == ["a"]
+    assert pool.events.unloads == {("a", "expired"): 1} and pool.loaded() == []
+    pool.shutdown()
+
+
+def test_a_requests_keep_alive_wins_and_zero_unloads_once_idle():
+    pool, catalog, _ = make_pool(keep_alive=300.0)
+    model = acquire(pool, catalog, "a", keep_alive=0.0)
+    assert model.keep_alive == 0.0
+    assert pool.reap() == []  # leased: busy
+    pool.release(model)
+    assert pool.reap() == ["a"]
+    forever = acquire(pool, catalog, "b", keep_alive=FOREVER)
+    pool.release(forever)
+    assert pool.reap(now=forever.last_used + 1e9) == [] and forever.expires_in(0) == FOREVER
+    pool.shutdown()
+
+
+def test_a_failed_engine_is_unloaded_so_the_next_request_reloads_it():
+    pool, catalog, clients = make_pool()
+    pool.release(acquire(pool, catalog, "a"))
+    clients["a"].dead = "3 steps failed"
+    assert pool.reap() == ["a"] and pool.events.unloads[("a", "failed")] == 1
+    pool.release(acquire(pool, catalog, "a"))
+    assert pool.events.loads["a"] == 2
+    pool.shutdown()
+
+
+def test_the_pool_answers_for_every_loaded_model():
+    pool, catalog, clients = make_pool()
+    for name in ("a", "b"):
+        pool.release(acquire(pool, catalog, name))
+    clients["a"].num_in_flight, clients["b"].num_in_flight = 2, 3
+    assert pool.num_in_flight == 5
+    assert sorted(row.model for row in pool.figures()) == ["a", "b"]
+    pool.abort("req-1")
+    pool.abort_all()
+    assert clients["a"].aborted == clients["b"].aborted == ["req-1", "*"]
+    clients["a"].num_in_flight = clients["b"].num_in_flight = 0
+    pool.shutdown()
