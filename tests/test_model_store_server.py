@@ -1,0 +1,188 @@
+"""A model store behind one real server (serve --models-dir): the bundled GGUF and a Hugging
+Face folder made here, listed without loading, loaded on first request, answering in turn
+and at once through the official openai and ollama clients; the budget unloading the idle
+model and never a busy one (503 + Retry-After meanwhile); keep_alive 0 unloading after the
+answer; an unknown model answered with the names of the known ones."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+
+import httpx
+import pytest
+
+from pagedllm.weights import default_model_path
+from server_process import ServerProcess, free_port
+
+HI = [{"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory, tiny_llama_folder):
+    folder = tmp_path_factory.mktemp("models")
+    os.symlink(default_model_path(), folder / "smollm2.gguf")
+    os.symlink(tiny_llama_folder, folder / "tiny-hf")
+    return str(folder)
+
+
+def start(models_dir, tmp_path_factory, *extra) -> ServerProcess:
+    log = tmp_path_factory.mktemp("store") / "server.log"
+    return ServerProcess("--models-dir", models_dir, "--kv-cache-memory", "64MiB",
+                         "--max-num-seqs", "4", *extra, log_path=str(log))
+
+
+@pytest.fixture(scope="module")
+def store(models_dir, tmp_path_factory):
+    proc = start(models_dir, tmp_path_factory)
+    yield proc
+    proc.stop()
+
+
+def loaded(proc) -> list[str]:
+    return sorted(m["name"] for m in httpx.get(proc.url + "/api/ps", timeout=30).json()["models"])
+
+
+def metric(proc, name: str, **labels) -> float:
+    text = httpx.get(proc.url + "/metrics", timeout=30).text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"pagedllm:{name}") and want in line and not line.startswith("#"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_for(condition, what: str, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_every_model_is_listed_before_any_loads(store):
+    assert loaded(store) == [] and metric(store, "models_loaded") == 0
+    models = {m["id"]: m for m in httpx.get(store.url + "/v1/models", timeout=30).json()["data"]}
+    assert set(models) == {"smollm2", "tiny-hf"}
+    assert models["smollm2"]["architecture"] == "llama" and models["smollm2"]["quantization"] == "Q4_1"
+    assert models["smollm2"]["parameters"] > 100e6 and models["smollm2"]["context_length"] == 8192
+    assert models["tiny-hf"]["quantization"] == "none" and models["tiny-hf"]["context_length"] == 512
+    assert not any(m["loaded"] for m in models.values())
+    tags = httpx.get(store.url + "/api/tags", timeout=30).json()["models"]
+    assert sorted(t["name"] for t in tags) == ["smollm2:latest", "tiny-hf:latest"]
+    assert {t["details"]["format"] for t in tags} == {"gguf", "safetensors"}
+
+
+def test_two_models_answer_in_turn_and_at_once(store):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=store.url + "/v1", api_key="none")
+    for name in ("smollm2", "tiny-hf"):
+        answer = client.chat.completions.create(model=name, messages=HI, max_tokens=8,
+                                                temperature=0)
+        assert answer.model == name and answer.usage.completion_tokens >= 1
+    assert loaded(store) == ["smollm2:latest", "tiny-hf:latest"]
+    assert metric(store, "model_loads_total", model_name="smollm2") == 1
+
+    def ask(name):
+        return client.chat.completions.create(model=name, messages=HI, max_tokens=16,
+                                              temperature=0, extra_body={"ignore_eos": True})
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, ["smollm2", "tiny-hf", "smollm2", "tiny-hf"]))
+    assert [a.model for a in answers] == ["smollm2", "tiny-hf", "smollm2", "tiny-hf"]
+    assert all(a.usage.completion_tokens == 16 for a in answers)
+    assert answers[0].choices[0].message.content == answers[2].choices[0].message.content
+    # Each model's engine is counted under its own name; nothing was loaded twice.
+    assert metric(store, "generation_tokens_total", model_name="tiny-hf") >= 32
+    assert metric(store, "model_loads_total", model_name="tiny-hf") == 1
+
+
+def test_an_unknown_model_is_answered_with_the_known_ones(store):
+    from openai import NotFoundError, OpenAI
+
+    client = OpenAI(base_url=store.url + "/v1", api_key="none")
+    with pytest.raises(NotFoundError) as caught:
+        client.chat.completions.create(model="llama3", messages=HI)
+    assert "`smollm2`" in str(caught.value) and "`tiny-hf`" in str(caught.value)
+    missing = httpx.post(store.url + "/v1/chat/completions", json={"messages": HI}, timeout=30)
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+    ollama = httpx.post(store.url + "/api/chat", json={"model": "llama3", "messages": HI},
+                        timeout=30)
+    assert ollama.status_code == 404 and "tiny-hf" in ollama.json()["error"]
+    bad_keep = httpx.post(store.url + "/api/chat", json={"model": "tiny-hf", "messages": HI,
+                                                         "keep_alive": "soon"}, timeout=30)
+    assert bad_keep.status_code == 400 and "keep_alive" in bad_keep.json()["error"]
+
+
+def test_keep_alive_zero_unloads_after_the_answer(store):
+    import ollama
+
+    client = ollama.Client(host=store.url)
+    answer = client.chat(model="tiny-hf", messages=HI, keep_alive=0, options={"num_predict": 4})
+    assert answer.message.content is not None
+    wait_for(lambda: "tiny-hf:latest" not in loaded(store), "tiny-hf unloaded")
+    assert metric(store, "model_unloads_total", model_name="tiny-hf", reason="expired") >= 1
+    assert "smollm2:latest" in loaded(store)  # the other model's keep-alive has not run out
+    # Ollama's "load" request (no prompt) loads it again; keep_alive -1 keeps it for good.
+    load = httpx.post(store.url + "/api/generate", json={"model": "tiny-hf", "keep_alive": -1},
+                      timeout=120).json()
+    assert load["done_reason"] == "load"
+    ps = {m["name"]: m for m in httpx.get(store.url + "/api/ps", timeout=30).json()["models"]}
+    assert ps["tiny-hf:latest"]["expires_at"].startswith("2318")
+    assert ps["tiny-hf:latest"]["size"] > 64 << 20  # weights + its 64 MiB KV cache
+    unload = httpx.post(store.url + "/api/generate", json={"model": "tiny-hf", "keep_alive": 0},
+                        timeout=120).json()
+    assert unload["done_reason"] == "unload"
+    wait_for(lambda: "tiny-hf:latest" not in loaded(store), "tiny-hf unloaded again")
+
+
+def test_the_budget_unloads_the_idle_model_and_never_a_busy_one(models_dir, tmp_path_factory):
+    proc = start(models_dir, tmp_path_factory, "--max-loaded-models", "1")
+    try:
+        chat = lambda name, **extra: httpx.post(  # noqa: E731
+            proc.url + "/v1/chat/completions", timeout=120,
+            json={"model": name, "messages": HI, "max_tokens": 4, **extra})
+        assert chat("tiny-hf").status_code == 200
+        assert chat("smollm2").status_code == 200  # tiny-hf was idle: unloaded for it
+        assert loaded(proc) == ["smollm2:latest"]
+        assert metric(proc, "model_unloads_total", model_name="tiny-hf", reason="room") == 1
+        body = {"model": "smollm2", "messages": HI, "max_tokens": 2000, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", proc.url + "/v1/chat/completions", json=body,
+                          timeout=120) as streaming:
+            assert streaming.status_code == 200
+            lines = streaming.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # it runs
+            refused = chat("tiny-hf")
+            assert refused.status_code == 503 and refused.headers["retry-after"]
+            assert refused.json()["error"]["code"] == "model_busy"
+            assert "smollm2 is busy" in refused.json()["error"]["message"]
+            assert loaded(proc) == ["smollm2:latest"]  # the busy model stayed
+        # Its client went away: the request is aborted, the model idle, and room is made.
+        wait_for(lambda: chat("tiny-hf").status_code == 200, "tiny-hf served after the stream")
+        assert loaded(proc) == ["tiny-hf:latest"]
+        assert metric(proc, "model_busy_refusals_total") >= 1
+    finally:
+        proc.stop()
+
+
+def test_serve_refuses_a_bad_store_before_loading(tmp_path):
+    import subprocess
+    import sys
+
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "pagedllm.cli", "serve", "--port",
+                               str(free_port()), *args], capture_output=True, text=True,
+                              timeout=120)
+
+    missing = serve("--models-dir", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such folder" in missing.stderr
+    empty = serve("--models-dir", str(tmp_path))
+    assert empty.returncode == 2 and "store is empty" in empty.stderr
+    (tmp_path / "m.gguf").symlink_to(default_model_path())
+    alias = serve("--models-dir", str(tmp_path), "--model-alias", "gpt-4o")
+    assert alias.returncode == 2 and "aliases" in alias.stderr
+    keep = serve("--models-dir", str(tmp_path), "--keep-alive", "a while")
+    assert keep.returncode == 2 and "keep_alive" in keep.stderr
