@@ -123,7 +123,8 @@ NON_DEFAULTS = {
     "shared-prefix-cache": True, "allowed-origins": "http://a.example,http://b.example",
     "max-queue": 9, "max-prompt-tokens": 1000, "max-tokens-limit": 500, "request-timeout": 12.5,
     "bench-results": "/srv/bench", "replicas": 3, "ray-address": "10.0.0.1:6379",
-    "threads-per-replica": 1, "router": "pow2",
+    "threads-per-replica": 1, "router": "pow2", "models-dir": "/srv/models",
+    "max-loaded-models": 2, "keep-alive": "10m",
 }
 
 
@@ -154,6 +155,19 @@ def test_config_file_sets_every_option_as_the_command_line_would(tmp_path):
     from_file.pop("config")
     from_cli.pop("config")
     assert from_file == from_cli
+
+
+def test_a_models_table_is_the_stores_not_an_option(tmp_path):
+    from pagedllm.cli.config_file import models_table
+
+    path = tmp_path / "pagedllm.toml"
+    path.write_text('max-loaded-models = 2\n[models.chat]\npath = "chat.gguf"\n'
+                    'max-model-len = 2048\n[models.coder]\npath = "coder"\n')
+    args = parse_args(["serve", "--config", str(path)])
+    assert args.max_loaded_models == 2
+    assert models_table(str(path)) == {"chat": {"path": "chat.gguf", "max-model-len": 2048},
+                                       "coder": {"path": "coder"}}
+    assert models_table(str(tmp_path / "missing.toml")) == {}
 
 
 def test_print_config_round_trips(tmp_path):

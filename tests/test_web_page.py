@@ -324,3 +324,46 @@ def test_the_live_view_shows_speculation_when_a_request_asked_for_it(server, pag
                            timeout=60_000)
     text = page.inner_text("#cache-stats")
     assert "proposed tokens accepted" in text and "tokens a verification" in text
+
+
+def test_a_store_picks_its_model_and_shows_what_is_loaded(tmp_path, tiny_llama_folder, browser):
+    """A model store's page: the chat's picker lists every model, a message to one loads it;
+    the server view lists the store (loaded or not) and picks among the loaded models."""
+    from pagedllm.weights import default_model_path
+
+    models = tmp_path / "models"
+    models.mkdir()
+    os.symlink(default_model_path(), models / "smollm2.gguf")
+    os.symlink(tiny_llama_folder, models / "tiny-hf")
+    proc = ServerProcess("--models-dir", str(models), "--kv-cache-memory", "64MiB",
+                         log_path=str(tmp_path / "server.log"))
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        open_page(page, proc.url + "/#server")
+        page.locator("#config", has_text="No model is loaded yet").wait_for(timeout=30_000)
+        page.locator("#models tbody tr", has_text="not loaded").first.wait_for(timeout=30_000)
+        open_page(page, proc.url)
+        options = page.eval_on_selector_all("#chat-model option", "els => els.map(e => e.value)")
+        assert options == ["smollm2", "tiny-hf"]
+        page.evaluate("document.getElementById('chat-settings').open = true")
+        page.select_option("#chat-model", "tiny-hf")
+        set_max_tokens(page, 4)
+        page.fill("#prompt", "Hello")
+        page.press("#prompt", "Enter")
+        answer = page.locator(".message.assistant").last
+        answer.locator(".meta span", has_text="TTFT").wait_for(timeout=120_000)
+        ps = httpx.get(proc.url + "/api/ps", timeout=30).json()["models"]
+        assert [m["name"] for m in ps] == ["tiny-hf:latest"]  # the picked one, only
+        page.click(".tab[data-view=server]")
+        page.locator("#models tbody tr", has_text="tiny-hf").filter(
+            has_not_text="not loaded").first.wait_for(timeout=30_000)
+        assert page.locator("#replica-label").inner_text() == "Model"
+        assert page.locator("#replica-select option").first.inner_text().startswith("tiny-hf")
+        assert "tiny-hf" in page.locator("#config").inner_text()
+    finally:
+        context.close()
+        proc.stop()
+    assert not errors, errors

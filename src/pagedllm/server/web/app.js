@@ -20,9 +20,13 @@ function show(name) {
 async function main() {
   // Asks for a key here, once, when the server has keys (401).
   const models = await call("/v1/models");
-  if (models.ok) document.getElementById("model-name").textContent = (await models.json()).data[0].id;
+  let chatModels = [];
+  if (models.ok) {
+    chatModels = (await models.json()).data.filter((m) => m.kind !== "embedding").map((m) => m.id);
+    document.getElementById("model-name").textContent = chatModels[0] || "";
+  }
   for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => show(tab.dataset.view));
-  startChat();
+  startChat(chatModels);
   show(location.hash === "#server" ? "server" : "chat");
   window.pagedllm = { liveState }; // for tests and the curious: snapshots seen, the latest one
   document.body.dataset.ready = "true";

@@ -7,6 +7,7 @@ import { call, events } from "./api.js";
 import { copyButton, render } from "./markdown.js";
 
 const STORE = "pagedllm-conversations";
+const MODEL_KEY = "pagedllm-chat-model";
 const $ = (id) => document.getElementById(id);
 
 let conversations = JSON.parse(localStorage.getItem(STORE) || "[]");
@@ -91,7 +92,7 @@ async function send(text) {
   try {
     const response = await call("/v1/chat/completions", {
       method: "POST", signal: controller.signal, headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ messages, stream: true, stream_options: { include_usage: true },
+      body: JSON.stringify({ model: $("chat-model").value || undefined, messages, stream: true, stream_options: { include_usage: true },
                              queue_position: true, temperature: Number($("temperature").value),
                              max_tokens: Number($("max-tokens").value) }),
     });
@@ -138,7 +139,22 @@ async function send(text) {
   save();
 }
 
-export function startChat() {
+// The model picker: every chat model the server serves (a store's, loaded or not: the first
+// message to one loads it), the last one picked remembered in this browser.
+function showModels(models) {
+  const select = $("chat-model");
+  const kept = localStorage.getItem(MODEL_KEY);
+  select.replaceChildren(...models.map((id) => {
+    const option = document.createElement("option");
+    option.value = option.textContent = id;
+    option.selected = id === kept;
+    return option;
+  }));
+  select.addEventListener("change", () => localStorage.setItem(MODEL_KEY, select.value));
+}
+
+export function startChat(models = []) {
+  showModels(models);
   if (conversations.length) current = conversations[0];
   else newConversation();
   showConversations();

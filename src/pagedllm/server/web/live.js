@@ -2,7 +2,8 @@
 // marked, hover for details), requests and fair share, configuration and the cost of more
 // parallel slots, charts over the last minutes; fed by /v1/server/state?stream=true. With
 // replicas, a picker lists every replica (host, pool use, running, waiting) and the map and
-// tables show the one picked (?replica=ID).
+// tables show the one picked (?replica=ID); in a model store the picker lists the loaded
+// models the same way, and a table shows every model of the store (loaded or not).
 
 import { call, events } from "./api.js";
 import { Chart } from "./charts.js";
@@ -83,22 +84,36 @@ function fillTable(id, rows) {
 }
 
 function showReplicas(snapshot) {
+  const store = Boolean(snapshot.models); // a model store: its loaded models take the replicas' place
+  if (store) showModels(snapshot.models);
   if (!snapshot.replicas) return;
   $("replica-picker").hidden = false;
+  $("replica-label").textContent = store ? "Model" : "Replica";
   const select = $("replica-select");
   select.replaceChildren(...snapshot.replicas.map((r) => {
     const option = document.createElement("option");
     option.value = r.replica;
-    option.textContent = `${r.replica.slice(0, 8)} on ${r.host || "?"}: ${(100 * r.kv_usage).toFixed(0)}% ` +
+    const where = store ? "" : ` on ${r.host || "?"}`;
+    option.textContent = `${store ? r.replica : r.replica.slice(0, 8)}${where}: ${(100 * r.kv_usage).toFixed(0)}% ` +
       `of ${r.kv_blocks_total} blocks, ${r.num_running} running, ${r.num_waiting} waiting`;
     option.selected = r.replica === snapshot.replica;
     return option;
   }));
 }
 
-function pickReplica() {
+function showModels(models) {
+  $("models-card").hidden = false;
+  fillTable("models", models.map((m) => [m.model, m.loaded ? (m.busy ? "loaded, busy" : "loaded") : "not loaded",
+    m.size_bytes ? mib(m.size_bytes) : null, m.loaded ? (m.expires_in_s === null ? "never" : `${m.expires_in_s} s`) : null,
+    m.loads, m.load_seconds === null || m.load_seconds === undefined ? null : `${m.load_seconds.toFixed(1)} s`]));
+}
+
+async function pickReplica() {
   chosenReplica = $("replica-select").value;
   if (streaming) streaming.abort();
+  // A store's models differ in configuration: show the picked one's.
+  const response = await call(`/v1/server/state?config=true&replica=${encodeURIComponent(chosenReplica)}`);
+  if (response.ok) showConfig(await response.json());
 }
 
 function showSnapshot(snapshot) {
@@ -137,6 +152,10 @@ function showConfig(data) {
   const c = data.config;
   const list = $("config");
   list.replaceChildren();
+  if (!c) { // a model store with nothing loaded yet
+    list.textContent = "No model is loaded yet: each loads on its first request.";
+    return;
+  }
   const items = [["model", `${c.model} (${c.architecture}, ${c.quantization})`], ["dtype", c.dtype],
     ["KV cache", `${mib(c.kv_cache_bytes)}, ${c.kv_cache_dtype}, ${c.num_blocks} blocks of ${c.block_size} tokens`],
     ["prefix caching", c.prefix_caching ? "on" : "off"], ["parallel requests", c.max_num_seqs],
