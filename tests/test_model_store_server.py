@@ -186,3 +186,30 @@ def test_serve_refuses_a_bad_store_before_loading(tmp_path):
     assert alias.returncode == 2 and "aliases" in alias.stderr
     keep = serve("--models-dir", str(tmp_path), "--keep-alive", "a while")
     assert keep.returncode == 2 and "keep_alive" in keep.stderr
+
+
+def test_the_queue_bound_counts_every_models_waiting_requests(models_dir, tmp_path_factory):
+    """--max-queue is the server's: a request waiting for one model fills it for another."""
+    log = tmp_path_factory.mktemp("store-queue") / "server.log"
+    proc = ServerProcess("--models-dir", models_dir, "--kv-cache-memory", "64MiB",
+                         "--max-num-seqs", "1", "--max-queue", "1", log_path=str(log))
+    body = {"model": "smollm2", "messages": HI, "max_tokens": 2000, "ignore_eos": True,
+            "stream": True}
+    try:
+        assert httpx.post(proc.url + "/api/generate", json={"model": "tiny-hf"},
+                          timeout=120).status_code == 200  # loaded, idle
+        with httpx.stream("POST", proc.url + "/v1/chat/completions", json=body,
+                          timeout=120) as running, \
+                httpx.stream("POST", proc.url + "/v1/chat/completions", json=body,
+                             timeout=120) as waiting:
+            assert running.status_code == waiting.status_code == 200
+            wait_for(lambda: metric(proc, "num_requests_waiting", model_name="smollm2") == 1,
+                     "the second smollm2 request waits")
+            full = httpx.post(proc.url + "/v1/chat/completions", timeout=120,
+                              json={"model": "tiny-hf", "messages": HI, "max_tokens": 4})
+            assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+        wait_for(lambda: httpx.post(proc.url + "/v1/chat/completions", timeout=120, json={
+            "model": "tiny-hf", "messages": HI, "max_tokens": 4}).status_code == 200,
+            "room in the queue once the streams ended")
+    finally:
+        proc.stop()

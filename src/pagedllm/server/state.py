@@ -125,9 +125,12 @@ class ServerState:
         user, key = self.identify(http_request, user_field)
         if key is not None:
             self.rate_limiter.check(key.name, key.tokens_per_minute)
-        # Requests in flight fill the parallel slots first; only those beyond them wait.
-        slots = self.client.info.scheduler_config.max_num_seqs
-        waiting = max(0, self.client.num_in_flight - slots)
+        # Requests in flight fill the parallel slots first; only those beyond them wait. In a
+        # store the bound is the server's: every loaded model's waiting requests count.
+        clients = ([m.client for m in self.pool.loaded()] if self.pool is not None
+                   else [self.client])
+        waiting = sum(max(0, c.num_in_flight - c.info.scheduler_config.max_num_seqs)
+                      for c in clients)
         check_queue(waiting, num_new, self.config.max_queue)
         return user, key
 
