@@ -264,3 +264,45 @@ def test_the_pool_answers_for_every_loaded_model():
     assert clients["a"].aborted == clients["b"].aborted == ["req-1", "*"]
     clients["a"].num_in_flight = clients["b"].num_in_flight = 0
     pool.shutdown()
+
+
+def test_plan_says_which_models_fit_at_once():
+    from pagedllm.tools.store_plan import plan_store
+
+    entries = [StoreEntry(n, f"/models/{n}") for n in ("big", "small", "mid", "huge")]
+    sizes = {"big": 500, "small": 100, "mid": 300, "huge": 2000}
+
+    def estimate(config, available):
+        assert available == 1000  # each engine's KV sized against the planned memory
+        return sizes[os.path.basename(config.model)] - 50, 50
+
+    plan = plan_store(entries, EngineConfig(), 1000, 3, estimate=estimate)
+    assert [(r.model, r.total_bytes) for r in plan.rows] == [
+        ("big", 500), ("small", 100), ("mid", 300), ("huge", 2000)]
+    assert plan.together == ["small", "mid", "big"] and not plan.all_fit
+    assert plan.too_large == ["huge"]
+    two = plan_store(entries[:3], EngineConfig(), 1000, 2, estimate=estimate)
+    assert two.together == ["small", "mid"] and not two.all_fit
+    everything = plan_store(entries[:3], EngineConfig(), 1000, 3, estimate=estimate)
+    assert everything.all_fit and everything.too_large == []
+
+
+def test_plan_command_sizes_a_real_store(tmp_path):
+    import subprocess
+    import sys
+
+    from pagedllm.weights import default_model_path
+
+    (tmp_path / "smollm2.gguf").symlink_to(default_model_path())
+    done = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan", "--models-dir",
+                           str(tmp_path), "--memory", "1GiB", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    row = plan["rows"][0]
+    assert row["model"] == "smollm2" and row["weight_bytes"] == os.path.getsize(default_model_path())
+    assert row["kv_bytes"] == 512 << 20  # the default: half of the memory, as the engine sizes it
+    assert plan["together"] == ["smollm2"] and plan["all_fit"]
+    missing = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan", "--models-dir",
+                              str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no such folder" in missing.stderr

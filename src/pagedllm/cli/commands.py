@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from pagedllm.cli.options import add_engine_args, engine_config, positive_int, size
+from pagedllm.cli.options import add_engine_args, engine_config, memory_amount, positive_int, size
 from pagedllm.config import (BENCH_MAX_TOKENS, CLI_CHAT_MAX_TOKENS, CLI_GENERATE_MAX_TOKENS,
                              DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, KV_CACHE_DTYPES, MODEL_DTYPES)
 
@@ -94,10 +94,20 @@ def add_plan(sub, formatter) -> None:
     plan.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                       help="as `serve --block-size`")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    store = plan.add_argument_group("a model store (serve --models-dir)")
+    store.add_argument("--models-dir", default=None, metavar="DIR",
+                       help="size every model in DIR as the store loads it (weights + the KV "
+                            "cache its engine sizes) and say which fit in --memory at once")
+    store.add_argument("--max-loaded-models", type=positive_int, default=3,
+                       help="as `serve --max-loaded-models`")
+    store.add_argument("--kv-cache-memory", type=memory_amount, default=None,
+                       help="as `serve --kv-cache-memory` (default: what each engine sizes)")
     plan.set_defaults(func=cmd_plan)
 
 
 def cmd_plan(args) -> int:
+    if args.models_dir is not None:
+        return _plan_store(args)
     from pagedllm.tools.plan import ContextTooLongError
     from pagedllm.tools.plan import make_plan, print_plan
     from pagedllm.weights import ModelLoadError
@@ -118,6 +128,28 @@ def cmd_plan(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print_plan(plan, args.json)
+    return 0
+
+
+def _plan_store(args) -> int:
+    from pagedllm.config import EngineConfig
+    from pagedllm.core import sizing
+    from pagedllm.errors import ModelLoadError
+    from pagedllm.serving.model_store import StoreError, scan_models_dir
+    from pagedllm.tools.store_plan import plan_store, print_store_plan
+
+    try:
+        entries = scan_models_dir(args.models_dir)
+        if not entries:
+            raise StoreError(f"{args.models_dir} has no *.gguf file or Hugging Face folder")
+        base = EngineConfig(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+                            block_size=args.block_size, kv_cache_memory=args.kv_cache_memory)
+        memory = args.memory if args.memory is not None else sizing.available_memory_bytes()
+        plan = plan_store(entries, base, memory, args.max_loaded_models)
+    except (StoreError, ModelLoadError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_store_plan(plan, args.json)
     return 0
 
 

@@ -80,11 +80,13 @@ class PoolEvents:
     refusals: int = 0  # requests answered 503 because every candidate was busy
 
 
-def estimate_resident_bytes(config: EngineConfig) -> tuple[int, int]:
+def estimate_resident_bytes(config: EngineConfig, available: int | None = None
+                            ) -> tuple[int, int]:
     """(weight bytes, KV bytes) a model will hold once loaded with `config`, from its header:
     a GGUF served in bfloat16 keeps its quantized matrices (about the file's size); otherwise
     every parameter in the dtype, the embeddings in float32. The KV cache as the engine sizes
-    it (engine/factory.py)."""
+    it (engine/factory.py), from `available` memory when given (plan), else from what is
+    available now."""
     from pagedllm.weights.inspect import summarize_checkpoint
 
     summary = summarize_checkpoint(config.model)
@@ -98,6 +100,10 @@ def estimate_resident_bytes(config: EngineConfig) -> tuple[int, int]:
         model, element_size, config.kv_cache_dtype,
         min(config.max_model_len or model.max_position_embeddings, model.max_position_embeddings),
         config.block_size)
+    if available is not None and config.kv_cache_memory is None:
+        return weights, sizing.default_kv_memory(available, full_request)
+    if available is not None and isinstance(config.kv_cache_memory, float):
+        return weights, int(available * config.kv_cache_memory)
     return weights, sizing.resolve_kv_memory(config.kv_cache_memory, full_request)
 
 
