@@ -95,6 +95,22 @@ def test_openai_client_gets_the_models_vectors(server, model):
     assert len(same.data[0].embedding) == 384
 
 
+def test_langchain_openai_embeddings_pointed_at_the_server(server, model):
+    """What a RAG tool built on LangChain calls first. check_embedding_ctx_length=False sends
+    the texts themselves (by default LangChain cuts them with OpenAI's tiktoken vocabulary
+    and sends those token ids, which mean nothing to another model: the setting every
+    OpenAI-compatible server's LangChain guide gives)."""
+    from langchain_openai import OpenAIEmbeddings
+
+    embedder = OpenAIEmbeddings(model="all-minilm", base_url=server.url + "/v1",
+                                api_key="unused", check_embedding_ctx_length=False)
+    documents = embedder.embed_documents(SENTENCES[:3])
+    query = embedder.embed_query(SENTENCES[1])
+    ours = model.embed(model.tokenize(SENTENCES[:3])).numpy()
+    assert np.allclose(np.array(documents), ours, atol=1e-5)
+    assert np.allclose(query, ours[1], atol=1e-5)
+
+
 def test_ollama_embed_and_embeddings(server, model):
     import ollama
 
