@@ -265,3 +265,96 @@ def test_requests_queued_during_a_pass_share_the_next_one():
     assert [r.tolist() for r in rest] == [[[10.0 * i, 1.0], [10.0 * i + 1, 3.0]] for i in range(1, 6)]
     f = service.figures
     assert (f.requests, f.inputs, f.batches, f.tokens) == (6, 11, 2, 2 + 5 * 4)
+
+
+# -- a decoder model as the embedding model (--embedding-model FILE.gguf --pooling) ----------
+
+def _reference_vectors(hf_model, inputs, pooling):
+    """transformers on the same weights: the last hidden state (after the final norm),
+    pooled, L2-normalised."""
+    import torch
+
+    vectors = []
+    with torch.no_grad():
+        for ids in inputs:
+            hidden = hf_model.model(torch.tensor([ids])).last_hidden_state[0]
+            vectors.append(torch.nn.functional.normalize(
+                hidden[-1] if pooling == "last" else hidden.mean(0), dim=0))
+    return torch.stack(vectors).numpy()
+
+
+DECODER_INPUTS = [[1, 5, 9, 200, 33], [1, 7], list(range(1, 60)), [1] + [42] * 20]
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_decoder_vectors_match_transformers(tiny_llama, tiny_llama_gguf, tiny_llama_folder,
+                                            pooling):
+    from pagedllm.embeddings.decoder_model import DecoderEmbeddingModel
+
+    expected = _reference_vectors(tiny_llama, DECODER_INPUTS, pooling)
+    for path in (tiny_llama_gguf, tiny_llama_folder):
+        model = DecoderEmbeddingModel(str(path), pooling)
+        ours = model.embed(DECODER_INPUTS).numpy()
+        assert ours.shape == (4, 64) and model.dimensions == 64
+        assert (ours * expected).sum(1).min() >= 0.9999, path
+        alone = model.embed(DECODER_INPUTS[2:3]).numpy()  # batched = alone
+        assert np.allclose(alone[0], ours[2], atol=1e-5)
+
+
+def test_decoder_pooling_comes_from_the_gguf_then_the_flag(tiny_llama, tmp_path):
+    from pagedllm.embeddings.decoder_model import DecoderEmbeddingModel, gguf_pooling
+    from tiny_models import write_gguf
+
+    path = write_gguf(tiny_llama, tmp_path / "embed.gguf", pooling_type=1)  # mean
+    assert gguf_pooling(str(path)) == "mean"
+    assert DecoderEmbeddingModel(str(path)).pooling_mode == "mean"
+    assert DecoderEmbeddingModel(str(path), "last").pooling_mode == "last"  # the flag wins
+    plain = write_gguf(tiny_llama, tmp_path / "plain.gguf")
+    assert gguf_pooling(str(plain)) is None
+    assert DecoderEmbeddingModel(str(plain)).pooling_mode == "last"  # vLLM's default
+
+
+def test_a_gguf_decoder_serves_embeddings(tiny_llama, tmp_path):
+    """The server with a GGUF decoder as its embedding model: the openai and ollama clients
+    get its pooled vectors; the limit is the model's context."""
+    import ollama
+    from openai import OpenAI
+
+    from pagedllm.embeddings.decoder_model import DecoderEmbeddingModel
+    from tiny_models import write_gguf
+
+    path = str(write_gguf(tiny_llama, tmp_path / "tiny-embed.gguf"))
+    proc = ServerProcess("--embedding-model", path, "--pooling", "mean", "--kv-cache-memory",
+                         str(64 << 20), log_path=str(tmp_path / "log"))
+    try:
+        model = DecoderEmbeddingModel(path, "mean")
+        texts = ["hello world", "a longer sentence about embeddings"]
+        expected = model.embed(model.tokenize(texts)).numpy()
+        client = OpenAI(base_url=proc.url + "/v1", api_key="unused")
+        answer = client.embeddings.create(model="tiny-embed", input=texts)
+        assert np.allclose(np.array([d.embedding for d in answer.data]), expected, atol=1e-5)
+        assert answer.usage.prompt_tokens == sum(map(len, model.tokenize(texts)))
+        embedded = ollama.Client(host=proc.url).embed(model="tiny-embed", input=texts[0])
+        assert np.allclose(embedded.embeddings[0], expected[0], atol=1e-5)
+        too_long = httpx.post(proc.url + "/v1/embeddings", json={
+            "model": "tiny-embed", "input": [[1] * 513]}, timeout=60)
+        assert too_long.status_code == 400 and "at most 512" in too_long.json()["error"]["message"]
+        tags = httpx.get(proc.url + "/api/tags", timeout=30).json()["models"]
+        listed = next(t for t in tags if t["name"] == "tiny-embed:latest")
+        assert listed["details"]["format"] == "gguf" and listed["details"]["family"] == "llama"
+    finally:
+        proc.stop()
+
+
+def test_pooling_is_refused_where_it_means_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "pagedllm.cli", "serve", "--port", "0",
+                               *args], capture_output=True, text=True, timeout=120)
+
+    minilm = serve("--embedding-model", "all-minilm", "--pooling", "last")
+    assert minilm.returncode == 2 and "sentence-transformers" in minilm.stderr
+    alone = serve("--pooling", "mean")
+    assert alone.returncode == 2 and "--embedding-model" in alone.stderr

@@ -131,10 +131,11 @@ def _gguf_tensors(state_dict):
 
 def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
                rope_freqs: list[float] | None = None, omit: tuple[str, ...] = (),
-               qtypes: dict[str, str] | None = None) -> str:
+               qtypes: dict[str, str] | None = None, pooling_type: int | None = None) -> str:
     """Write an HF Llama model as llama.cpp would: GGUF names, permuted q/k, gpt2 tokenizer.
     omit: GGUF tensor names left out (to test what a broken file gets). qtypes: a type per
-    GGUF name ending (as a Q4_K_M file mixes Q4_K and Q6_K), qtype for the other matrices."""
+    GGUF name ending (as a Q4_K_M file mixes Q4_K and Q6_K), qtype for the other matrices.
+    pooling_type: an embedding model's (llama.cpp's enum: 1 mean, 3 last)."""
     import gguf
 
     cfg = model.config
@@ -142,6 +143,8 @@ def write_gguf(model, path, qtype: str = "F32", arch: str = "llama",
     add_tensor = writer.add_tensor
     writer.add_tensor = lambda name, *a, **k: None if name in omit else add_tensor(name, *a, **k)
     writer.add_name("tiny")
+    if pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling_type))
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)

@@ -37,8 +37,13 @@ def _add_http_args(http) -> None:
                       help="the model name clients send (default: the model's own name)")
     http.add_argument("--embedding-model", default=None, metavar="NAME|PATH",
                       help="also serve an embedding model at /v1/embeddings and /api/embed: "
-                           "all-minilm (all-MiniLM-L6-v2, installed with pagedllm) or a "
-                           "sentence-transformers folder of a BERT model (default: none)")
+                           "all-minilm (all-MiniLM-L6-v2, installed with pagedllm), a "
+                           "sentence-transformers folder of a BERT model, or a decoder "
+                           "model's GGUF file or folder (see --pooling) (default: none)")
+    http.add_argument("--pooling", default=None, choices=("last", "mean"),
+                      help="with --embedding-model a decoder model (GGUF or folder): pool its "
+                           "final hidden states by the last token or the mean of the input's "
+                           "(default: the GGUF's pooling_type, else last), L2-normalised")
     http.add_argument("--model-alias", default=None, metavar="NAMES",
                       help="comma-separated other names the model answers to, so a tool with "
                            "a hard-coded name connects; * matches any text (gpt-4o-mini,claude-*); "
@@ -201,7 +206,7 @@ def cmd_serve(args) -> int:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
             client = _load_with_progress(engine_settings)
-            embeddings = _load_embeddings(args.embedding_model)
+            embeddings = _load_embeddings(args.embedding_model, args.pooling)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
         return 2
@@ -260,7 +265,7 @@ def _serve_store(args, engine_settings, config) -> int:
 
     try:
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
-            embeddings = _load_embeddings(args.embedding_model)
+            embeddings = _load_embeddings(args.embedding_model, args.pooling)
             if first is not None:
                 pool.preload(first)
     except (EmbeddingModelError, ModelLoadError, RuntimeError) as exc:
@@ -307,26 +312,40 @@ class EmbeddingModelError(Exception):
     """--embedding-model names nothing servable (the message says what was looked for)."""
 
 
-def _load_embeddings(name: str | None):
-    """The embedding model's service, or None without --embedding-model."""
+def _load_embeddings(name: str | None, pooling: str | None = None):
+    """The embedding model's service, or None without --embedding-model: the bundled
+    all-minilm, a sentence-transformers folder (its own pooling), or a decoder model (a GGUF
+    file or Hugging Face folder) pooled by --pooling."""
     if not name:
+        if pooling:
+            raise EmbeddingModelError("--pooling goes with --embedding-model (a decoder model)")
         return None
     from pagedllm.embeddings.packaged import NAME, is_packaged_name, packaged_folder
-    from pagedllm.embeddings.sentence_model import SentenceModel
     from pagedllm.embeddings.service import EmbeddingService
     from pagedllm.errors import ModelLoadError
 
     try:
         if is_packaged_name(name):
             folder, served = packaged_folder(), NAME
-        elif os.path.isdir(name):
-            folder, served = name, None  # named after its folder
+        elif os.path.exists(name):
+            folder, served = name, None  # named after its file or folder
         else:
             raise EmbeddingModelError(
-                f"--embedding-model {name}: no such folder; it takes all-minilm (bundled) or a "
-                f"sentence-transformers folder (config.json, model.safetensors, tokenizer.json, "
-                f"modules.json)")
-        return EmbeddingService(SentenceModel(folder, served))
+                f"--embedding-model {name}: no such file or folder; it takes all-minilm "
+                f"(bundled), a sentence-transformers folder (config.json, model.safetensors, "
+                f"tokenizer.json, modules.json) or a decoder model's GGUF file or folder "
+                f"(with --pooling last|mean)")
+        if os.path.isfile(os.path.join(folder, "modules.json")):
+            from pagedllm.embeddings.sentence_model import SentenceModel
+
+            if pooling:
+                raise EmbeddingModelError(
+                    f"--pooling: {name} is a sentence-transformers model, whose pooling is its "
+                    f"own (1_Pooling/config.json); --pooling is for decoder models")
+            return EmbeddingService(SentenceModel(folder, served))
+        from pagedllm.embeddings.decoder_model import DecoderEmbeddingModel
+
+        return EmbeddingService(DecoderEmbeddingModel(folder, pooling, served))
     except ModelLoadError as exc:
         raise EmbeddingModelError(f"--embedding-model: {exc}") from exc
 

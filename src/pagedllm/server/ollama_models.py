@@ -91,13 +91,16 @@ def expires_at(seconds: float) -> str:
 
 def embedding_listing(service) -> dict:
     """/api/tags's entry for the embedding model (serve --embedding-model)."""
-    folder = service.model.folder
-    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
-               if os.path.isfile(os.path.join(folder, f)))
-    stamp = datetime.datetime.fromtimestamp(os.path.getmtime(folder), datetime.timezone.utc)
+    path = service.model.folder
+    files = [path] if os.path.isfile(path) else [
+        os.path.join(path, f) for f in os.listdir(path) if os.path.isfile(os.path.join(path, f))]
+    size = sum(os.path.getsize(f) for f in files)
+    stamp = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
+    family = getattr(getattr(service.model, "config", None), "architecture", None) or "bert"
     return {"name": f"{service.name}:latest", "model": f"{service.name}:latest",
             "modified_at": stamp.isoformat(), "size": size,
-            "digest": hashlib.sha256(f"{folder}:{size}".encode()).hexdigest(),
-            "details": {"parent_model": "", "format": "safetensors", "family": "bert",
-                        "families": ["bert"], "parameter_size": f"{service.model.parameters / 1e6:.0f}M",
+            "digest": hashlib.sha256(f"{path}:{size}".encode()).hexdigest(),
+            "details": {"parent_model": "", "format": "gguf" if os.path.isfile(path) else "safetensors",
+                        "family": family, "families": [family],
+                        "parameter_size": f"{service.model.parameters / 1e6:.0f}M",
                         "quantization_level": "F32"}}
