@@ -124,7 +124,8 @@ NON_DEFAULTS = {
     "max-queue": 9, "max-prompt-tokens": 1000, "max-tokens-limit": 500, "request-timeout": 12.5,
     "bench-results": "/srv/bench", "replicas": 3, "ray-address": "10.0.0.1:6379",
     "threads-per-replica": 1, "router": "pow2", "models-dir": "/srv/models",
-    "max-loaded-models": 2, "keep-alive": "10m",
+    "max-loaded-models": 2, "keep-alive": "10m", "embedding-dtype": "float32",
+    "pooling": "mean",
 }
 
 

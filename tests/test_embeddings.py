@@ -25,7 +25,14 @@ SENTENCES = ["The cat sits on the mat.", "A feline rests on a rug.",
 
 @pytest.fixture(scope="module")
 def model():
-    return SentenceModel(packaged_folder())
+    """float32: the exact path, what the server tests compare with."""
+    return SentenceModel(packaged_folder(), dtype="float32")
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def any_model(request):
+    """Each matmul dtype (bfloat16 runs on any CPU; "auto" picks it where it is native)."""
+    return SentenceModel(packaged_folder(), dtype=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +41,9 @@ def reference():
     return st.SentenceTransformer(packaged_folder(), device="cpu")
 
 
-def test_vectors_match_sentence_transformers(model, reference):
+def test_vectors_match_sentence_transformers(any_model, reference):
     """Cosine >= 0.9999 per sentence, batched with padding (lengths 3..202 tokens)."""
+    model = any_model
     ours = model.embed(model.tokenize(SENTENCES)).numpy()
     theirs = reference.encode(SENTENCES, convert_to_numpy=True, normalize_embeddings=False)
     assert ours.shape == theirs.shape == (len(SENTENCES), 384)
@@ -44,12 +52,29 @@ def test_vectors_match_sentence_transformers(model, reference):
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # Normalize module honoured
 
 
-def test_one_at_a_time_equals_batched(model):
-    """Padding never leaks into a vector: each sentence alone gives its batched vector."""
+def test_one_at_a_time_equals_batched(any_model):
+    """Padding never leaks into a vector: each sentence alone gives its batched vector
+    (float32 to 1e-5; bfloat16 within its rounding: the product's shape changes)."""
+    model = any_model
     batched = model.embed(model.tokenize(SENTENCES)).numpy()
     for i, text in enumerate(SENTENCES):
         alone = model.embed(model.tokenize([text])).numpy()[0]
-        assert np.allclose(alone, batched[i], atol=1e-5)
+        if model.dtype == "float32":
+            assert np.allclose(alone, batched[i], atol=1e-5)
+        else:
+            assert float(alone @ batched[i]) >= 0.9999
+
+
+def test_auto_dtype_follows_the_cpu_level(monkeypatch):
+    from pagedllm.embeddings.sentence_model import resolve_dtype
+    from pagedllm.kernels.cpu import detect
+
+    assert resolve_dtype("auto") == ("bfloat16" if detect().native_bf16 else "float32")
+    monkeypatch.setenv("PAGEDLLM_CPU_ISA", "portable")  # no native bf16 products there
+    assert resolve_dtype("auto") == "float32"
+    assert resolve_dtype("bfloat16") == "bfloat16"
+    with pytest.raises(ValueError, match="one of auto, float32, bfloat16"):
+        resolve_dtype("float16")
 
 
 def test_pooling_and_limits_read_from_the_folder(model, tmp_path):
@@ -66,7 +91,8 @@ def test_pooling_and_limits_read_from_the_folder(model, tmp_path):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("embed")
-    proc = ServerProcess("--embedding-model", "all-minilm", "--kv-cache-memory", str(64 << 20),
+    proc = ServerProcess("--embedding-model", "all-minilm", "--embedding-dtype", "float32",
+                         "--kv-cache-memory", str(64 << 20),
                          "--served-model-name", "smollm2", log_path=str(folder / "log"))
     yield proc
     proc.stop()

@@ -97,7 +97,8 @@ def add_plan(sub, formatter) -> None:
     store = plan.add_argument_group("a model store (serve --models-dir)")
     store.add_argument("--models-dir", default=None, metavar="DIR",
                        help="size every model in DIR as the store loads it (weights + the KV "
-                            "cache its engine sizes) and say which fit in --memory at once")
+                            "cache its engine sizes) and say which fit in --memory at once "
+                            "(default: plan --model alone)")
     store.add_argument("--max-loaded-models", type=positive_int, default=3,
                        help="as `serve --max-loaded-models`")
     store.add_argument("--kv-cache-memory", type=memory_amount, default=None,

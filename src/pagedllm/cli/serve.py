@@ -40,6 +40,10 @@ def _add_http_args(http) -> None:
                            "all-minilm (all-MiniLM-L6-v2, installed with pagedllm), a "
                            "sentence-transformers folder of a BERT model, or a decoder "
                            "model's GGUF file or folder (see --pooling) (default: none)")
+    http.add_argument("--embedding-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                      help="a BERT embedding model's matrix products: auto (bfloat16 where the "
+                           "CPU multiplies bf16 natively, ~2x faster, vectors within cosine "
+                           "0.99995 of float32's; else float32), float32 (exact), bfloat16")
     http.add_argument("--pooling", default=None, choices=("last", "mean"),
                       help="with --embedding-model a decoder model (GGUF or folder): pool its "
                            "final hidden states by the last token or the mean of the input's "
@@ -206,7 +210,7 @@ def cmd_serve(args) -> int:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
             client = _load_with_progress(engine_settings)
-            embeddings = _load_embeddings(args.embedding_model, args.pooling)
+            embeddings = _load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
         return 2
@@ -265,7 +269,7 @@ def _serve_store(args, engine_settings, config) -> int:
 
     try:
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
-            embeddings = _load_embeddings(args.embedding_model, args.pooling)
+            embeddings = _load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
             if first is not None:
                 pool.preload(first)
     except (EmbeddingModelError, ModelLoadError, RuntimeError) as exc:
@@ -312,7 +316,7 @@ class EmbeddingModelError(Exception):
     """--embedding-model names nothing servable (the message says what was looked for)."""
 
 
-def _load_embeddings(name: str | None, pooling: str | None = None):
+def _load_embeddings(name: str | None, pooling: str | None = None, dtype: str = "auto"):
     """The embedding model's service, or None without --embedding-model: the bundled
     all-minilm, a sentence-transformers folder (its own pooling), or a decoder model (a GGUF
     file or Hugging Face folder) pooled by --pooling."""
@@ -342,7 +346,7 @@ def _load_embeddings(name: str | None, pooling: str | None = None):
                 raise EmbeddingModelError(
                     f"--pooling: {name} is a sentence-transformers model, whose pooling is its "
                     f"own (1_Pooling/config.json); --pooling is for decoder models")
-            return EmbeddingService(SentenceModel(folder, served))
+            return EmbeddingService(SentenceModel(folder, served, dtype))
         from pagedllm.embeddings.decoder_model import DecoderEmbeddingModel
 
         return EmbeddingService(DecoderEmbeddingModel(folder, pooling, served))

@@ -47,14 +47,25 @@ class BertConfig:
 
 
 class BertEncoder:
-    """Token ids -> the last layer's hidden states, for a padded batch."""
+    """Token ids -> the last layer's hidden states, for a padded batch.
 
-    def __init__(self, config: BertConfig, weights: dict[str, torch.Tensor]):
+    matmul_dtype: the dtype the layers' matrix products run in. bfloat16 (on CPUs with
+    native bf16 products: sentence_model.py chooses) keeps the weights in bf16 and rounds
+    each product's input to it, accumulating in float32 inside oneDNN; everything else
+    (embeddings, norms, softmax, GELU, the residual stream) stays float32. Vectors stay
+    within cosine 0.99995 of float32's (tests/test_embeddings.py) for ~2x the speed of
+    float32 GEMMs at batch 64 (BENCHMARKS.md)."""
+
+    def __init__(self, config: BertConfig, weights: dict[str, torch.Tensor],
+                 matmul_dtype: torch.dtype = torch.float32):
         self.config = config
-        self.w = weights
+        self.matmul_dtype = matmul_dtype
+        self.w = {name: (t.to(matmul_dtype) if name.startswith("encoder.") and
+                         not name.endswith(("LayerNorm.weight", "LayerNorm.bias")) else t)
+                  for name, t in weights.items()}
 
     @classmethod
-    def from_folder(cls, folder: str) -> BertEncoder:
+    def from_folder(cls, folder: str, matmul_dtype: torch.dtype = torch.float32) -> BertEncoder:
         from safetensors.torch import load_file
 
         config = BertConfig.from_folder(folder)
@@ -68,12 +79,12 @@ class BertEncoder:
         if missing:
             raise ModelLoadError(folder, f"model.safetensors lacks {missing[0]} (and {len(missing) - 1} more)"
                                  if len(missing) > 1 else f"model.safetensors lacks {missing[0]}")
-        return cls(config, weights)
+        return cls(config, weights, matmul_dtype)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """ids, mask [batch, length] (mask 1 for real tokens) -> hidden [batch, length, H]."""
-        c, w = self.config, self.w
+        c, w, dt = self.config, self.w, self.matmul_dtype
         positions = torch.arange(ids.shape[1])
         x = (w["embeddings.word_embeddings.weight"][ids]
              + w["embeddings.position_embeddings.weight"][positions]
@@ -87,7 +98,8 @@ class BertEncoder:
             p = f"encoder.layer.{layer}."
 
             def project(name, t):
-                return F.linear(t, w[p + name + ".weight"], w[p + name + ".bias"])
+                out = F.linear(t.to(dt), w[p + name + ".weight"], w[p + name + ".bias"])
+                return out.float()
 
             def split(t):
                 return t.view(batch, length, heads, head_dim).transpose(1, 2)

@@ -52,6 +52,7 @@ class DecoderEmbeddingModel:
         if pooling is not None and pooling not in DECODER_POOLINGS:
             raise ModelLoadError(path, f"pooling {pooling!r}: one of {', '.join(DECODER_POOLINGS)}")
         self.folder = path
+        self.dtype = "float32"
         base = os.path.basename(os.path.normpath(path))
         self.name = name or (base[:-len(".gguf")] if base.lower().endswith(".gguf") else base)
         self.pooling_mode = pooling or gguf_pooling(path) or "last"

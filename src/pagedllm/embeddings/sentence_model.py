@@ -59,16 +59,34 @@ def read_pooling(folder: str) -> Pooling:
     return Pooling(mode, "Normalize" in kinds)
 
 
+EMBEDDING_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def resolve_dtype(dtype: str) -> str:
+    if dtype not in EMBEDDING_DTYPES:
+        raise ValueError(f"embedding dtype must be one of {', '.join(EMBEDDING_DTYPES)}, "
+                         f"got {dtype!r}")
+    if dtype != "auto":
+        return dtype
+    from pagedllm.kernels.cpu import detect
+
+    return "bfloat16" if detect().native_bf16 else "float32"
+
+
 class SentenceModel:
     """Texts or token ids -> one vector each, as the folder's sentence-transformers
     modules would make it."""
 
-    def __init__(self, folder: str, name: str | None = None):
+    def __init__(self, folder: str, name: str | None = None, dtype: str = "auto"):
+        """dtype: the encoder's matrix products: float32, bfloat16, or auto (bfloat16 where
+        the CPU level in use multiplies bf16 natively, else float32; bert.py says what it
+        trades)."""
         from tokenizers import Tokenizer
 
         self.folder = folder
         self.name = name or os.path.basename(os.path.normpath(folder))
-        self.encoder = BertEncoder.from_folder(folder)
+        self.dtype = resolve_dtype(dtype)
+        self.encoder = BertEncoder.from_folder(folder, getattr(torch, self.dtype))
         self.pooling = read_pooling(folder)
         st_config = _read_json(folder, "sentence_bert_config.json") or {}
         self.max_tokens = min(int(st_config.get("max_seq_length") or self.encoder.config.max_positions),

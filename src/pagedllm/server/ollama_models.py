@@ -103,4 +103,5 @@ def embedding_listing(service) -> dict:
             "details": {"parent_model": "", "format": "gguf" if os.path.isfile(path) else "safetensors",
                         "family": family, "families": [family],
                         "parameter_size": f"{service.model.parameters / 1e6:.0f}M",
-                        "quantization_level": "F32"}}
+                        "quantization_level": {"bfloat16": "BF16"}.get(
+                            getattr(service.model, "dtype", ""), "F32")}}

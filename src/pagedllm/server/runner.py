@@ -88,7 +88,8 @@ def ready_message(info: EngineInfo | None, host: str, port: int, served_name: st
     if embeddings is not None:
         model = embeddings.model
         lines.append(f"  embeddings: {embeddings.name} ({model.dimensions} dimensions, up to "
-                     f"{model.max_tokens} tokens an input) at /v1/embeddings and /api/embed")
+                     f"{model.max_tokens} tokens an input, {model.dtype} products) at "
+                     f"/v1/embeddings and /api/embed")
     lines.append("  API keys: " + (
         f"on, {keys} key(s) from {key_file}" if key_file else
         "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
