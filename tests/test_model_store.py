@@ -28,7 +28,7 @@ def make_models_dir(root) -> str:
     hf.mkdir()
     (hf / "config.json").write_text("{}")
     (hf / "model.safetensors").write_bytes(b"")
-    st = root / "minilm"  # a sentence-transformers folder: an embedding model, not listed
+    st = root / "minilm"  # a sentence-transformers folder: an embedding model
     st.mkdir()
     for name in ("config.json", "modules.json", "model.safetensors"):
         (st / name).write_text("{}")
@@ -38,7 +38,8 @@ def make_models_dir(root) -> str:
 
 def test_a_models_folder_lists_gguf_files_and_hf_folders(tmp_path):
     entries = scan_models_dir(make_models_dir(tmp_path))
-    assert [e.name for e in entries] == ["chat", "coder", "folder-model"]
+    assert [(e.name, e.kind) for e in entries] == [
+        ("chat", "chat"), ("coder", "chat"), ("folder-model", "chat"), ("minilm", "embedding")]
     assert all(os.path.isabs(e.path) and os.path.exists(e.path) for e in entries)
 
 
@@ -67,6 +68,9 @@ def test_models_table_entries_with_options_and_aliases(tmp_path):
     ({"path": "a.gguf", "temperature": 1}, "unknown key 'temperature'"),
     ({"path": "a.gguf", "max-model-len": "long"}, "max-model-len"),
     ({"path": "a.gguf", "aliases": "x"}, "aliases is a list"),
+    ({"path": "a.gguf", "kind": "vision"}, "kind is one of chat, embedding"),
+    ({"path": "a.gguf", "pooling": "mean"}, "pooling goes with kind"),
+    ({"path": "a.gguf", "kind": "embedding", "pooling": "max"}, "pooling is last or mean"),
     (7, "needs path"),
 ])
 def test_bad_models_entries_say_what_is_wrong(tmp_path, entry, message):
@@ -306,3 +310,23 @@ def test_plan_command_sizes_a_real_store(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan", "--models-dir",
                               str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "no such folder" in missing.stderr
+
+
+def test_an_embedding_entry_loads_as_an_embedding_model(tmp_path):
+    (tmp_path / "e.gguf").write_bytes(b"GGUF" * 10)
+    entry, = entries_from_table({"embed": {"path": "e.gguf", "kind": "embedding",
+                                           "pooling": "mean"}}, "serve.toml", str(tmp_path))
+    assert (entry.kind, entry.pooling) == ("embedding", "mean")
+    loaded_as = []
+
+    def load_embedding(e):
+        loaded_as.append(e)
+        return FakeClient(e.name)
+
+    catalog = ModelCatalog([entry])
+    pool = ModelPool(catalog, EngineConfig(), load=None, num_threads=1,
+                     load_embedding=load_embedding, estimate_embedding=lambda e: (40, 0))
+    model = acquire(pool, catalog, "embed")
+    assert loaded_as == [entry] and model.kind == "embedding" and model.size_bytes == 50
+    pool.release(model)
+    pool.shutdown()

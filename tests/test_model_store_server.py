@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from pagedllm.embeddings.packaged import packaged_folder
 from pagedllm.weights import default_model_path
 from server_process import ServerProcess, free_port
 
@@ -23,6 +24,7 @@ def models_dir(tmp_path_factory, tiny_llama_folder):
     folder = tmp_path_factory.mktemp("models")
     os.symlink(default_model_path(), folder / "smollm2.gguf")
     os.symlink(tiny_llama_folder, folder / "tiny-hf")
+    os.symlink(packaged_folder(), folder / "minilm")  # a sentence-transformers folder
     return str(folder)
 
 
@@ -64,13 +66,15 @@ def wait_for(condition, what: str, timeout: float = 120.0):
 def test_every_model_is_listed_before_any_loads(store):
     assert loaded(store) == [] and metric(store, "models_loaded") == 0
     models = {m["id"]: m for m in httpx.get(store.url + "/v1/models", timeout=30).json()["data"]}
-    assert set(models) == {"smollm2", "tiny-hf"}
+    assert set(models) == {"smollm2", "tiny-hf", "minilm"}
+    assert models["minilm"]["kind"] == "embedding" and models["minilm"]["architecture"] == "bert"
+    assert models["minilm"]["parameters"] > 20e6 and "kind" not in models["smollm2"]
     assert models["smollm2"]["architecture"] == "llama" and models["smollm2"]["quantization"] == "Q4_1"
     assert models["smollm2"]["parameters"] > 100e6 and models["smollm2"]["context_length"] == 8192
     assert models["tiny-hf"]["quantization"] == "none" and models["tiny-hf"]["context_length"] == 512
     assert not any(m["loaded"] for m in models.values())
     tags = httpx.get(store.url + "/api/tags", timeout=30).json()["models"]
-    assert sorted(t["name"] for t in tags) == ["smollm2:latest", "tiny-hf:latest"]
+    assert sorted(t["name"] for t in tags) == ["minilm:latest", "smollm2:latest", "tiny-hf:latest"]
     assert {t["details"]["format"] for t in tags} == {"gguf", "safetensors"}
 
 
@@ -213,3 +217,32 @@ def test_the_queue_bound_counts_every_models_waiting_requests(models_dir, tmp_pa
             "room in the queue once the streams ended")
     finally:
         proc.stop()
+
+
+def test_an_embedding_model_in_the_store_loads_on_demand(store):
+    """A sentence-transformers folder in the store: loaded by its first embeddings request,
+    kept by keep_alive like a chat model, refused where text is to be generated."""
+    import numpy as np
+    import ollama
+    from openai import BadRequestError, OpenAI
+
+    from pagedllm.embeddings.sentence_model import SentenceModel
+
+    client = OpenAI(base_url=store.url + "/v1", api_key="none")
+    texts = ["The cat sits on the mat.", "Quarterly revenue grew."]
+    answer = client.embeddings.create(model="minilm", input=texts)
+    vectors = np.array([d.embedding for d in answer.data])
+    exact = SentenceModel(packaged_folder(), dtype="float32")
+    expected = exact.embed(exact.tokenize(texts)).numpy()
+    assert vectors.shape == (2, 384) and (vectors * expected).sum(1).min() >= 0.9999
+    assert "minilm:latest" in loaded(store)
+    assert metric(store, "model_loads_total", model_name="minilm") == 1
+    with pytest.raises(BadRequestError, match="makes embeddings"):
+        client.chat.completions.create(model="minilm", messages=HI)
+    with pytest.raises(BadRequestError, match="does not make embeddings"):
+        client.embeddings.create(model="smollm2", input="x")
+    show = httpx.post(store.url + "/api/show", json={"model": "minilm"}, timeout=60).json()
+    assert show["capabilities"] == ["embedding"] and show["model_info"]["embedding_length"] == 384
+    embedded = ollama.Client(host=store.url).embed(model="minilm", input=texts[0], keep_alive=0)
+    assert np.allclose(embedded.embeddings[0], vectors[0], atol=1e-5)
+    wait_for(lambda: "minilm:latest" not in loaded(store), "minilm unloaded after keep_alive 0")

@@ -58,6 +58,11 @@ class EmbeddingService:
     def name(self) -> str:
         return self.model.name
 
+    @property
+    def num_queued_inputs(self) -> int:
+        """Inputs waiting or in the pass now (a store keeps the model loaded meanwhile)."""
+        return self._queued_inputs
+
     async def embed(self, inputs: list[list[int]]) -> np.ndarray:
         """Token id lists (checked: each 1..max_tokens ids in the vocabulary) -> vectors."""
         with self._lock:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import time
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Literal, Union
 
 import numpy as np
@@ -41,8 +42,9 @@ class EmbeddingRequest(RequestModel):
 
 class OllamaEmbedRequest(RequestModel):
     """Ollama's /api/embed. `truncate` (default true): inputs longer than the model takes are
-    cut to fit; false: refused. keep_alive has no effect (the model stays loaded); options
-    must be empty (an encoder samples nothing; _check_options refuses any set)."""
+    cut to fit; false: refused. keep_alive: as for chat, a store's model stays loaded that
+    long (--embedding-model's stays for the server's life); options must be empty (an
+    encoder samples nothing; _check_options refuses any set)."""
     model: StrictStr
     input: Union[StrictStr, list[StrictStr]]
     truncate: bool = True
@@ -68,12 +70,21 @@ def answers_embeddings(service: "EmbeddingService | None", model: str) -> bool:
             or (is_packaged_name(model) and is_packaged_name(service.name)))
 
 
-def _service_for(state: ServerState, model: str, field: str = "model") -> "EmbeddingService":
+@asynccontextmanager
+async def _service_for(state: ServerState, model: str, keep_alive=None, field: str = "model"):
+    """The embedding service a request names: --embedding-model's, or a store's embedding
+    model (loaded on demand and held, as a chat model is, until the block ends)."""
     service = state.embeddings
+    seconds = _keep_alive(keep_alive)
     if state.draining:
         raise APIError(503, "server is shutting down", None, "shutting_down")
     if answers_embeddings(service, model):
-        return service
+        yield service
+        return
+    if state.pool is not None and state.answers_to(model):
+        async with state.serving(model, seconds, kind="embedding") as served:
+            yield served.client.service
+        return
     if state.answers_to(model):
         served = f"; the embedding model here is `{service.name}`" if service else \
             "; this server has none (serve --embedding-model all-minilm)"
@@ -82,6 +93,17 @@ def _service_for(state: ServerState, model: str, field: str = "model") -> "Embed
     names = state.known_models() + (f", `{service.name}`" if service else "")
     raise APIError(404, f"The model `{model}` does not exist; this server serves {names}.",
                    field, "model_not_found")
+
+
+def _keep_alive(value) -> float | None:
+    from pagedllm.core.residency import KeepAliveError, parse_keep_alive
+
+    if value is None:
+        return None
+    try:
+        return parse_keep_alive(value)
+    except KeepAliveError as exc:
+        raise APIError(400, str(exc), "keep_alive") from exc
 
 
 def _token_inputs(service: "EmbeddingService", raw, truncate: bool) -> list[list[int]]:
@@ -159,7 +181,10 @@ def add_embedding_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/embeddings")
     @app.post("/embeddings", include_in_schema=False)
     async def embeddings(body: EmbeddingRequest, request: HTTPRequest):
-        service = _service_for(state, body.model)
+        async with _service_for(state, body.model) as service:
+            return await _openai_embeddings(service, body, request)
+
+    async def _openai_embeddings(service, body: EmbeddingRequest, request: HTTPRequest):
         _check_dimensions(service, body.dimensions)
         inputs = _token_inputs(service, body.input, truncate=False)
         vectors = await _embed(state, request, service, inputs, body.user, "openai.embeddings")
@@ -175,19 +200,21 @@ def add_embedding_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/api/embed")
     async def ollama_embed(body: OllamaEmbedRequest, request: HTTPRequest):
         started = time.monotonic_ns()
-        service = _service_for(state, body.model)
-        _check_dimensions(service, body.dimensions)
-        _check_options(body.options)
-        inputs = _token_inputs(service, body.input, truncate=body.truncate)
-        vectors = await _embed(state, request, service, inputs, None, "ollama.embed")
-        return JSONResponse({"model": body.model, "embeddings": vectors.tolist(),
-                             "total_duration": time.monotonic_ns() - started, "load_duration": 0,
-                             "prompt_eval_count": sum(map(len, inputs))})
+        async with _service_for(state, body.model, body.keep_alive) as service:
+            loaded = time.monotonic_ns()
+            _check_dimensions(service, body.dimensions)
+            _check_options(body.options)
+            inputs = _token_inputs(service, body.input, truncate=body.truncate)
+            vectors = await _embed(state, request, service, inputs, None, "ollama.embed")
+            return JSONResponse({"model": body.model, "embeddings": vectors.tolist(),
+                                 "total_duration": time.monotonic_ns() - started,
+                                 "load_duration": loaded - started,
+                                 "prompt_eval_count": sum(map(len, inputs))})
 
     @app.post("/api/embeddings")
     async def ollama_embeddings(body: OllamaEmbeddingsRequest, request: HTTPRequest):
-        service = _service_for(state, body.model)
-        _check_options(body.options)
-        inputs = _token_inputs(service, body.prompt, truncate=True)
-        vectors = await _embed(state, request, service, inputs, None, "ollama.embeddings")
-        return JSONResponse({"embedding": vectors[0].tolist()})
+        async with _service_for(state, body.model, body.keep_alive) as service:
+            _check_options(body.options)
+            inputs = _token_inputs(service, body.prompt, truncate=True)
+            vectors = await _embed(state, request, service, inputs, None, "ollama.embeddings")
+            return JSONResponse({"embedding": vectors[0].tolist()})

@@ -101,7 +101,8 @@ class LiveView:
         for name in pool.catalog.names:
             model = loaded.get(name)
             expires = model.expires_in(now) if model is not None else None
-            rows.append({"model": name, "loaded": model is not None,
+            rows.append({"model": name, "kind": pool.catalog.entries[name].kind,
+                         "loaded": model is not None,
                          "size_bytes": model.size_bytes if model is not None else None,
                          "expires_in_s": None if expires in (None, float("inf")) else round(expires),
                          "busy": model.busy if model is not None else False,
@@ -129,7 +130,8 @@ class LiveView:
     def _chosen(self, replica: str | None):
         if self.state.pool is None:
             return self.state.client.info, self.state.served_model_name
-        loaded = sorted(self.state.pool.loaded(), key=lambda m: -m.last_used)
+        loaded = sorted((m for m in self.state.pool.loaded() if m.kind == "chat"),
+                        key=lambda m: -m.last_used)
         chosen = next((m for m in loaded if m.name == replica), loaded[0] if loaded else None)
         return None if chosen is None else (chosen.client.info, chosen.name)
 

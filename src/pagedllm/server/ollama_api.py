@@ -86,7 +86,7 @@ def _keep_alive(value) -> float | None:
         raise APIError(400, str(exc), "keep_alive") from exc
 
 
-def _serving(state: ServerState, model: str | None, keep_alive=None):
+def _serving(state: ServerState, model: str | None, keep_alive=None, kind: str = "chat"):
     """state.serving with Ollama's own wording for a missing or unknown model."""
     seconds = _keep_alive(keep_alive)
     state.check_draining()
@@ -95,7 +95,10 @@ def _serving(state: ServerState, model: str | None, keep_alive=None):
     if not state.answers_to(model):
         raise APIError(404, f"model '{model}' not found; this server serves "
                             f"{state.known_models()}", "model")
-    return state.serving(model, seconds)
+    if kind is None:  # any model: a store's entry says which
+        entry = state.pool.catalog.find(model) if state.pool is not None else None
+        kind = entry.kind if entry is not None else "chat"
+    return state.serving(model, seconds, kind)
 
 
 def _add_model_routes(app: FastAPI, state: ServerState, infos: dict[str, ModelInfo]) -> None:
@@ -129,7 +132,7 @@ def _add_model_routes(app: FastAPI, state: ServerState, infos: dict[str, ModelIn
 
     @app.post("/api/show")
     async def show(body: OllamaModelRequest):
-        async with _serving(state, body.model or body.name) as served:
+        async with _serving(state, body.model or body.name, kind=None) as served:
             info = infos[served.served_model_name]
             return await asyncio.to_thread(info.show, served.client)
 

@@ -46,6 +46,15 @@ class ModelInfo:
 
     def show(self, client) -> dict:
         """/api/show's answer, from the loaded model's client."""
+        if getattr(client, "kind", "chat") == "embedding":  # a store's embedding model
+            model = client.service.model
+            return {"modelfile": f"# served by pagedllm\nFROM {self.path}\n", "parameters": "",
+                    "template": "", "details": self.details(),
+                    "model_info": {"general.architecture": self.card.architecture,
+                                   "general.parameter_count": self.card.parameters,
+                                   "embedding_length": model.dimensions,
+                                   "context_length": model.max_tokens},
+                    "capabilities": ["embedding"], "modified_at": self.card.modified_at}
         config = client.info.model_config
         arch = config.architecture
         return {

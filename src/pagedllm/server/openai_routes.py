@@ -98,8 +98,15 @@ def _model_cards(state: ServerState) -> dict[str, dict]:
         except Exception as exc:  # noqa: BLE001 - one unreadable file must not hide the rest
             known = {"error": f"cannot read {entry.path}: {exc}"}
         model = loaded.get(name)
-        cards[name] = {**known, "loaded": model is not None,
-                       **(_loaded_card(model.client.info) if model is not None else {})}
+        served = {}
+        if entry.kind == "embedding":
+            served = {"kind": "embedding"}
+            if model is not None:
+                served.update(dimensions=model.client.service.model.dimensions,
+                              max_model_len=model.client.info.max_model_len)
+        elif model is not None:
+            served = _loaded_card(model.client.info)
+        cards[name] = {**known, "loaded": model is not None, **served}
     return cards
 
 

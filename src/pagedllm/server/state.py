@@ -76,11 +76,13 @@ class ServerState:
             fnmatch.fnmatchcase(model, alias) for alias in self.config.model_aliases)
 
     @asynccontextmanager
-    async def serving(self, model: str | None, keep_alive: float | None = None):
+    async def serving(self, model: str | None, keep_alive: float | None = None,
+                      kind: str = "chat"):
         """This request's view of the server: itself with one model; in a store, the named
         model's engine as `client` (loaded on demand, which the caller waits for), leased
         until the block ends so it is not unloaded before the requests are submitted (then
-        they keep it busy). keep_alive: seconds it stays loaded after (Ollama's field)."""
+        they keep it busy). keep_alive: seconds it stays loaded after (Ollama's field).
+        kind: what the route needs ("embedding": a store's embedding model)."""
         self.check_model(model)
         if self.pool is None:
             yield self
@@ -88,6 +90,13 @@ class ServerState:
         from pagedllm.serving.model_pool import ModelLoadFailed, ModelsBusy, ModelTooLarge
 
         entry = self.pool.catalog.find(model)
+        if entry.kind != kind:
+            raise APIError(400, f"The model `{model}` "
+                                + ("makes embeddings (/v1/embeddings, /api/embed) and does not "
+                                   "generate text." if entry.kind == "embedding" else
+                                   "generates text and does not make embeddings."),
+                           "model", "model_not_embedding" if kind == "embedding"
+                           else "model_not_generative")
         try:
             loaded = await self.pool.acquire(entry, keep_alive)
         except ModelsBusy as exc:
@@ -127,8 +136,8 @@ class ServerState:
             self.rate_limiter.check(key.name, key.tokens_per_minute)
         # Requests in flight fill the parallel slots first; only those beyond them wait. In a
         # store the bound is the server's: every loaded model's waiting requests count.
-        clients = ([m.client for m in self.pool.loaded()] if self.pool is not None
-                   else [self.client])
+        clients = ([m.client for m in self.pool.loaded() if m.kind == "chat"]
+                   if self.pool is not None else [self.client])
         waiting = sum(max(0, c.num_in_flight - c.info.scheduler_config.max_num_seqs)
                       for c in clients)
         check_queue(waiting, num_new, self.config.max_queue)

@@ -60,6 +60,10 @@ class LoadedModel:
         return self.entry.name
 
     @property
+    def kind(self) -> str:
+        return self.entry.kind
+
+    @property
     def busy(self) -> bool:
         return self.leases > 0 or self.client.num_in_flight > 0
 
@@ -114,11 +118,27 @@ def _load_engine(config: EngineConfig):
     return LocalEngineClient.load(config, faults=Faults.from_env())
 
 
+def _load_embedding(entry: StoreEntry):
+    from pagedllm.serving.embedding_client import EmbeddingClient
+
+    return EmbeddingClient.load(entry.path, entry.name, entry.pooling)
+
+
+def _embedding_bytes(entry: StoreEntry) -> tuple[int, int]:
+    """An embedding model holds its weights (about its files) and no KV cache."""
+    path = entry.path
+    if os.path.isfile(path):
+        return os.path.getsize(path), 0
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+               if f.endswith((".safetensors", ".gguf"))), 0
+
+
 class ModelPool:
     def __init__(self, catalog: ModelCatalog, base_config: EngineConfig, *,
                  max_loaded_models: int | None = 3, max_memory: int | None = None,
                  keep_alive: float = DEFAULT_KEEP_ALIVE, num_threads: int | None = None,
-                 load=_load_engine, estimate=estimate_resident_bytes):
+                 load=_load_engine, estimate=estimate_resident_bytes,
+                 load_embedding=_load_embedding, estimate_embedding=_embedding_bytes):
         """max_memory bounds the loaded models' weights + KV together (None: no bound);
         num_threads: each engine's compute threads (default: torch's now)."""
         import torch
@@ -132,6 +152,7 @@ class ModelPool:
         self.events = PoolEvents()
         self.dead: str | None = None  # a store keeps serving when one model fails
         self._load, self._estimate = load, estimate
+        self._load_embedding, self._estimate_embedding = load_embedding, estimate_embedding
         self._loaded: dict[str, LoadedModel] = {}
         self._mutex = threading.Lock()  # the loaded dict and leases (event loop + reaper)
         self._loading: asyncio.Lock | None = None  # one load at a time (the budget's view)
@@ -182,8 +203,10 @@ class ModelPool:
     # -- loading and unloading (a worker thread; the reaper) ---------------------------------
     def _load_leased(self, entry: StoreEntry, keep_alive: float | None) -> LoadedModel:
         config = entry.engine_config(self.base_config)
+        embedding = entry.kind == "embedding"
         try:
-            weights, kv = self._estimate(config)
+            weights, kv = (self._estimate_embedding(entry) if embedding
+                           else self._estimate(config))
         except Exception as exc:  # noqa: BLE001 - an unreadable file is the client's answer
             raise ModelLoadFailed(f"cannot read model {entry.name}: {exc}") from exc
         with self._mutex:
@@ -209,7 +232,7 @@ class ModelPool:
             self._stop(victim, "room")
         started = time.monotonic()
         try:
-            client = self._load(config)
+            client = self._load_embedding(entry) if embedding else self._load(config)
         except Exception as exc:  # noqa: BLE001 - said to the client, logged here
             logger.exception("loading model %s failed", entry.name)
             raise ModelLoadFailed(f"loading model {entry.name} failed: {exc}") from exc
@@ -290,7 +313,8 @@ class ModelPool:
 
     async def snapshot(self, replica: str | None = None) -> EngineSnapshot:
         """The named model's engine picture (default: the most recently used loaded one)."""
-        models = sorted(self.loaded(), key=lambda m: -m.last_used)
+        models = sorted((m for m in self.loaded() if m.kind == "chat"),
+                        key=lambda m: -m.last_used)
         chosen = next((m for m in models if m.name == replica), None) if replica else (
             models[0] if models else None)
         if chosen is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -39,12 +40,17 @@ ENTRY_OPTIONS = {
 }
 
 
+KINDS = ("chat", "embedding")
+
+
 @dataclass(frozen=True)
 class StoreEntry:
     name: str
     path: str
     options: tuple[tuple[str, object], ...] = ()  # EngineConfig field -> value
     aliases: tuple[str, ...] = ()
+    kind: str = "chat"  # "embedding": served at /v1/embeddings and /api/embed
+    pooling: str | None = None  # an embedding decoder's (embeddings/decoder_model.py)
 
     def engine_config(self, base: EngineConfig) -> EngineConfig:
         """The server's engine settings with this model's file and own options."""
@@ -59,8 +65,8 @@ class StoreEntry:
 
 def scan_models_dir(folder: str) -> list[StoreEntry]:
     """Every servable model in a folder: each *.gguf file (named by its file name without
-    .gguf) and each subfolder holding config.json and *.safetensors (named by the folder).
-    A sentence-transformers folder (modules.json) is an embedding model, not listed here."""
+    .gguf) and each subfolder holding config.json and *.safetensors (named by the folder);
+    a sentence-transformers folder (modules.json) is an embedding model."""
     if not os.path.isdir(folder):
         raise StoreError(f"--models-dir {folder}: no such folder")
     entries = []
@@ -69,14 +75,19 @@ def scan_models_dir(folder: str) -> list[StoreEntry]:
         if os.path.isfile(path) and name.lower().endswith(".gguf"):
             entries.append(StoreEntry(name[:-len(".gguf")], os.path.abspath(path)))
         elif os.path.isdir(path) and _is_hf_folder(path):
-            entries.append(StoreEntry(name, os.path.abspath(path)))
+            kind = "embedding" if is_sentence_folder(path) else "chat"
+            entries.append(StoreEntry(name, os.path.abspath(path), kind=kind))
     return entries
 
 
 def _is_hf_folder(path: str) -> bool:
     files = os.listdir(path)
-    return ("config.json" in files and "modules.json" not in files
-            and any(f.endswith(".safetensors") for f in files))
+    return "config.json" in files and any(f.endswith(".safetensors") for f in files)
+
+
+def is_sentence_folder(path: str) -> bool:
+    """A sentence-transformers folder: its modules.json lists the pooling after the encoder."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "modules.json"))
 
 
 def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[StoreEntry]:
@@ -89,12 +100,20 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
             value = {"path": value}
         if not isinstance(value, dict) or not isinstance(value.get("path"), str):
             raise StoreError(f"{where} needs path = \"FILE.gguf or FOLDER\"")
-        options, aliases = [], ()
+        options, aliases, kind, pooling = [], (), "chat", None
         for key, item in value.items():
             key = key.replace("_", "-")
             if key == "path":
                 continue
-            if key == "aliases":
+            if key == "kind":
+                if item not in KINDS:
+                    raise StoreError(f"{where}: kind is one of {', '.join(KINDS)}")
+                kind = item
+            elif key == "pooling":
+                if item not in ("last", "mean"):
+                    raise StoreError(f"{where}: pooling is last or mean")
+                pooling = item
+            elif key == "aliases":
                 if not (isinstance(item, list) and all(isinstance(a, str) for a in item)):
                     raise StoreError(f"{where}: aliases is a list of names")
                 aliases = tuple(item)
@@ -105,12 +124,16 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
                 except (TypeError, ValueError) as exc:
                     raise StoreError(f"{where}: {key} = {item!r}: {exc}") from exc
             else:
-                raise StoreError(f"{where}: unknown key {key!r}; known: path, aliases, "
-                                 f"{', '.join(ENTRY_OPTIONS)}")
+                raise StoreError(f"{where}: unknown key {key!r}; known: path, aliases, kind, "
+                                 f"pooling, {', '.join(ENTRY_OPTIONS)}")
         path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(value["path"])))
         if not os.path.exists(path):
             raise StoreError(f"{where}: no model at {path}")
-        entries.append(StoreEntry(name, path, tuple(options), aliases))
+        if is_sentence_folder(path):
+            kind = "embedding"
+        if pooling is not None and kind != "embedding":
+            raise StoreError(f"{where}: pooling goes with kind = \"embedding\"")
+        entries.append(StoreEntry(name, path, tuple(options), aliases, kind, pooling))
     return entries
 
 
@@ -143,17 +166,41 @@ class ModelCard:
 def describe(path: str) -> ModelCard:
     """The card of a model file or folder, from its header (a GGUF: ~1 s; call off the event
     loop)."""
+    is_file = os.path.isfile(path)
+    if is_sentence_folder(path):
+        return _describe_sentence_folder(path)
     from pagedllm.weights.inspect import summarize_checkpoint
 
     summary = summarize_checkpoint(path)
-    is_file = os.path.isfile(path)
-    size = os.path.getsize(path) if is_file else sum(
-        os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-        if os.path.isfile(os.path.join(path, f)))
+    size = os.path.getsize(path) if is_file else _folder_bytes(path)
     return ModelCard(summary.config.architecture,
                      summary.num_embedding_params + summary.num_body_params,
                      summary.file_type or "none", size, summary.config.max_position_embeddings,
                      os.stat(path).st_mtime, "gguf" if is_file else "safetensors")
+
+
+def _folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+               if os.path.isfile(os.path.join(path, f)))
+
+
+def _describe_sentence_folder(path: str) -> ModelCard:
+    """A sentence-transformers folder's card, from config.json and the safetensors header."""
+    import json
+
+    from safetensors import safe_open
+
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    parameters = 0
+    for name in os.listdir(path):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(path, name), "pt") as tensors:
+                for key in tensors.keys():
+                    parameters += math.prod(tensors.get_slice(key).get_shape())
+    return ModelCard(str(config.get("model_type", "bert")), parameters, "none",
+                     _folder_bytes(path), int(config.get("max_position_embeddings", 512)),
+                     os.stat(path).st_mtime, "safetensors")
 
 
 class ModelCatalog:
