@@ -164,6 +164,13 @@ def test_the_budget_unloads_the_idle_model_and_never_a_busy_one(models_dir, tmp_
             assert refused.json()["error"]["code"] == "model_busy"
             assert "smollm2 is busy" in refused.json()["error"]["message"]
             assert loaded(proc) == ["smollm2:latest"]  # the busy model stayed
+            # Streamed with queue positions, the refusal comes in-band after the loading chunk.
+            lines = httpx.post(proc.url + "/v1/chat/completions", timeout=120, json={
+                "model": "tiny-hf", "messages": HI, "stream": True,
+                "queue_position": True}).text.splitlines()
+            chunks = [line for line in lines if line.startswith("data: {")]
+            assert '"loading": true' in chunks[0] and '"model_busy"' in chunks[-1]
+            assert lines[-1] == "data: [DONE]" or lines[-2] == "data: [DONE]"
         # Its client went away: the request is aborted, the model idle, and room is made.
         wait_for(lambda: chat("tiny-hf").status_code == 200, "tiny-hf served after the stream")
         assert loaded(proc) == ["tiny-hf:latest"]
@@ -246,3 +253,55 @@ def test_an_embedding_model_in_the_store_loads_on_demand(store):
     embedded = ollama.Client(host=store.url).embed(model="minilm", input=texts[0], keep_alive=0)
     assert np.allclose(embedded.embeddings[0], vectors[0], atol=1e-5)
     wait_for(lambda: "minilm:latest" not in loaded(store), "minilm unloaded after keep_alive 0")
+
+
+def test_a_stream_says_its_model_is_loading_while_others_serve(models_dir, tmp_path_factory):
+    """queue_position: true to a model not loaded yet: the stream starts at once with
+    loading chunks (OpenAI's client skips them: they hold no choices), then the answer; a
+    model already loaded answers meanwhile."""
+    import json
+    import threading
+
+    from openai import OpenAI
+
+    log = tmp_path_factory.mktemp("store-loading") / "server.log"
+    proc = ServerProcess("--models-dir", models_dir, "--kv-cache-memory", "64MiB",
+                         log_path=str(log), env={"PAGEDLLM_TEST_LOAD_DELAY": "6"})
+    try:
+        client = OpenAI(base_url=proc.url + "/v1", api_key="none", timeout=120)
+        # Loaded first (slowly: the delay applies to every load), so it can answer below.
+        client.chat.completions.create(model="tiny-hf", messages=HI, max_tokens=2)
+        seen = {"loading": 0, "content": False}
+        first_loading = threading.Event()
+
+        def read():
+            body = {"model": "smollm2", "messages": HI, "max_tokens": 4, "stream": True,
+                    "queue_position": True}
+            with httpx.stream("POST", proc.url + "/v1/chat/completions", json=body,
+                              timeout=120) as streaming:
+                for line in streaming.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("loading"):
+                        seen["loading"] += 1
+                        first_loading.set()
+                    elif chunk.get("choices"):
+                        seen["content"] = True
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert first_loading.wait(60), "no loading chunk"
+        meanwhile = client.chat.completions.create(model="tiny-hf", messages=HI, max_tokens=2)
+        assert meanwhile.usage.completion_tokens >= 1
+        assert not seen["content"]  # answered while smollm2 was still loading
+        reader.join(120)
+        assert seen["loading"] >= 2 and seen["content"]
+        # The OpenAI client reads the same stream as plain chunks.
+        httpx.post(proc.url + "/api/generate", json={"model": "tiny-hf", "keep_alive": 0})
+        wait_for(lambda: "tiny-hf:latest" not in loaded(proc), "tiny-hf unloaded")
+        stream = client.chat.completions.create(model="tiny-hf", messages=HI, max_tokens=3,
+                                                stream=True, extra_body={"queue_position": True})
+        assert sum(1 for c in stream if c.choices and c.choices[0].delta.content) >= 1
+    finally:
+        proc.stop()

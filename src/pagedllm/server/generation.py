@@ -10,6 +10,7 @@ from pagedllm.server.chat_prompt import ToolUse, prepare_chat
 from pagedllm.server.choice import Choice
 from pagedllm.server.endpoint import Endpoint, OpenAIShape
 from pagedllm.server.errors import APIError
+from pagedllm.server.loading_stream import stream_while_loading
 from pagedllm.server.pipeline import Job, run
 from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedllm.server.state import ServerState
@@ -46,6 +47,11 @@ def completion_endpoint(state: ServerState) -> Endpoint:
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, http_request: HTTPRequest):
+    if body.stream and body.queue_position:  # a store's model loading: say so meanwhile
+        loading = stream_while_loading(
+            state, body.model, lambda served: _completion(served, body, http_request))
+        if loading is not None:
+            return loading
     async with state.serving(body.model) as served:
         return await _completion(served, body, http_request)
 
@@ -130,6 +136,11 @@ def _finish_reason(reason: str | None, calls: list) -> str | None:
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http_request: HTTPRequest):
+    if body.stream and body.queue_position:  # a store's model loading: say so meanwhile
+        loading = stream_while_loading(
+            state, body.model, lambda served: _chat_completion(served, body, http_request))
+        if loading is not None:
+            return loading
     async with state.serving(body.model) as served:
         return await _chat_completion(served, body, http_request)
 

@@ -87,6 +87,15 @@ class ServerState:
         if self.pool is None:
             yield self
             return
+        loaded = await self.acquire(model, keep_alive, kind)
+        try:
+            yield self.view(loaded)
+        finally:
+            self.pool.release(loaded)
+
+    async def acquire(self, model: str, keep_alive: float | None = None, kind: str = "chat"):
+        """A store's model (checked by check_model), loaded if need be and leased to the
+        caller (pool.release it); the pool's refusals as APIErrors."""
         from pagedllm.serving.model_pool import ModelLoadFailed, ModelsBusy, ModelTooLarge
 
         entry = self.pool.catalog.find(model)
@@ -98,17 +107,17 @@ class ServerState:
                            "model", "model_not_embedding" if kind == "embedding"
                            else "model_not_generative")
         try:
-            loaded = await self.pool.acquire(entry, keep_alive)
+            return await self.pool.acquire(entry, keep_alive)
         except ModelsBusy as exc:
             raise APIError(503, str(exc), "model", "model_busy", {"Retry-After": "5"}) from exc
         except ModelTooLarge as exc:
             raise APIError(503, str(exc), "model", "model_too_large") from exc
         except ModelLoadFailed as exc:
             raise APIError(500, str(exc), "model", "model_load_failed") from exc
-        try:
-            yield dataclasses.replace(self, client=loaded.client, served_model_name=loaded.name)
-        finally:
-            self.pool.release(loaded)
+
+    def view(self, loaded) -> ServerState:
+        """The state as a request to a store's loaded model sees it."""
+        return dataclasses.replace(self, client=loaded.client, served_model_name=loaded.name)
 
     def cache_salt_for(self, user: str) -> str | None:
         # Salted by user so one user cannot learn another's prompts through cache timing.

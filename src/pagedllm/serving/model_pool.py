@@ -115,7 +115,9 @@ def _load_engine(config: EngineConfig):
     from pagedllm.engine.faults import Faults
     from pagedllm.serving.local import LocalEngineClient
 
-    return LocalEngineClient.load(config, faults=Faults.from_env())
+    faults = Faults.from_env()
+    time.sleep(faults.load_delay)  # a test's slow load (engine/faults.py)
+    return LocalEngineClient.load(config, faults=faults)
 
 
 def _load_embedding(entry: StoreEntry):
