@@ -305,3 +305,33 @@ def test_a_stream_says_its_model_is_loading_while_others_serve(models_dir, tmp_p
         assert sum(1 for c in stream if c.choices and c.choices[0].delta.content) >= 1
     finally:
         proc.stop()
+
+
+def test_config_file_models_with_their_own_options_and_aliases(models_dir, tmp_path):
+    """[models] entries alone make a store: names, aliases and per-model engine options."""
+    config = tmp_path / "pagedllm.toml"
+    config.write_text(f'''kv-cache-memory = "64MiB"
+[models.small]
+path = "{models_dir}/smollm2.gguf"
+max-model-len = 1024
+aliases = ["gpt-4o-mini"]
+[models.hf]
+path = "{models_dir}/tiny-hf"
+dtype = "float32"
+''')
+    proc = ServerProcess("--config", str(config), log_path=str(tmp_path / "server.log"))
+    try:
+        from openai import OpenAI
+
+        client = OpenAI(base_url=proc.url + "/v1", api_key="none")
+        assert sorted(m.id for m in client.models.list().data) == ["hf", "small"]
+        answer = client.chat.completions.create(model="gpt-4o-mini", messages=HI, max_tokens=2)
+        assert answer.model == "small"
+        cards = {m["id"]: m for m in httpx.get(proc.url + "/v1/models", timeout=30).json()["data"]}
+        assert cards["small"]["loaded"] and cards["small"]["max_model_len"] == 1024
+        assert cards["small"]["dtype"] == "bfloat16"  # the server's default
+        client.chat.completions.create(model="hf", messages=HI, max_tokens=2)
+        cards = {m["id"]: m for m in httpx.get(proc.url + "/v1/models", timeout=30).json()["data"]}
+        assert cards["hf"]["dtype"] == "float32"  # its own option
+    finally:
+        proc.stop()
