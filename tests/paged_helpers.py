@@ -9,9 +9,9 @@ from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 
 
 def make_kv_caches(config, num_blocks: int, block_size: int, dtype=torch.float32,
-                   kv_cache_dtype: str = "auto"):
+                   kv_cache_dtype: str = "auto", device: str = "cpu"):
     caches = allocate_layer_caches(config.num_layers, num_blocks, block_size, config.num_kv_heads,
-                                   config.head_dim, dtype, kv_cache_dtype)
+                                   config.head_dim, dtype, kv_cache_dtype, device)
     for cache in caches:
         for tensor in cache:
             if tensor is not None:
@@ -20,15 +20,17 @@ def make_kv_caches(config, num_blocks: int, block_size: int, dtype=torch.float32
 
 
 def run_paged(model, seqs: list[list[int]], *, block_size: int = 4, chunk: int | None = None,
-              seed: int = 0, num_blocks: int = 256, kv_cache_dtype: str = "auto") -> list[torch.Tensor]:
+              seed: int = 0, num_blocks: int = 256, kv_cache_dtype: str = "auto",
+              device: str = "cpu") -> list[torch.Tensor]:
     """Run sequences together through the model, each prefilled in chunks of `chunk` tokens
     (all in one batch per round), with block tables scattered at random over the cache.
-    Returns per sequence the float32 logits of every position."""
+    Returns per sequence the float32 logits of every position (on the host). device: where
+    the model (the generic backend's) and the cache live."""
     rng = random.Random(seed)
     free = list(range(num_blocks))
     rng.shuffle(free)
     tables = [[free.pop() for _ in range(-(-len(s) // block_size))] for s in seqs]
-    kv = make_kv_caches(model.config, num_blocks, block_size, model.dtype, kv_cache_dtype)
+    kv = make_kv_caches(model.config, num_blocks, block_size, model.dtype, kv_cache_dtype, device)
     done = [0] * len(seqs)
     logits: list[list[torch.Tensor]] = [[] for _ in seqs]
     while any(d < len(s) for d, s in zip(done, seqs)):
@@ -46,9 +48,10 @@ def run_paged(model, seqs: list[list[int]], *, block_size: int = 4, chunk: int |
             tbls.append(tables[i])
             owners.append(i)
             done[i] += n
-        meta = AttentionMetadata.build(slots, qsl, lens, tbls, block_size)
-        hidden = model(torch.tensor(ids), torch.tensor(pos), kv, meta)
-        out = model.compute_logits(hidden)
+        meta = AttentionMetadata.build(slots, qsl, lens, tbls, block_size, device)
+        hidden = model(torch.tensor(ids, device=device), torch.tensor(pos, device=device), kv,
+                       meta)
+        out = model.compute_logits(hidden).cpu()
         for j, i in enumerate(owners):
             logits[i].append(out[qsl[j]:qsl[j + 1]])
     return [torch.cat(parts) for parts in logits]

@@ -25,13 +25,20 @@ def test_cuda_without_a_gpu_says_why():
     assert "no usable CUDA GPU" in message and "--device cpu" in message
 
 
-def test_cuda_with_a_gpu_says_the_backend_is_not_built_yet(monkeypatch, caplog):
+def test_cuda_with_a_gpu_gives_the_generic_path_there(monkeypatch, caplog):
     monkeypatch.setattr(device_module, "cuda_available", lambda: True)
-    with pytest.raises(DeviceError, match="CUDA backend is not built yet"):
-        choose_backend("cuda")
-    # auto on such a machine serves on the CPU and says so.
+    backend = choose_backend("cuda")
+    assert (backend.name, backend.device, backend.kernels) == ("torch", "cuda", None)
+    assert backend.generic and not backend.prepacks_bfloat16
+    # auto on such a machine serves on the CPU until the CUDA backend is asked for by name.
     assert choose_backend("auto").device == "cpu"
-    assert "serving on the CPU" in caplog.text
+    assert "serving on the CPU" in caplog.text and "--device cuda" in caplog.text
+
+
+def test_the_generic_path_on_the_cpu_is_what_ci_runs():
+    backend = choose_backend("torch-cpu")
+    assert (backend.name, backend.device, backend.kernels) == ("torch", "cpu", None)
+    assert backend.describe() == "generic torch path on cpu"
 
 
 def test_a_bad_device_name():

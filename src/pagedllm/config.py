@@ -151,6 +151,9 @@ class EngineConfig:
     #                                a tenth of the machine free (engine/memory_guard.py)
     speculative: SpeculativeConfig = SpeculativeConfig()  # method "off" unless asked
     device: str = "auto"  # auto, cpu or cuda (backends/device.py)
+    # On a GPU: the share of the card this process may hold (weights + KV); the KV pool is
+    # what is left of it once the weights are loaded (vLLM's --gpu-memory-utilization).
+    gpu_memory_utilization: float = 0.9
 
     def __post_init__(self):
         if not isinstance(self.speculative, SpeculativeConfig):
@@ -159,6 +162,9 @@ class EngineConfig:
                                             or not isinstance(self.max_memory, int)
                                             or self.max_memory < 1):
             raise ValueError(f"max_memory must be a positive number of bytes, got {self.max_memory}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

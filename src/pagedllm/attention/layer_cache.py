@@ -36,18 +36,22 @@ class LayerKVCache(NamedTuple):
 
 
 def allocate_layer_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                          head_dim: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
-                          ) -> list[LayerKVCache]:
+                          head_dim: int, dtype: torch.dtype, kv_cache_dtype: str = "auto",
+                          device: str = "cpu") -> list[LayerKVCache]:
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     # torch.empty maps fresh pages without touching them: memory becomes resident only as
-    # blocks are first written, so a generous pool costs nothing until it is used.
+    # blocks are first written, so a generous pool costs nothing until it is used (on the
+    # host; a GPU's pool is allocated whole).
     if kv_cache_dtype == "int8":
-        return [LayerKVCache(torch.empty(shape, dtype=torch.int8), torch.empty(shape, dtype=torch.int8),
-                             torch.empty(shape[:3]), torch.empty(shape[:3]))
+        return [LayerKVCache(torch.empty(shape, dtype=torch.int8, device=device),
+                             torch.empty(shape, dtype=torch.int8, device=device),
+                             torch.empty(shape[:3], device=device),
+                             torch.empty(shape[:3], device=device))
                 for _ in range(num_layers)]
-    return [LayerKVCache(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
+    return [LayerKVCache(torch.empty(shape, dtype=dtype, device=device),
+                         torch.empty(shape, dtype=dtype, device=device))
             for _ in range(num_layers)]
 
 

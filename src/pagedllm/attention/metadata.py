@@ -39,21 +39,25 @@ class AttentionMetadata:
     # proposed tokens is one single-token sequence per position (engine/model_runner.py),
     # and kernels that choose their arithmetic by batch size choose by this (DecodeLoop).
     num_requests: int | None = None
+    device: str = "cpu"  # where its tensors live: the KV cache's (the generic backend's)
     _prefill_masks: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, slot_mapping: list[int], query_start_loc: list[int], seq_lens: list[int],
-              block_tables: list[list[int]], block_size: int) -> AttentionMetadata:
+              block_tables: list[list[int]], block_size: int,
+              device: str = "cpu") -> AttentionMetadata:
         context_block_ids = [
-            torch.tensor(table[: (seq_len + block_size - 1) // block_size], dtype=torch.long)
+            torch.tensor(table[: (seq_len + block_size - 1) // block_size], dtype=torch.long,
+                         device=device)
             for table, seq_len in zip(block_tables, seq_lens)
         ]
         return cls(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long),
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
             query_start_loc=list(query_start_loc),
             seq_lens=list(seq_lens),
             block_size=block_size,
             context_block_ids=context_block_ids,
+            device=device,
         )
 
     @property
@@ -73,8 +77,10 @@ class AttentionMetadata:
             return None
         if i not in self._prefill_masks:
             seq_len, num_queries = self.seq_lens[i], self.num_queries(i)
-            query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
-            self._prefill_masks[i] = torch.arange(seq_len).unsqueeze(0) <= query_pos
+            query_pos = torch.arange(seq_len - num_queries, seq_len,
+                                     device=self.device).unsqueeze(1)
+            self._prefill_masks[i] = (torch.arange(seq_len, device=self.device).unsqueeze(0)
+                                      <= query_pos)
         return self._prefill_masks[i]
 
     def decode_batch(self) -> DecodeBatch | None:
@@ -88,11 +94,13 @@ class AttentionMetadata:
             return None
         bs = self.block_size
         max_blocks = max(-(-self.seq_lens[i] // bs) for i in seqs)
-        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
-        lens = torch.tensor([self.seq_lens[i] for i in seqs])
+        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long, device=self.device)
+        lens = torch.tensor([self.seq_lens[i] for i in seqs], device=self.device)
         for row, i in enumerate(seqs):
             ids = self.context_block_ids[i]
             tables[row, : ids.numel()] = ids
-        padding = torch.arange(max_blocks * bs).unsqueeze(0) >= lens.unsqueeze(1)
+        padding = (torch.arange(max_blocks * bs, device=self.device).unsqueeze(0)
+                   >= lens.unsqueeze(1))
         rows = [self.query_start_loc[i] for i in seqs]
-        return DecodeBatch(rows, torch.tensor(rows), tables, padding.view(len(seqs), 1, 1, -1), lens)
+        return DecodeBatch(rows, torch.tensor(rows, device=self.device), tables,
+                           padding.view(len(seqs), 1, 1, -1), lens)

@@ -45,8 +45,9 @@ class SoftcapBackend:
             scores = query[start:end].transpose(0, 1) @ keys.transpose(1, 2) * self.scale
             if self.softcap is not None:
                 scores = torch.tanh(scores / self.softcap) * self.softcap
-            query_pos = torch.arange(seq_len - num_queries, seq_len).unsqueeze(1)
-            key_pos = torch.arange(first_key, seq_len).unsqueeze(0)
+            query_pos = torch.arange(seq_len - num_queries, seq_len,
+                                     device=query.device).unsqueeze(1)
+            key_pos = torch.arange(first_key, seq_len, device=query.device).unsqueeze(0)
             visible = key_pos <= query_pos
             if self.window is not None:
                 visible &= key_pos > query_pos - self.window

@@ -11,17 +11,25 @@ from pagedllm.kernels import Capabilities, TorchOps, capabilities, kernel_ops, t
 
 @dataclass(frozen=True)
 class Backend:
-    name: str  # "cpu"
-    device: str  # where tensors live ("cpu")
+    name: str  # "cpu" (the C++ kernels at the CPU's level), "torch" (the generic path)
+    device: str  # where tensors live ("cpu", "cuda")
     cpu: Capabilities
     kernels: object | None  # the compiled module of the level in use
     torch_ops: TorchOps
 
     @property
+    def generic(self) -> bool:
+        """The generic torch path (any device): dense weights in the model dtype, torch's
+        layer ops and attention over the paged cache, logits sampled on the host. The CUDA
+        backend is this path on the GPU; on the CPU it is how CI tests that path."""
+        return self.name == "torch"
+
+    @property
     def prepacks_bfloat16(self) -> bool:
         """Whether dense bfloat16 weights are prepacked for oneDNN (else widened to float32:
         a level without bfloat16 arithmetic would only convert them back on every call)."""
-        return self.cpu.native_bf16 and self.torch_ops.onednn_prepack
+        return (not self.generic and self.cpu.native_bf16
+                and self.torch_ops.onednn_prepack)
 
     def layer_ops(self, reference: bool = False):
         """The fused C++ layer ops where built, else the torch reference (always for the
@@ -29,6 +37,8 @@ class Backend:
         return TorchLayerOps if reference or self.kernels is None else self.kernels
 
     def describe(self) -> str:
+        if self.generic:
+            return f"generic torch path on {self.device}"
         level = self.cpu.level if self.kernels is not None else "none, torch fallback"
         return f"{self.name} ({level} kernels)"
 
@@ -37,3 +47,9 @@ def cpu_backend() -> Backend:
     """This process's CPU backend, at the level PAGEDLLM_CPU_ISA asks for (else the best this
     CPU runs). Raises UnsupportedISAError for a level the CPU cannot run."""
     return Backend("cpu", "cpu", capabilities(), kernel_ops(), torch_ops())
+
+
+def generic_backend(device: str) -> Backend:
+    """The generic torch path on `device` ("cuda": the CUDA backend; "cpu": the same code on
+    this CPU, which is how CI runs it)."""
+    return Backend("torch", device, capabilities(), None, torch_ops())

@@ -6,8 +6,11 @@ import logging
 
 import torch
 
-from pagedllm.backends.cpu import Backend, cpu_backend
+from pagedllm.backends.cpu import Backend, cpu_backend, generic_backend
 from pagedllm.config import DEVICES
+
+# The CUDA backend's code path on the CPU: not a --device choice, what tests run it with.
+GENERIC_ON_CPU = "torch-cpu"
 
 logger = logging.getLogger("pagedllm")
 
@@ -22,25 +25,27 @@ def cuda_available() -> bool:
 
 
 def choose_backend(device: str = "auto") -> Backend:
-    """auto: the CPU today, saying so where a GPU is seen (the CUDA backend is not built
-    yet); cpu: the CPU; cuda: refused, with why."""
+    """auto: the CPU (saying so where a GPU is seen: the CUDA backend is new and not yet
+    measured on a GPU, so it is asked for by name); cpu: the CPU's kernels; cuda: the
+    generic torch path on the GPU; torch-cpu: that same path on the CPU (tests)."""
     check_device(device)
+    if device == "cuda":
+        return generic_backend("cuda")
+    if device == GENERIC_ON_CPU:
+        return generic_backend("cpu")
     if device == "auto" and cuda_available():
-        logger.warning("a CUDA GPU is visible, but pagedllm's CUDA backend is not built yet: "
-                       "serving on the CPU")
+        logger.warning("a CUDA GPU is visible; serving on the CPU: pagedllm's CUDA backend is "
+                       "new and asked for by name (--device cuda)")
     return cpu_backend()
 
 
 def check_device(device: str) -> None:
     """DeviceError where `device` cannot serve here (cheap: builds no backend)."""
-    if device not in DEVICES:
+    if device not in DEVICES and device != GENERIC_ON_CPU:
         raise DeviceError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "cuda":
-        if not cuda_available():
-            build = torch.__version__
-            where = ("this torch is a CPU-only build" if torch.version.cuda is None
-                     else f"torch {build} is built for CUDA {torch.version.cuda} but sees no GPU")
-            raise DeviceError(f"--device cuda: no usable CUDA GPU ({where}); serve with "
-                              f"--device cpu (or --device auto)")
-        raise DeviceError("--device cuda: a GPU is here, but pagedllm's CUDA backend is not "
-                          "built yet (only its Triton paged attention is); serve with --device cpu")
+    if device == "cuda" and not cuda_available():
+        build = torch.__version__
+        where = ("this torch is a CPU-only build" if torch.version.cuda is None
+                 else f"torch {build} is built for CUDA {torch.version.cuda} but sees no GPU")
+        raise DeviceError(f"--device cuda: no usable CUDA GPU ({where}); serve with "
+                          f"--device cpu (or --device auto)")

@@ -107,9 +107,14 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="with --speculative draft: a smaller GGUF file or Hugging Face folder "
                             "of the same tokenizer that proposes the tokens (default: none)")
     group.add_argument("--device", default="auto", choices=DEVICES,
-                       help="where the model runs: auto (the CPU, until the CUDA backend is "
-                            "built), cpu, or cuda (refused, with why, where it cannot run; "
-                            "default: auto)")
+                       help="where the model runs: cpu (the C++ kernels), cuda (the GPU: "
+                            "weights dense in --dtype, new and not yet measured; refused, with "
+                            "why, where no GPU is usable), auto (the CPU until the CUDA "
+                            "backend is measured)")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="with --device cuda: the share of the GPU's memory this server may "
+                            "hold; the KV cache gets what the weights leave of it (vLLM's "
+                            "option; --kv-cache-memory sets the cache's size instead)")
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")
@@ -136,6 +141,7 @@ def engine_config(args) -> EngineConfig:
                         max_model_len=args.max_model_len, max_memory=args.max_memory,
                         enable_prefix_caching=not args.no_prefix_caching,
                         max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
+                        gpu_memory_utilization=args.gpu_memory_utilization,
                         speculative=SpeculativeConfig(
                             method=args.speculative,
                             num_speculative_tokens=args.num_speculative_tokens,

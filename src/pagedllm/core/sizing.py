@@ -54,6 +54,15 @@ def resolve_kv_memory(kv_cache_memory: int | float | None,
     return int(kv_cache_memory)
 
 
+def gpu_kv_memory(free: int, total: int, utilization: float) -> int:
+    """A GPU's KV pool as vLLM sizes it with --gpu-memory-utilization: this process may hold
+    `utilization` of the card; what is in use already (the weights just loaded, other
+    processes) comes off that share, and the rest is the pool. 0 when nothing is left."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+    return max(0, int(total * utilization) - (total - free))
+
+
 def default_kv_memory(available: int, full_request_bytes: int) -> int:
     floor = min(int(available * DEFAULT_KV_FLOOR_FRACTION), DEFAULT_KV_FLOOR_BYTES)
     wanted = DEFAULT_FULL_CONTEXT_REQUESTS * full_request_bytes

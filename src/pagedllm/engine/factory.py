@@ -66,7 +66,7 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     del checkpoint
     _return_freed_memory()
     kv_memory_bytes, cache_config, scheduler_config, window_blocks = _size_kv(
-        config, model_config, torch_dtype)
+        config, model_config, torch_dtype, backend.device)
     if net.serve_context(scheduler_config.max_model_len):
         logger.info("LongRoPE: the served context (%d tokens) is longer than the model's "
                     "original %d, so every request rotates with the long factors",
@@ -77,11 +77,14 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     kv_manager = KVCacheManager(cache_config.num_blocks, block_size, config.enable_prefix_caching,
                                 window)
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
-                         config.kv_cache_dtype, window_blocks)
+                         config.kv_cache_dtype, window_blocks, backend.device)
     # A verifying step stays on the fused decode path, which takes up to max_rows rows.
     decode_loop = getattr(net, "decode_loop", None)
     speculative = config.speculative if decode_loop is None else dataclasses.replace(
         config.speculative, max_rows=min(config.speculative.max_rows, decode_loop.max_rows))
+    if speculative.draft_model is not None and backend.generic:
+        raise ValueError("--speculative draft does not run on the generic torch path (the "
+                         "CUDA backend) yet; use --speculative ngram there")
     draft = None if speculative.draft_model is None else _draft_proposer(
         speculative.draft_model, model_config, cache_config, scheduler_config, torch_dtype,
         backend, config)
@@ -118,16 +121,21 @@ def _draft_proposer(path: str, served: ModelConfig, cache: CacheConfig,
                          scheduler.max_num_batched_tokens)
 
 
-def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch.dtype
-             ) -> tuple[int, CacheConfig, SchedulerConfig, int | None]:
+def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch.dtype,
+             device: str = "cpu") -> tuple[int, CacheConfig, SchedulerConfig, int | None]:
     """The KV pool (bytes, blocks; the sliding-window layers' own pool where they keep one)
-    and the scheduler's limits that follow from it."""
+    and the scheduler's limits that follow from it. On a GPU without --kv-cache-memory: what
+    --gpu-memory-utilization leaves once the weights are loaded (sizing.gpu_kv_memory)."""
     block_size, kv_cache_dtype = config.block_size, config.kv_cache_dtype
     element_size = torch.tensor([], dtype=torch_dtype).element_size()
     longest = model_config.max_position_embeddings
     full_request = sizing.kv_bytes_per_request(model_config, element_size, kv_cache_dtype,
                                                config.max_model_len or longest, block_size)
-    kv_memory_bytes = sizing.resolve_kv_memory(config.kv_cache_memory, full_request)
+    if device == "cuda" and config.kv_cache_memory is None:
+        free, total = torch.cuda.mem_get_info()
+        kv_memory_bytes = sizing.gpu_kv_memory(free, total, config.gpu_memory_utilization)
+    else:
+        kv_memory_bytes = sizing.resolve_kv_memory(config.kv_cache_memory, full_request)
     num_blocks = sizing.num_blocks_for_memory(kv_memory_bytes, model_config, element_size,
                                               block_size, kv_cache_dtype)
     if num_blocks < 1:

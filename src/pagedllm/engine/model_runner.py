@@ -19,23 +19,25 @@ from pagedllm.engine.verify import accepted_tokens, verification_rows
 class ModelRunner:
     def __init__(self, model, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, kv_cache_dtype: str = "auto",
-                 window_num_blocks: int | None = None):
+                 window_num_blocks: int | None = None, device: str = "cpu"):
         """window_num_blocks: the sliding-window layers' own pool (KVCacheManager.window),
         where the model keeps them apart; those layers' tensors get one block more, the
-        zeroed null block that freed table entries point at."""
+        zeroed null block that freed table entries point at. device: where the model and
+        its KV cache live (the backend's); logits come back to the host for sampling."""
         self.model = model
         self.config = config
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.device = device
         # Mapped lazily (resident as blocks are first written). Attention reads only slots
         # it has written (padding is masked and zeroed).
         self.kv_caches = allocate_layer_caches(config.num_layers, num_blocks, block_size,
                                                config.num_kv_heads, config.head_dim, dtype,
-                                               kv_cache_dtype)
+                                               kv_cache_dtype, device)
         if window_num_blocks is not None:
             window_caches = allocate_layer_caches(
                 len(config.sliding_layers), window_num_blocks + 1, block_size,
-                config.num_kv_heads, config.head_dim, dtype, kv_cache_dtype)
+                config.num_kv_heads, config.head_dim, dtype, kv_cache_dtype, device)
             for layer, cache in zip(config.sliding_layers, window_caches):
                 for tensor in cache:
                     if tensor is not None:
@@ -108,16 +110,21 @@ class ModelRunner:
             if item.num_draft_tokens:
                 drafts[item.request_id] = item.token_ids[1:]
 
-        meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs)
+        device = self.device
+        meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs,
+                                       device)
         meta.num_requests = len(plan.scheduled)
         if window_tables:
             meta.window = AttentionMetadata.build(window_slots, query_start_loc, seq_lens,
-                                                  window_tables, bs)
-        hidden = self.model(torch.tensor(input_ids, dtype=torch.long),
-                            torch.tensor(positions, dtype=torch.long), self.kv_caches, meta)
+                                                  window_tables, bs, device)
+        hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=device),
+                            torch.tensor(positions, dtype=torch.long, device=device),
+                            self.kv_caches, meta)
         if not sample_indices:
             return RunnerOutput()
         logits = self.model.compute_logits(hidden[sample_indices])
+        if device != "cpu":  # one copy to the host a step: sampling runs there
+            logits = logits.cpu()
         return self._sample(logits, sampled_ids, drafts)
 
     def _sample(self, logits: torch.Tensor, request_ids: list[str],

@@ -42,7 +42,7 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     is off) and are never read from `weights`; everything else is. backend: the engine's
     (None: this process's CPU backend, for a model built alone)."""
     backend = backend or cpu_backend()
-    quantized = quantized or {}
+    quantized = {} if backend.generic else (quantized or {})
     low_bit_ops = backend.kernels if dtype == torch.bfloat16 else None
     kept = kept_originals(config, quantized, low_bit_ops)
     with uninitialised_linears():
@@ -51,6 +51,8 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     tied = "lm_head.weight" not in weights or config.tie_word_embeddings
     embedding, head_weight = _embedding(config, dense, kept, tied)
     _load_stack(stack, kept, dense, int8_activations, backend)
+    if backend.generic:  # every matrix dense in the model dtype, on the backend's device
+        return LlamaForCausalLM(stack, embedding, ExactHead(head_weight)).to_device(backend.device)
     if dtype != torch.bfloat16:
         return LlamaForCausalLM(stack, embedding, ExactHead(head_weight))
     head = _bfloat16_head(head_weight, embedding, kept, tied, backend)

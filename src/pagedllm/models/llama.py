@@ -225,6 +225,25 @@ class LlamaForCausalLM(nn.Module):
     def serve_context(self, max_model_len: int) -> bool:
         return self.stack.serve_context(max_model_len)
 
+    def to_device(self, device: str) -> LlamaForCausalLM:
+        """Every tensor of the model on `device` (the generic backend's; build.py): the
+        layers' parameters, the RoPE tables (plain objects, shared by layers: moved once
+        each), the embedding and the head."""
+        if device == "cpu":
+            return self
+        self.stack.to(device)
+        rotaries = {id(m.rotary): m.rotary for m in self.stack.modules()
+                    if isinstance(m, Attention)}
+        for rotary in [self.stack.rotary, *rotaries.values()]:
+            rotary.cos, rotary.sin = rotary.cos.to(device), rotary.sin.to(device)
+        tied = getattr(self.head, "weight", None) is self.embedding.weight
+        self.embedding.to_device(device)
+        if tied:  # one matrix on the device, as on the host
+            self.head.weight = self.embedding.weight
+        else:
+            self.head.to_device(device)
+        return self
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:

@@ -36,6 +36,11 @@ class TokenEmbedding:
     def __init__(self, weight: torch.Tensor | None, q8: Q8Rows | None, scale: float | None = None):
         self.weight, self.q8, self.scale = weight, q8, scale
 
+    def to_device(self, device: str) -> None:
+        if self.q8 is not None:
+            raise ValueError("8-bit embedding rows are read on the CPU only")
+        self.weight = self.weight.to(device)
+
     def __call__(self, index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         rows = self.q8.rows(index) if self.q8 is not None else self.weight[index]
         hidden = rows.to(dtype)
@@ -49,6 +54,9 @@ class ExactHead:
 
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
+
+    def to_device(self, device: str) -> None:
+        self.weight = self.weight.to(device)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.float() @ self.weight.T
