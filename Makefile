@@ -13,7 +13,7 @@ TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
 
-.PHONY: install test test-busy serve bench clean
+.PHONY: install test test-busy serve bench clean gpu-wheels
 
 $(INSTALLED): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -61,3 +61,11 @@ serve: install
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+
+# The two packages the GPU machine lacks (Python 3.12 there), for scripts/gpu_check.sh: carry
+# the folder (ignored by git) to it.
+gpu-wheels: $(INSTALLED)
+	$(VENV)/bin/pip download --only-binary=:all: --no-deps --python-version 3.12 \
+	    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
+	    --platform manylinux2014_x86_64 "llguidance==$$($(VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("llguidance"))')" \
+	    "gguf==$$($(VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("gguf"))')" -d gpu-wheels

@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-
-from paged_helpers import run_paged, transformers_greedy
-from pagedllm import LLM, SamplingParams
-from pagedllm.backends import choose_backend
-from pagedllm.core import sizing
-from pagedllm.models.build import build_model
-from pagedllm.weights import load_checkpoint
-from tiny_models import tiny_hf_model, write_hf_folder
-
 DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "torch-cpu")
+if DEVICE != "cuda":  # the Triton attention below runs under its interpreter (before import)
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from paged_helpers import run_paged, transformers_greedy  # noqa: E402
+from pagedllm import LLM, SamplingParams  # noqa: E402
+from pagedllm.backends import choose_backend  # noqa: E402
+from pagedllm.backends.cpu import generic_backend  # noqa: E402
+from pagedllm.core import sizing  # noqa: E402
+from pagedllm.models.build import build_model  # noqa: E402
+from pagedllm.weights import load_checkpoint  # noqa: E402
+from tiny_models import tiny_hf_model, write_hf_folder  # noqa: E402
+
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("PAGEDLLM_TEST_DEVICE=cuda without a GPU", allow_module_level=True)
 TENSOR_DEVICE = "cuda" if DEVICE == "cuda" else "cpu"
@@ -43,6 +47,22 @@ def test_float32_logits_match_transformers(arch, chunk, backend, tmp_path):
     assert model.decode_loop is None and next(model.stack.parameters()).device.type == TENSOR_DEVICE
     together = run_paged(model, SEQS, chunk=chunk, device=TENSOR_DEVICE)
     for seq, logits in zip(SEQS, together):
+        with torch.no_grad():
+            expected = reference(torch.tensor([seq])).logits[0]
+        assert (logits - expected).abs().max() < 1e-4, (arch, len(seq))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_the_triton_attention_wired_in_matches_transformers(arch, tmp_path):
+    """The attention the CUDA backend uses, inside the model: decode, chunked prefill, mixed
+    steps, Gemma's window and caps (here under Triton's interpreter, on the GPU compiled)."""
+    reference = tiny_hf_model(arch, seed=3)
+    checkpoint = load_checkpoint(write_hf_folder(reference, tmp_path))
+    backend = generic_backend(TENSOR_DEVICE, attention="triton")
+    model = build_model(checkpoint.config, checkpoint.weights, backend=backend)
+    assert model.stack.layers[0].self_attn.backend.name == "triton"
+    seqs = [SEQS[1], list(range(100, 124))]
+    for seq, logits in zip(seqs, run_paged(model, seqs, chunk=5, device=TENSOR_DEVICE)):
         with torch.no_grad():
             expected = reference(torch.tensor([seq])).logits[0]
         assert (logits - expected).abs().max() < 1e-4, (arch, len(seq))

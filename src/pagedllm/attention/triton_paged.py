@@ -81,11 +81,11 @@ def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
         seq_of_token += [i] * num_queries
         ctx_len += range(seq_len - num_queries + 1, seq_len + 1)
     width = max(len(ids) for ids in meta.context_block_ids)
-    tables = torch.zeros(meta.num_seqs, max(width, 1), dtype=torch.int64)
+    tables = torch.zeros(meta.num_seqs, max(width, 1), dtype=torch.int64, device=device)
     for i, ids in enumerate(meta.context_block_ids):
         tables[i, :len(ids)] = ids
     as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=device)  # noqa: E731
-    return as_tensor(seq_of_token), as_tensor(ctx_len), tables.to(device)
+    return as_tensor(seq_of_token), as_tensor(ctx_len), tables
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -16,6 +16,9 @@ class Backend:
     cpu: Capabilities
     kernels: object | None  # the compiled module of the level in use
     torch_ops: TorchOps
+    # Paged attention: "batched" (the C++ kernels, or torch where they are not), "triton"
+    # (attention/triton_paged.py: the GPU's; on the CPU under Triton's interpreter, tests).
+    attention: str = "batched"
 
     @property
     def generic(self) -> bool:
@@ -49,7 +52,9 @@ def cpu_backend() -> Backend:
     return Backend("cpu", "cpu", capabilities(), kernel_ops(), torch_ops())
 
 
-def generic_backend(device: str) -> Backend:
-    """The generic torch path on `device` ("cuda": the CUDA backend; "cpu": the same code on
-    this CPU, which is how CI runs it)."""
-    return Backend("torch", device, capabilities(), None, torch_ops())
+def generic_backend(device: str, attention: str | None = None) -> Backend:
+    """The generic torch path on `device` ("cuda": the CUDA backend, its attention in Triton;
+    "cpu": the same code on this CPU, which is how CI runs it, attention in torch unless
+    asked)."""
+    attention = attention or ("triton" if device == "cuda" else "batched")
+    return Backend("torch", device, capabilities(), None, torch_ops(), attention)

@@ -43,6 +43,8 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     (None: this process's CPU backend, for a model built alone)."""
     backend = backend or cpu_backend()
     quantized = {} if backend.generic else (quantized or {})
+    if backend.generic and attention_backend == "batched":
+        attention_backend = backend.attention
     low_bit_ops = backend.kernels if dtype == torch.bfloat16 else None
     kept = kept_originals(config, quantized, low_bit_ops)
     with uninitialised_linears():

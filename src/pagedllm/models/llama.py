@@ -95,6 +95,10 @@ class Attention(nn.Module):
         shape = (self.num_heads, self.num_kv_heads, self.head_dim)
         if backend == "batched":
             self.backend = BatchedBackend(*shape, kernels, **options)
+        elif backend == "triton":
+            from pagedllm.attention.triton_backend import TritonBackend
+
+            self.backend = TritonBackend(*shape, **options)
         elif options:
             self.backend = SoftcapBackend(*shape, **options)
         else:

@@ -1,0 +1,167 @@
+"""The engine on a GPU (issue 32): TTFT, TPOT, total tokens/s and GPU memory at N requests at
+once, for the default model and a model of SmolLM2-1.7B's shape (random weights, F16 GGUF,
+written here), with decode at N=1 against the card's memory-bandwidth floor.
+
+    python benchmarks/gpu_decode.py [--device cuda] [--levels 1,8,32,128] [--tokens 64]
+        [--prompt-tokens 128] [--models default,1.7b] [--work DIR] [--json OUT.json]
+
+Runs the offline engine (no HTTP): each level adds N requests at once and steps until they
+finish; TTFT is a request's first token after it was added, TPOT its later tokens' mean.
+The bandwidth floor: the bytes a decode step reads (every weight once, the head included,
+plus the KV of the context) over the card's copy bandwidth measured in the same run (a
+device-to-device copy of 1 GiB: read + write counted). `--device torch-cpu` runs the same on
+the CPU (for checking the script, not for figures).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def copy_bandwidth(device: str) -> float | None:
+    """Bytes per second of a device-to-device copy (read + write), best of 5."""
+    if device != "cuda":
+        return None
+    source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    target.copy_(source)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        target.copy_(source)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    del source, target
+    return 2 * (1 << 30) / best
+
+
+def run_level(llm, n: int, prompt_tokens: int, tokens: int, vocab: int) -> dict:
+    from pagedllm import SamplingParams
+
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    added, first, last, counts = {}, {}, {}, {}
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    for i in range(n):
+        prompt = [(7 + 31 * i + 17 * j) % (vocab - 10) + 5 for j in range(prompt_tokens)]
+        request = engine.add_request(None, prompt, params)
+        added[request.request_id] = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            now = time.perf_counter()
+            if out.new_token_ids and out.request_id not in first:
+                first[out.request_id] = now
+            last[out.request_id] = now
+            counts[out.request_id] = len(out.token_ids)
+    seconds = time.perf_counter() - started
+    ttft = [first[r] - added[r] for r in added]
+    tpot = [(last[r] - first[r]) / max(1, counts[r] - 1) for r in added]
+    result = {"concurrency": n, "ttft_ms_p50": 1000 * statistics.median(ttft),
+              "tpot_ms_p50": 1000 * statistics.median(tpot),
+              "total_tokens_per_s": sum(counts.values()) / seconds}
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        result.update(gpu_max_allocated_bytes=torch.cuda.max_memory_allocated(),
+                      gpu_reserved_bytes=torch.cuda.memory_reserved(),
+                      gpu_used_bytes=total - free)
+    return result
+
+
+def weight_bytes(model) -> int:
+    total = sum(p.numel() * p.element_size() for p in model.stack.parameters())
+    head = getattr(model.head, "weight", None)
+    return total + (head.numel() * head.element_size() if head is not None else 0)
+
+
+def bench_model(name: str, path: str | None, args, bandwidth: float | None) -> dict:
+    from pagedllm import LLM
+
+    started = time.perf_counter()
+    llm = LLM(path, dtype=args.dtype, device=args.device,
+              max_num_seqs=max(args.levels), max_model_len=args.prompt_tokens + args.tokens + 16)
+    load_seconds = time.perf_counter() - started
+    engine = llm.engine
+    model = engine.runner.model
+    vocab = engine.model_config.vocab_size
+    levels = []
+    run_level(llm, 1, 16, 4, vocab)  # warm-up
+    for n in args.levels:
+        levels.append(run_level(llm, n, args.prompt_tokens, args.tokens, vocab))
+        print(f"{name} N={n}: {json.dumps(levels[-1])}", flush=True)
+    result = {"model": name, "path": path, "load_seconds": load_seconds,
+              "kv_memory_bytes": engine.kv_memory_bytes, "weight_bytes": weight_bytes(model),
+              "num_blocks": engine.cache_config.num_blocks, "levels": levels}
+    if bandwidth:
+        config = engine.model_config
+        context = args.prompt_tokens + args.tokens // 2
+        kv_read = (2 * config.num_layers * config.num_kv_heads * config.head_dim
+                   * torch.tensor([], dtype=model.dtype).element_size() * context)
+        floor_ms = 1000 * (result["weight_bytes"] + kv_read) / bandwidth
+        n1 = next((lv for lv in levels if lv["concurrency"] == 1), None)
+        result["decode_floor_ms"] = floor_ms
+        if n1:
+            result["tpot_over_floor_n1"] = n1["tpot_ms_p50"] / floor_ms
+        top = max(levels, key=lambda lv: lv["concurrency"])
+        if n1:
+            result["tokens_per_s_top_over_n1"] = top["total_tokens_per_s"] / n1["total_tokens_per_s"]
+        planned = result["weight_bytes"] + engine.kv_memory_bytes
+        result["planned_bytes"] = planned
+        result["used_over_planned"] = max(lv.get("gpu_max_allocated_bytes", 0)
+                                          for lv in levels) / planned
+    del llm, engine, model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--levels", default="1,8,32,128")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--models", default="default,1.7b")
+    parser.add_argument("--work", default="/tmp/pagedllm-gpu")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    args.levels = [int(n) for n in args.levels.split(",")]
+    bandwidth = copy_bandwidth(args.device)
+    report = {"device": args.device, "dtype": args.dtype,
+              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+              "copy_bandwidth_bytes_per_s": bandwidth, "models": []}
+    if bandwidth:
+        print(f"copy bandwidth: {bandwidth / 1e9:.0f} GB/s", flush=True)
+    for name in args.models.split(","):
+        path = None
+        if name == "1.7b":
+            from realistic_size import F16_NAME, write_random_f16
+
+            os.makedirs(args.work, exist_ok=True)
+            path = os.path.join(args.work, F16_NAME)
+            if not os.path.exists(path):
+                started = time.perf_counter()
+                write_random_f16(path)
+                print(f"wrote {path} in {time.perf_counter() - started:.0f} s", flush=True)
+        report["models"].append(bench_model(name, path, args, bandwidth))
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
