@@ -68,6 +68,35 @@ def test_plan_cli_json_and_errors(tiny_llama_folder):
     assert missing.returncode == 2 and "/nope.gguf" in missing.stderr
 
 
+def test_plan_for_a_gpu(tiny_llama_folder, monkeypatch):
+    """--device cuda: the card's share by --gpu-memory-utilization (here a stand-in card of
+    80 GiB), or --memory for a card elsewhere; without either, a clear error."""
+    import torch
+
+    from pagedllm.tools.plan import NoGPUError, make_plan, serve_command
+
+    has_gpu = torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 << 30, 80 << 30))
+    plan = make_plan(tiny_llama_folder, dtype="bfloat16", context=512, parallels=[1],
+                     memory=None, device="cuda", gpu_memory_utilization=0.5)
+    assert plan.memory_bytes == 40 << 30 and plan.device == "cuda"
+    assert "--device cuda" in serve_command(plan)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NoGPUError, match="--memory"):
+        make_plan(tiny_llama_folder, dtype="bfloat16", context=512, parallels=[1], memory=None,
+                  device="cuda")
+    elsewhere = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan", "--model",
+                                tiny_llama_folder, "--context", "512", "--device", "cuda",
+                                "--memory", "80GiB", "--json"],
+                               capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode == 0 and json.loads(elsewhere.stdout)["device"] == "cuda"
+    here = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan", "--device", "cuda"],
+                          capture_output=True, text=True, timeout=60)
+    if not has_gpu:
+        assert here.returncode == 2 and "no usable CUDA GPU" in here.stderr
+
+
 def test_parse_bytes():
     assert parse_bytes("8GiB") == 8 << 30
     assert parse_bytes("512MiB") == 512 << 20

@@ -86,7 +86,14 @@ def add_plan(sub, formatter) -> None:
     plan.add_argument("--parallel", default="1,2,4,8,16,32",
                       help="comma-separated counts of parallel requests to size")
     plan.add_argument("--memory", type=size, default=None,
-                      help="memory to plan for, e.g. 8GiB (default: this machine's available memory)")
+                      help="memory to plan for, e.g. 8GiB (default: this machine's available "
+                           "memory; with --device cuda the GPU's share by "
+                           "--gpu-memory-utilization)")
+    plan.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                      help="where the server will run the model (cuda: weights dense in "
+                           "--dtype on the card, as `serve --device cuda` holds them)")
+    plan.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                      help="as `serve --gpu-memory-utilization`, with --device cuda")
     plan.add_argument("--dtype", default=DEFAULT_DTYPE, choices=MODEL_DTYPES,
                       help="the model's dtype, as `serve --dtype`")
     plan.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
@@ -109,7 +116,7 @@ def add_plan(sub, formatter) -> None:
 def cmd_plan(args) -> int:
     if args.models_dir is not None:
         return _plan_store(args)
-    from pagedllm.tools.plan import ContextTooLongError
+    from pagedllm.tools.plan import ContextTooLongError, NoGPUError
     from pagedllm.tools.plan import make_plan, print_plan
     from pagedllm.weights import ModelLoadError
 
@@ -124,8 +131,9 @@ def cmd_plan(args) -> int:
     try:
         plan = make_plan(args.model, dtype=args.dtype, context=args.context, parallels=parallels,
                          memory=args.memory, block_size=args.block_size,
-                         kv_cache_dtype=args.kv_cache_dtype)
-    except (ModelLoadError, ContextTooLongError) as exc:
+                         kv_cache_dtype=args.kv_cache_dtype, device=args.device,
+                         gpu_memory_utilization=args.gpu_memory_utilization)
+    except (ModelLoadError, ContextTooLongError, NoGPUError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print_plan(plan, args.json)

@@ -44,6 +44,7 @@ class CapacityPlan:
     rows: list[ParallelFit]
     warnings: list[str]
     model_path: str | None = None  # as given to plan (None: the bundled default model)
+    device: str = "cpu"  # where the server will run it (serve --device)
 
 
 def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
@@ -81,13 +82,37 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
 
 def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[int],
               memory: int | None, block_size: int = DEFAULT_BLOCK_SIZE,
-              kv_cache_dtype: str = "auto") -> CapacityPlan:
+              kv_cache_dtype: str = "auto", device: str = "cpu",
+              gpu_memory_utilization: float = 0.9) -> CapacityPlan:
+    """device cuda: the memory is the GPU's share the server may hold (`serve
+    --gpu-memory-utilization`) unless `memory` is given (planning a card from elsewhere);
+    the weights count dense in the dtype, as the CUDA backend holds them."""
     summary = summarize_checkpoint(model)
-    memory_bytes = memory if memory is not None else sizing.available_memory_bytes()
+    if memory is not None:
+        memory_bytes = memory
+    elif device == "cuda":
+        memory_bytes = gpu_memory_share(gpu_memory_utilization)
+    else:
+        memory_bytes = sizing.available_memory_bytes()
     plan = plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
                          context=context, parallels=parallels, memory_bytes=memory_bytes,
                          block_size=block_size, kv_cache_dtype=kv_cache_dtype)
-    return dataclasses.replace(plan, model_path=model)
+    return dataclasses.replace(plan, model_path=model, device=device)
+
+
+class NoGPUError(ValueError):
+    """plan --device cuda on a machine without a usable GPU and without --memory."""
+
+
+def gpu_memory_share(utilization: float) -> int:
+    """The bytes of this machine's GPU a server with --gpu-memory-utilization may hold."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoGPUError("--device cuda: this machine has no usable CUDA GPU; give the card's "
+                         "memory with --memory (e.g. --memory 80GiB) to plan for one")
+    _, total = torch.cuda.mem_get_info()
+    return int(total * utilization)
 
 
 def print_plan(plan: CapacityPlan, as_json: bool, console: Console | None = None) -> None:
@@ -96,8 +121,8 @@ def print_plan(plan: CapacityPlan, as_json: bool, console: Console | None = None
         print(json.dumps(dataclasses.asdict(plan), indent=2))
         return
     g = gib
-    console.print(f"model {plan.model} ({plan.dtype}), context {plan.context} tokens, "
-                  f"block size {plan.block_size}")
+    console.print(f"model {plan.model} ({plan.dtype}, on {plan.device}), context "
+                  f"{plan.context} tokens, block size {plan.block_size}")
     formula = ("2 x layers x kv_heads x (head_dim int8 codes + a 4-byte scale)"
                if plan.kv_cache_dtype == "int8" else "2 x layers x kv_heads x head_dim x bytes")
     console.print(f"KV cache ({plan.kv_cache_dtype}): {plan.kv_bytes_per_token:,} bytes per token = "
@@ -123,6 +148,8 @@ def serve_command(plan: CapacityPlan) -> str:
     words = ["pagedllm serve"]
     if plan.model_path is not None:
         words.append(f"--model {shlex.quote(plan.model_path)}")
+    if plan.device != "cpu":
+        words.append(f"--device {plan.device}")
     words += [f"--max-num-seqs {max(plan.max_parallel, 1)}",
              f"--max-model-len {plan.context}",
              f"--kv-cache-memory {max(plan.max_parallel, 1) * plan.kv_bytes_per_request + plan.kv_bytes_per_step}"]
