@@ -84,3 +84,20 @@ def bfloat16_argmax_agreement(reference_model, model, seq, chunk: int = 7) -> fl
     with torch.no_grad():
         reference = reference_model(torch.tensor([seq])).logits[0]
     return (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
+
+
+def run_aborting(engine, prompts, params, abort: tuple[int, ...] = (1, 4), at_step: int = 6):
+    """Every prompt added to `engine` at once and stepped to the end, the requests at the
+    `abort` indices aborted at step `at_step`. Returns (request ids, aborted ids, finished
+    outputs by request id)."""
+    ids = [engine.add_request(None, p, params).request_id for p in prompts]
+    aborted, done, step = {ids[i] for i in abort}, {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        step += 1
+        if step == at_step:
+            for rid in aborted:
+                engine.abort_request(rid)
+    return ids, aborted, done

@@ -18,7 +18,7 @@ if DEVICE != "cuda":  # the Triton attention below runs under its interpreter (b
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from paged_helpers import run_paged, transformers_greedy  # noqa: E402
+from paged_helpers import run_aborting, run_paged, transformers_greedy  # noqa: E402
 from pagedllm import LLM, SamplingParams  # noqa: E402
 from pagedllm.backends import choose_backend  # noqa: E402
 from pagedllm.backends.cpu import generic_backend  # noqa: E402
@@ -102,17 +102,8 @@ def test_blocks_come_back_after_preemption_and_aborts(tmp_path):
                 kv_cache_memory=64 << 10, device=DEVICE)  # 512 B a token: 32 blocks of 4
     engine = tight.engine
     assert engine.kv_manager.num_blocks == 32
-    ids = [engine.add_request(None, p, SamplingParams(temperature=0, max_tokens=40)).request_id
-           for p in prompts]
-    aborted, done, step = {ids[1], ids[4]}, {}, 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-        step += 1
-        if step == 6:
-            for rid in aborted:
-                engine.abort_request(rid)
+    ids, aborted, done = run_aborting(engine, prompts,
+                                      SamplingParams(temperature=0, max_tokens=40))
     assert engine.scheduler.stats.num_preemptions > 0
     for rid, prompt in zip(ids, prompts):
         if rid not in aborted:

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from conftest import ISA_LEVELS, isa_level
+from paged_helpers import run_aborting
 from pagedllm import LLM
 from pagedllm.config import SpeculativeConfig
 from pagedllm.core.request import SamplingParams, SamplingParamsError
@@ -145,17 +146,8 @@ def test_blocks_never_leak_under_preemption_and_aborts(tiny_q4, proposer):
                 kv_cache_memory=128 << 10, speculative=spec)
     engine = tight.engine
     assert engine.kv_manager.num_blocks == 32
-    ids = [engine.add_request(None, p, SamplingParams(temperature=0, max_tokens=40)).request_id
-           for p in prompts]
-    aborted, done, step = {ids[1], ids[4]}, {}, 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-        step += 1
-        if step == 6:
-            for rid in aborted:
-                engine.abort_request(rid)
+    ids, aborted, done = run_aborting(engine, prompts,
+                                      SamplingParams(temperature=0, max_tokens=40))
     assert engine.scheduler.stats.num_preemptions > 0
     assert engine.speculator.stats.num_accepted_tokens > 0
     for rid, prompt in zip(ids, prompts):

@@ -20,6 +20,7 @@ from pydantic import Field, StrictInt, StrictStr
 from pagedllm.embeddings import EmbeddingQueueFull
 from pagedllm.embeddings.packaged import is_packaged_name
 from pagedllm.server.errors import APIError
+from pagedllm.server.ollama_protocol import keep_alive_seconds
 from pagedllm.server.protocol import RequestModel
 from pagedllm.server.state import ServerState
 
@@ -75,7 +76,7 @@ async def _service_for(state: ServerState, model: str, keep_alive=None, field: s
     """The embedding service a request names: --embedding-model's, or a store's embedding
     model (loaded on demand and held, as a chat model is, until the block ends)."""
     service = state.embeddings
-    seconds = _keep_alive(keep_alive)
+    seconds = keep_alive_seconds(keep_alive)
     if state.draining:
         raise APIError(503, "server is shutting down", None, "shutting_down")
     if answers_embeddings(service, model):
@@ -93,17 +94,6 @@ async def _service_for(state: ServerState, model: str, keep_alive=None, field: s
     names = state.known_models() + (f", `{service.name}`" if service else "")
     raise APIError(404, f"The model `{model}` does not exist; this server serves {names}.",
                    field, "model_not_found")
-
-
-def _keep_alive(value) -> float | None:
-    from pagedllm.core.residency import KeepAliveError, parse_keep_alive
-
-    if value is None:
-        return None
-    try:
-        return parse_keep_alive(value)
-    except KeepAliveError as exc:
-        raise APIError(400, str(exc), "keep_alive") from exc
 
 
 def _token_inputs(service: "EmbeddingService", raw, truncate: bool) -> list[list[int]]:

@@ -46,14 +46,19 @@ def completion_endpoint(state: ServerState) -> Endpoint:
                                 "finish_reason": c.final.finish_reason})
 
 
-async def create_completion(state: ServerState, body: CompletionRequest, http_request: HTTPRequest):
-    if body.stream and body.queue_position:  # a store's model loading: say so meanwhile
-        loading = stream_while_loading(
-            state, body.model, lambda served: _completion(served, body, http_request))
+async def _routed(state: ServerState, body, answer):
+    """`answer(view)` on the view of the model the body names; a stream that reports queue
+    positions hears meanwhile that a store's model is loading (loading_stream.py)."""
+    if body.stream and body.queue_position:
+        loading = stream_while_loading(state, body.model, answer)
         if loading is not None:
             return loading
     async with state.serving(body.model) as served:
-        return await _completion(served, body, http_request)
+        return await answer(served)
+
+
+async def create_completion(state: ServerState, body: CompletionRequest, http_request: HTTPRequest):
+    return await _routed(state, body, lambda served: _completion(served, body, http_request))
 
 
 async def _completion(state: ServerState, body: CompletionRequest, http_request: HTTPRequest):
@@ -136,13 +141,8 @@ def _finish_reason(reason: str | None, calls: list) -> str | None:
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, http_request: HTTPRequest):
-    if body.stream and body.queue_position:  # a store's model loading: say so meanwhile
-        loading = stream_while_loading(
-            state, body.model, lambda served: _chat_completion(served, body, http_request))
-        if loading is not None:
-            return loading
-    async with state.serving(body.model) as served:
-        return await _chat_completion(served, body, http_request)
+    return await _routed(state, body,
+                         lambda served: _chat_completion(served, body, http_request))
 
 
 async def _chat_completion(state: ServerState, body: ChatCompletionRequest,

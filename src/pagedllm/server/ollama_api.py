@@ -25,7 +25,7 @@ from pagedllm.server.errors import APIError
 from pagedllm.server.pipeline import Job, run
 from pagedllm.server.ollama_models import (EXPIRES_NEVER, ModelInfo, embedding_listing,
                                           expires_at, model_infos)
-from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields,
+from pagedllm.server.ollama_protocol import (OllamaChatRequest, OllamaFields, keep_alive_seconds,
                                              OllamaGenerateRequest, OllamaModelRequest)
 from pagedllm.server.ollama_shapes import ChatShape, GenerateShape
 from pagedllm.server.state import ServerState
@@ -60,7 +60,7 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError(400, _NO_IMAGES, "images")
         async with _serving(state, body.model, body.keep_alive) as served:
             if not body.prompt and not body.context:  # Ollama's "load (or unload) the model"
-                unload = served.pool is not None and _keep_alive(body.keep_alive) == 0
+                unload = served.pool is not None and keep_alive_seconds(body.keep_alive) == 0
                 return JSONResponse({"model": body.model, "created_at": _now(), "response": "",
                                      "done": True, "done_reason": "unload" if unload else "load"})
             # Tokenized off the event loop, and stopped at the context (a raw prompt of
@@ -74,21 +74,9 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
     _add_model_routes(app, state, infos)
 
 
-def _keep_alive(value) -> float | None:
-    """Ollama's keep_alive in seconds (None: the server's default); a bad value is a 400."""
-    from pagedllm.core.residency import KeepAliveError, parse_keep_alive
-
-    if value is None:
-        return None
-    try:
-        return parse_keep_alive(value)
-    except KeepAliveError as exc:
-        raise APIError(400, str(exc), "keep_alive") from exc
-
-
 def _serving(state: ServerState, model: str | None, keep_alive=None, kind: str = "chat"):
     """state.serving with Ollama's own wording for a missing or unknown model."""
-    seconds = _keep_alive(keep_alive)
+    seconds = keep_alive_seconds(keep_alive)
     state.check_draining()
     if not model:
         raise APIError(400, "model is required", "model")

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from pagedllm.core.request import SamplingParams
+from pagedllm.core.residency import KeepAliveError, parse_keep_alive
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import RequestModel
 from pagedllm.structured.spec import GrammarSpec, json_schema_spec
@@ -117,3 +118,14 @@ class OllamaModelRequest(RequestModel):
 
     model: str = ""
     name: str = ""  # older clients' spelling of `model`
+
+
+def keep_alive_seconds(value) -> float | None:
+    """Ollama's `keep_alive` in seconds (None: the server's default); a bad value is a 400
+    naming the field."""
+    if value is None:
+        return None
+    try:
+        return parse_keep_alive(value)
+    except KeepAliveError as exc:
+        raise APIError(400, str(exc), "keep_alive") from exc
