@@ -155,11 +155,10 @@ def main() -> int:
                 write_random_f16(path)
                 print(f"wrote {path} in {time.perf_counter() - started:.0f} s", flush=True)
         report["models"].append(bench_model(name, path, args, bandwidth))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
+        if args.json:  # after each model: a timeout later keeps what is done
+            with open(args.json, "w") as f:
+                f.write(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
     return 0
 
 
