@@ -203,6 +203,33 @@ def test_bench_plot_marks_targets_and_recommendation(tmp_path):
     plt.close(fig)
 
 
+def test_bench_plot_and_table_show_gpu_memory(tmp_path):
+    """Where nvidia-smi answered, each level's GPU memory is drawn and tabled."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from unittest import mock
+
+    import matplotlib.pyplot as plt
+    from rich.console import Console
+
+    from pagedllm.tools.bench_report import render_table, write_plot
+
+    levels = [level(1, 100, 10), level(8, 300, 20)]
+    levels[0].peak_gpu_memory_mib, levels[1].peak_gpu_memory_mib = 20480.0, 24576.0
+    figures = []
+    with mock.patch.object(plt, "close", side_effect=figures.append):
+        write_plot(str(tmp_path / "g.png"), levels, {"model": "m"}, {"concurrency": 8})
+    [fig] = figures
+    [axis] = [ax for ax in fig.axes if ax.get_ylabel() == "GiB"]
+    assert [t.get_text() for t in axis.get_legend().get_texts()] == ["GPU memory used (GiB)"]
+    assert list(axis.get_lines()[0].get_ydata()) == [20.0, 24.0]
+    plt.close(fig)
+    console = Console(record=True, width=200)
+    console.print(render_table(levels))
+    text = console.export_text()
+    assert "GPU peak" in text and "24.00 GiB" in text
+
+
 def test_bench_bad_arguments():
     out = subprocess.run([sys.executable, "-m", "pagedllm.cli", "bench", "--concurrency", "0"],
                          capture_output=True, text=True, timeout=60)

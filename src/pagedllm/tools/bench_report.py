@@ -133,13 +133,21 @@ def write_plot(path: str, levels: list[LevelResult], settings: dict, recommendat
     right.set_ylim(0, 105)
     right.set_title("memory")
     rss = [lv.peak_server_rss_bytes for lv in levels]
-    if any(rss):
+    gpu = [lv.peak_gpu_memory_mib for lv in levels]
+    if any(rss) or any(gpu):
         twin = right.twinx()
-        gib = [(r or 0) / 2**30 for r in rss]
-        twin.plot(ns, gib, "s--", color="C3", label="server RSS (GiB)")
+        tops = []
+        if any(rss):
+            gib = [(r or 0) / 2**30 for r in rss]
+            twin.plot(ns, gib, "s--", color="C3", label="server RSS (GiB)")
+            tops.append(max(gib))
+        if any(gpu):  # the seed's "watch GPU memory as N grows" (nvidia-smi's used memory)
+            gpu_gib = [(g or 0) / 1024 for g in gpu]
+            twin.plot(ns, gpu_gib, "^-.", color="C4", label="GPU memory used (GiB)")
+            tops.append(max(gpu_gib))
         twin.set_ylabel("GiB")
         # From 0, as the KV axis: a rise of 30 MB on a 1 GiB server is a rise, not a cliff.
-        twin.set_ylim(0, max(gib) * 1.15)
+        twin.set_ylim(0, max(tops) * 1.15)
         twin.legend(loc="lower right", fontsize=8)
     for ax in (left, middle, right):
         ax.set_xlabel("concurrent requests (N)")
@@ -170,7 +178,7 @@ def render_table(levels: list[LevelResult]):
         return "-" if value is None else f"{value:,.{digits}f}"
 
     table = Table("N", "req/s", "out tok/s", "total tok/s", "TTFT p50/p95 ms", "TPOT p50/p95 ms",
-                  "ITL p95 ms", "E2E p95 ms", "KV peak", "RSS peak", "SLO")
+                  "ITL p95 ms", "E2E p95 ms", "KV peak", "RSS peak", "GPU peak", "SLO")
     for lv in levels:
         table.add_row(
             str(lv.concurrency), f(lv.requests_per_s, 2), f(lv.output_tokens_per_s, 1),
@@ -178,5 +186,6 @@ def render_table(levels: list[LevelResult]):
             f"{f(lv.tpot_ms.p50, 1)} / {f(lv.tpot_ms.p95, 1)}", f(lv.itl_ms.p95, 1),
             f(lv.e2e_ms.p95), "-" if lv.peak_kv_usage is None else f"{lv.peak_kv_usage:.0%}",
             "-" if lv.peak_server_rss_bytes is None else f"{lv.peak_server_rss_bytes / 2**30:.2f} GiB",
+            "-" if lv.peak_gpu_memory_mib is None else f"{lv.peak_gpu_memory_mib / 1024:.2f} GiB",
             "[green]yes[/]" if lv.meets_slo else "[red]no[/]" + (f" ({lv.num_errors} err)" if lv.num_errors else ""))
     return table
