@@ -4,6 +4,7 @@ written here), with decode at N=1 against the card's memory-bandwidth floor.
 
     python benchmarks/gpu_decode.py [--device cuda] [--levels 1,8,32,128] [--tokens 64]
         [--prompt-tokens 128] [--models default,1.7b] [--work DIR] [--json OUT.json]
+        [--cuda-graphs]
 
 Runs the offline engine (no HTTP): each level adds N requests at once and steps until they
 finish; TTFT is a request's first token after it was added, TPOT its later tokens' mean.
@@ -88,7 +89,7 @@ def bench_model(name: str, path: str | None, args, bandwidth: float | None) -> d
     from pagedllm import LLM
 
     started = time.perf_counter()
-    llm = LLM(path, dtype=args.dtype, device=args.device,
+    llm = LLM(path, dtype=args.dtype, device=args.device, cuda_graphs=args.cuda_graphs,
               max_num_seqs=max(args.levels), max_model_len=args.prompt_tokens + args.tokens + 16)
     load_seconds = time.perf_counter() - started
     engine = llm.engine
@@ -135,10 +136,12 @@ def main() -> int:
     parser.add_argument("--models", default="default,1.7b")
     parser.add_argument("--work", default="/tmp/pagedllm-gpu")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="decode steps replayed as CUDA graphs (serve --cuda-graphs)")
     args = parser.parse_args()
     args.levels = [int(n) for n in args.levels.split(",")]
     bandwidth = copy_bandwidth(args.device)
-    report = {"device": args.device, "dtype": args.dtype,
+    report = {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs,
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
               "copy_bandwidth_bytes_per_s": bandwidth, "models": []}
     if bandwidth:

@@ -9,7 +9,8 @@
 #      PAGEDLLM_TEST_DEVICE=cuda): float32 logits equal transformers' for each family,
 #      greedy output of the real model equal transformers', bf16 close, no leaked blocks;
 #   3. benchmarks/gpu_decode.py: the default model and the 1.7B shape at N = 1, 8, 32, 128
-#      (TTFT, TPOT, tokens/s, GPU memory, decode against the copy-bandwidth floor).
+#      (TTFT, TPOT, tokens/s, GPU memory, decode against the copy-bandwidth floor), eager and
+#      then with --cuda-graphs.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -25,15 +26,18 @@ print(json.dumps({"torch": torch.__version__, "triton": triton.__version__,
                   "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0)
                   if torch.cuda.is_available() else None}))
 PY
-timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
     --junitxml="$OUT/triton_attention.xml" > "$OUT/triton_attention.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/triton_attention.log"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     --junitxml="$OUT/generic_backend.xml" > "$OUT/generic_backend.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/generic_backend.log"
-timeout 240 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" \
+timeout 180 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" \
     > "$OUT/gpu_decode.log" 2>&1
 echo "exit: $?" >> "$OUT/gpu_decode.log"
+timeout 110 python3 benchmarks/gpu_decode.py --cuda-graphs --json "$OUT/gpu_decode_graphs.json" \
+    > "$OUT/gpu_decode_graphs.log" 2>&1
+echo "exit: $?" >> "$OUT/gpu_decode_graphs.log"
 cat "$OUT"/environment.json
 tail -3 "$OUT/triton_attention.log" "$OUT/generic_backend.log"
-tail -40 "$OUT/gpu_decode.log"
+tail -25 "$OUT/gpu_decode.log" "$OUT/gpu_decode_graphs.log"

@@ -127,3 +127,100 @@ def test_a_draft_model_is_refused_on_the_generic_path(tmp_path):
     with pytest.raises(ValueError, match="does not run on the generic torch path"):
         LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device=DEVICE,
             speculative=SpeculativeConfig(method="draft", draft_model=folder))
+
+
+# -- CUDA graphs (engine/cuda_graphs.py): the buffers' contents here, capture on a GPU ---------
+
+def test_graph_sizes_and_padding():
+    from pagedllm.engine.cuda_graphs import DecodeRow, graph_size, pad_decode
+
+    assert [graph_size(b, (1, 2, 4, 8)) for b in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, None]
+    rows = [DecodeRow(11, 5, 2 * 4 + 1, (7, 2)), DecodeRow(12, 0, 3 * 4, (3,))]
+    padded = pad_decode(rows, 4, width=3, block_size=4, scratch_block=9)
+    assert padded.input_ids == [11, 12, 0, 0] and padded.positions == [5, 0, 0, 0]
+    assert padded.slots == [9, 12, 36, 36]  # padding writes into the scratch block
+    assert padded.ctx_lens == [6, 1, 1, 1]
+    assert padded.tables == [[7, 2, 9], [3, 9, 9], [9, 9, 9], [9, 9, 9]]
+    with pytest.raises(ValueError, match="do not fit"):
+        pad_decode(rows * 3, 4, 3, 4, 9)
+    with pytest.raises(ValueError, match="wider"):
+        pad_decode([DecodeRow(1, 0, 0, (1, 2, 3, 4))], 1, 3, 4, 9)
+
+
+def test_the_attention_reads_a_padded_layout_as_the_graphs_give_it():
+    """The Triton attention given its per-token layout ready-made (static buffers, padding
+    rows on a scratch block) answers the real rows exactly as when it builds the layout."""
+    from pagedllm.attention import AttentionMetadata
+    from pagedllm.attention.triton_paged import paged_attention
+    from pagedllm.engine.cuda_graphs import DecodeRow, pad_decode
+
+    torch.manual_seed(0)
+    bs, heads, kv_heads, d, blocks = 4, 4, 2, 16, 12
+    keys = torch.randn(blocks, bs, kv_heads, d, device=TENSOR_DEVICE)
+    values = torch.randn_like(keys)
+    tables, lens = [[3, 5, 1], [7]], [10, 2]
+    rows = [DecodeRow(0, n - 1, t[(n - 1) // bs] * bs + (n - 1) % bs, tuple(t))
+            for t, n in zip(tables, lens)]
+    query = torch.randn(4, heads, d, device=TENSOR_DEVICE)  # 2 real rows + 2 of padding
+    built = AttentionMetadata.build([r.slot for r in rows], [0, 1, 2], lens, tables, bs,
+                                    TENSOR_DEVICE)
+    want = paged_attention(query[:2], keys, values, built, d ** -0.5)
+    padded = pad_decode(rows, 4, width=4, block_size=bs, scratch_block=blocks - 1)
+    layout = tuple(torch.tensor(v, dtype=torch.long, device=TENSOR_DEVICE) for v in
+                   (list(range(4)), padded.ctx_lens, padded.tables))
+    given = AttentionMetadata(slot_mapping=torch.tensor(padded.slots, device=TENSOR_DEVICE),
+                              query_start_loc=list(range(5)), seq_lens=[1] * 4, block_size=bs,
+                              context_block_ids=[], device=TENSOR_DEVICE, token_layout=layout)
+    got = paged_attention(query, keys, values, given, d ** -0.5)
+    assert torch.equal(got[:2], want)
+
+
+def test_cuda_graphs_need_the_gpu(tmp_path):
+    folder = write_hf_folder(tiny_hf_model("llama", seed=5), tmp_path)
+    with pytest.raises(ValueError, match="--cuda-graphs needs --device cuda"):
+        LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device="cpu", cuda_graphs=True)
+
+
+def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch):
+    """The graph path end to end (on the CPU its forward runs uncaptured over the static
+    buffers, Triton under its interpreter): decode steps of 1-3 requests padded to the
+    sizes, prefill steps eager; greedy output equal to the path without graphs."""
+    from pagedllm.engine import cuda_graphs, factory
+
+    if DEVICE != "cuda":
+        monkeypatch.setattr(factory, "choose_backend",
+                            lambda device: generic_backend("cpu", attention="triton"))
+    folder = write_hf_folder(tiny_hf_model("llama", seed=5), tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9], [11, 12], [40, 41, 42, 43, 44, 45, 46]]
+    plain = LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device=DEVICE)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    sizes = []
+    run = cuda_graphs.DecodeGraphs.run
+    monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
+                        lambda self, rows: sizes.append(len(rows)) or run(self, rows))
+    graphed = LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device=DEVICE,
+                  cuda_graphs=True, max_num_seqs=4)
+    assert graphed.engine.runner.graphs.sizes == (1, 2, 4)
+    assert [o.token_ids for o in graphed.generate(prompts, params)] == want
+    assert sizes and set(sizes) <= {1, 2, 3}  # decode steps went through the buffers
+    one = graphed.generate([prompts[0]], params)[0].token_ids
+    assert one == want[0] and sizes[-1] == 1
+    engine = graphed.engine
+    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs are captured on a GPU only "
+                    "(their buffers and the attention's use of them are tested above)")
+def test_graph_replay_equals_eager_on_the_gpu():
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
+               "Water boils at"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    eager = LLM(dtype="float32", kv_cache_memory=64 << 20, device="cuda")
+    graphed = LLM(dtype="float32", kv_cache_memory=64 << 20, device="cuda", cuda_graphs=True,
+                  max_num_seqs=8)
+    assert graphed.engine.runner.graphs.graphs  # captured
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    got = [o.token_ids for o in graphed.generate(prompts, params)]
+    assert got == want
+    assert graphed.engine.kv_manager.num_free_blocks == graphed.engine.kv_manager.num_blocks

@@ -154,6 +154,7 @@ class EngineConfig:
     # On a GPU: the share of the card this process may hold (weights + KV); the KV pool is
     # what is left of it once the weights are loaded (vLLM's --gpu-memory-utilization).
     gpu_memory_utilization: float = 0.9
+    cuda_graphs: bool = False  # decode steps captured and replayed (engine/cuda_graphs.py)
 
     def __post_init__(self):
         if not isinstance(self.speculative, SpeculativeConfig):

@@ -40,6 +40,10 @@ class AttentionMetadata:
     # and kernels that choose their arithmetic by batch size choose by this (DecodeLoop).
     num_requests: int | None = None
     device: str = "cpu"  # where its tensors live: the KV cache's (the generic backend's)
+    # Per query token its sequence's row and context length, and the padded block tables,
+    # as device tensors made once (a CUDA graph's static buffers: engine/cuda_graphs.py);
+    # None: the Triton attention builds them from the lists above.
+    token_layout: tuple | None = None
     _prefill_masks: dict = field(default_factory=dict, repr=False)
 
     @classmethod

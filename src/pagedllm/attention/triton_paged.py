@@ -96,7 +96,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     its last `window` positions (itself included); softcap: scores -> cap * tanh(s / cap)."""
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    seq_of_token, ctx_len, tables = token_layout(meta, query.device)
+    seq_of_token, ctx_len, tables = (meta.token_layout if meta.token_layout is not None
+                                     else token_layout(meta, query.device))
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out

@@ -115,6 +115,10 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="with --device cuda: the share of the GPU's memory this server may "
                             "hold; the KV cache gets what the weights leave of it (vLLM's "
                             "option; --kv-cache-memory sets the cache's size instead)")
+    group.add_argument("--cuda-graphs", action="store_true",
+                       help="with --device cuda: capture decode steps as CUDA graphs, one per "
+                            "batch size up to --max-num-seqs, and replay them (vLLM's way to "
+                            "take Python off the step; new, not yet measured on a GPU)")
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")
@@ -142,6 +146,7 @@ def engine_config(args) -> EngineConfig:
                         enable_prefix_caching=not args.no_prefix_caching,
                         max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
                         gpu_memory_utilization=args.gpu_memory_utilization,
+                        cuda_graphs=args.cuda_graphs,
                         speculative=SpeculativeConfig(
                             method=args.speculative,
                             num_speculative_tokens=args.num_speculative_tokens,

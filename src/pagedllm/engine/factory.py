@@ -76,8 +76,12 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
         window_blocks, block_size, model_config.sliding_window, config.enable_prefix_caching)
     kv_manager = KVCacheManager(cache_config.num_blocks, block_size, config.enable_prefix_caching,
                                 window)
+    if config.cuda_graphs and not backend.generic:  # (on the CPU: the tests' generic path)
+        raise ValueError("--cuda-graphs needs --device cuda")
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
-                         config.kv_cache_dtype, window_blocks, backend.device)
+                         config.kv_cache_dtype, window_blocks, backend.device,
+                         scheduler_config.max_num_seqs if config.cuda_graphs else None,
+                         scheduler_config.max_model_len)
     # A verifying step stays on the fused decode path, which takes up to max_rows rows.
     decode_loop = getattr(net, "decode_loop", None)
     speculative = config.speculative if decode_loop is None else dataclasses.replace(

@@ -12,6 +12,7 @@ from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.config import ModelConfig
 from pagedllm.core.request import SamplingParams
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
+from pagedllm.engine.cuda_graphs import DecodeRow
 from pagedllm.engine.sampler import Sampler, SamplingRow
 from pagedllm.engine.verify import accepted_tokens, verification_rows
 
@@ -19,21 +20,25 @@ from pagedllm.engine.verify import accepted_tokens, verification_rows
 class ModelRunner:
     def __init__(self, model, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, kv_cache_dtype: str = "auto",
-                 window_num_blocks: int | None = None, device: str = "cpu"):
+                 window_num_blocks: int | None = None, device: str = "cpu",
+                 graph_batch: int | None = None, max_model_len: int | None = None):
         """window_num_blocks: the sliding-window layers' own pool (KVCacheManager.window),
         where the model keeps them apart; those layers' tensors get one block more, the
         zeroed null block that freed table entries point at. device: where the model and
-        its KV cache live (the backend's); logits come back to the host for sampling."""
+        its KV cache live (the backend's); logits come back to the host for sampling.
+        graph_batch: capture decode steps of up to this many requests as CUDA graphs
+        (engine/cuda_graphs.py; the cache gets one scratch block more, for padding rows)."""
         self.model = model
         self.config = config
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = device
+        graphs = graph_batch is not None and window_num_blocks is None
         # Mapped lazily (resident as blocks are first written). Attention reads only slots
         # it has written (padding is masked and zeroed).
-        self.kv_caches = allocate_layer_caches(config.num_layers, num_blocks, block_size,
-                                               config.num_kv_heads, config.head_dim, dtype,
-                                               kv_cache_dtype, device)
+        self.kv_caches = allocate_layer_caches(config.num_layers, num_blocks + int(graphs),
+                                               block_size, config.num_kv_heads,
+                                               config.head_dim, dtype, kv_cache_dtype, device)
         if window_num_blocks is not None:
             window_caches = allocate_layer_caches(
                 len(config.sliding_layers), window_num_blocks + 1, block_size,
@@ -52,6 +57,14 @@ class ModelRunner:
         # The fault-injection seam (engine/faults.py): called with (request id, SamplingRow)
         # before sampling; raising fails that request. None unless a test asks.
         self.fault_injector = None
+        self.graphs = None
+        if graphs:
+            from pagedllm.engine.cuda_graphs import DecodeGraphs
+
+            width = -(-(max_model_len or config.max_position_embeddings) // block_size) + 1
+            self.graphs = DecodeGraphs(model, self.kv_caches, graph_batch, width, block_size,
+                                       scratch_block=num_blocks, device=device)
+            self.graphs.capture()
 
     def add_request(self, request_id: str, params: SamplingParams, prompt_token_ids: list[int],
                     grammar=None) -> None:
@@ -111,6 +124,13 @@ class ModelRunner:
                 drafts[item.request_id] = item.token_ids[1:]
 
         device = self.device
+        if (self.graphs is not None and not drafts and not window_tables
+                and len(input_ids) == len(plan.scheduled) and self.graphs.applies(len(input_ids))
+                and all(len(t) <= self.graphs.width for t in block_tables)):
+            return self._finish(self.graphs.run(
+                [DecodeRow(*row) for row in zip(input_ids, positions, slot_mapping,
+                                               map(tuple, block_tables))]),
+                sample_indices, sampled_ids, drafts)
         meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs,
                                        device)
         meta.num_requests = len(plan.scheduled)
@@ -120,10 +140,14 @@ class ModelRunner:
         hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=device),
                             torch.tensor(positions, dtype=torch.long, device=device),
                             self.kv_caches, meta)
+        return self._finish(hidden, sample_indices, sampled_ids, drafts)
+
+    def _finish(self, hidden: torch.Tensor, sample_indices: list[int], sampled_ids: list[str],
+                drafts: dict[str, tuple[int, ...]]) -> RunnerOutput:
         if not sample_indices:
             return RunnerOutput()
         logits = self.model.compute_logits(hidden[sample_indices])
-        if device != "cpu":  # one copy to the host a step: sampling runs there
+        if self.device != "cpu":  # one copy to the host a step: sampling runs there
             logits = logits.cpu()
         return self._sample(logits, sampled_ids, drafts)
 

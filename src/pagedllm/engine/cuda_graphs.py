@@ -1,0 +1,146 @@
+"""Decode steps as CUDA graphs (`--cuda-graphs`, with `--device cuda`), as vLLM does: the
+model's forward over a batch of single-token requests is captured once per batch size in
+GRAPH_SIZES and replayed, so a step costs one graph launch instead of hundreds of kernel
+launches from Python. A step of B requests runs the smallest captured size >= B; the extra
+rows are padding that writes its K/V to a scratch block outside the pool and reads only it.
+
+Everything a replay reads lives in static device buffers, filled before each replay: token
+ids, positions, KV slots, and the Triton attention's per-token layout (its sequence row,
+context length, block table), which the attention takes ready-made from the metadata
+(`AttentionMetadata.token_layout`) instead of building it from host lists. Only steps that
+are all single-token decode (no prefill chunk, no verification of proposals, no separate
+sliding-window pool) replay; the rest run eagerly. On the CPU (the generic path in tests)
+the same buffers are filled and the same forward runs over them, uncaptured: only capture
+and replay themselves need a GPU (scripts/gpu_check.sh).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm.attention import AttentionMetadata
+
+GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """One request's single decode token: its id, position, KV slot and block table."""
+
+    token_id: int
+    position: int
+    slot: int
+    block_table: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PaddedDecode:
+    """The static buffers' contents for a replay of `size` rows."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    ctx_lens: list[int]
+    tables: list[list[int]]  # each exactly `width` long
+
+
+def graph_size(batch: int, sizes: tuple[int, ...]) -> int | None:
+    """The smallest captured size that holds `batch` rows, or None (run eagerly)."""
+    return next((size for size in sizes if size >= batch), None)
+
+
+def pad_decode(rows: list[DecodeRow], size: int, width: int, block_size: int,
+               scratch_block: int) -> PaddedDecode:
+    """Rows, then padding up to `size`: padding writes its K/V into the scratch block's first
+    slot and attends to that one position only, so real rows and the pool are untouched."""
+    if len(rows) > size:
+        raise ValueError(f"{len(rows)} rows do not fit a graph of {size}")
+    scratch_table = [scratch_block] * width
+    input_ids, positions, slots, ctx_lens, tables = [], [], [], [], []
+    for row in rows:
+        if len(row.block_table) > width:
+            raise ValueError(f"a block table of {len(row.block_table)} is wider than {width}")
+        input_ids.append(row.token_id)
+        positions.append(row.position)
+        slots.append(row.slot)
+        ctx_lens.append(row.position + 1)
+        tables.append(list(row.block_table) + [scratch_block] * (width - len(row.block_table)))
+    for _ in range(size - len(rows)):
+        input_ids.append(0)
+        positions.append(0)
+        slots.append(scratch_block * block_size)
+        ctx_lens.append(1)
+        tables.append(list(scratch_table))
+    return PaddedDecode(input_ids, positions, slots, ctx_lens, tables)
+
+
+class DecodeGraphs:
+    """The captured graphs of one model and KV cache (a GPU's), by batch size."""
+
+    def __init__(self, model, kv_caches, max_batch: int, width: int, block_size: int,
+                 scratch_block: int, device: str = "cuda"):
+        self.model, self.kv_caches = model, kv_caches
+        self.width, self.block_size, self.scratch_block = width, block_size, scratch_block
+        self.sizes = tuple(s for s in GRAPH_SIZES if s <= max_batch) or (GRAPH_SIZES[0],)
+        top = self.sizes[-1]
+        long = dict(dtype=torch.long, device=device)
+        self.input_ids = torch.zeros(top, **long)
+        self.positions = torch.zeros(top, **long)
+        self.slots = torch.full((top,), scratch_block * block_size, **long)
+        self.seq_of_token = torch.arange(top, **long)
+        self.ctx_lens = torch.ones(top, **long)
+        self.tables = torch.full((top, width), scratch_block, **long)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slots[:size], query_start_loc=list(range(size + 1)),
+            seq_lens=[1] * size, block_size=self.block_size, context_block_ids=[],
+            device=str(self.input_ids.device), num_requests=size,
+            token_layout=(self.seq_of_token[:size], self.ctx_lens[:size], self.tables[:size]))
+
+    def _forward(self, size: int) -> torch.Tensor:
+        return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches,
+                          self._meta(size))
+
+    def capture(self) -> None:
+        """Every size, largest first (the memory pool is then shared by the smaller ones).
+        Off a GPU (the generic path on the CPU, in tests) nothing is captured: run() then
+        does the same forward over the same static buffers eagerly."""
+        if self.input_ids.device.type != "cuda":
+            self.graphs = {size: (None, None) for size in self.sizes}
+            return
+        for size in reversed(self.sizes):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: compiles the kernels outside the capture
+                    self._forward(size)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self._forward(size)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[size] = (graph, out)
+        torch.cuda.synchronize()
+
+    def applies(self, batch: int) -> bool:
+        return graph_size(batch, self.sizes) is not None and bool(self.graphs)
+
+    def run(self, rows: list[DecodeRow]) -> torch.Tensor:
+        """The final hidden states [len(rows), H] of one decode step, replayed."""
+        size = graph_size(len(rows), self.sizes)
+        padded = pad_decode(rows, size, self.width, self.block_size, self.scratch_block)
+        for target, values in ((self.input_ids, padded.input_ids),
+                               (self.positions, padded.positions), (self.slots, padded.slots),
+                               (self.ctx_lens, padded.ctx_lens), (self.tables, padded.tables)):
+            target[:size].copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
+        graph, out = self.graphs[size]
+        if graph is None:
+            out = self._forward(size)
+        else:
+            graph.replay()
+        return out[:len(rows)]
