@@ -171,6 +171,21 @@ def test_a_models_table_is_the_stores_not_an_option(tmp_path):
     assert models_table(str(tmp_path / "missing.toml")) == {}
 
 
+def test_print_config_keeps_the_models_table(tmp_path, capsys):
+    from pagedllm.cli.config_file import models_table
+    from pagedllm.cli.main import main
+
+    path = tmp_path / "pagedllm.toml"
+    path.write_text('max-loaded-models = 2\n[models.chat]\npath = "chat.gguf"\n'
+                    'max-model-len = 2048\naliases = ["gpt-4o-mini", "x \\"y\\""]\n'
+                    '[models."odd name"]\npath = "coder"\n')
+    assert main(["serve", "--config", str(path), "--print-config"]) == 0
+    dumped = tmp_path / "dumped.toml"
+    dumped.write_text(capsys.readouterr().out)
+    assert models_table(str(dumped)) == models_table(str(path))
+    assert parse_args(["serve", "--config", str(dumped)]).max_loaded_models == 2
+
+
 def test_print_config_round_trips(tmp_path):
     args = parse_args(["serve", *_as_argv(NON_DEFAULTS)])
     path = tmp_path / "dumped.toml"

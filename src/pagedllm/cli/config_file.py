@@ -80,8 +80,10 @@ def parse_with_config(parser: argparse.ArgumentParser, subparser: argparse.Argum
     return parser.parse_args(argv[:1] + from_file + argv[1:])
 
 
-def to_toml(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
-    """The options in effect as a config file: every option, defaults commented out."""
+def to_toml(args: argparse.Namespace, parser: argparse.ArgumentParser,
+            models: dict | None = None) -> str:
+    """The options in effect as a config file: every option, defaults commented out; then a
+    model store's [models] entries as the file gave them."""
     lines = ["# pagedllm serve --config FILE: one option a line; the command line wins.", ""]
     for name, action in file_options(parser).items():
         value = getattr(args, action.dest)
@@ -92,7 +94,16 @@ def to_toml(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
                 and not byte_text(value).isdigit():
             value = byte_text(value)  # "512MiB", not 536870912
         lines.append(f"{prefix}{name} = {_toml_value(value)}")
+    for name, entry in (models or {}).items():
+        entry = {"path": entry} if isinstance(entry, str) else entry
+        lines += ["", f"[models.{_toml_key(name)}]"]
+        lines += [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in entry.items()]
     return "\n".join(lines) + "\n"
+
+
+def _toml_key(key: str) -> str:
+    bare = key.replace("-", "").replace("_", "").isalnum()
+    return key if bare else _toml_value(key)
 
 
 def _is_size(action: argparse.Action) -> bool:
@@ -104,6 +115,8 @@ def _is_size(action: argparse.Action) -> bool:
 def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, (int, float)):
         return repr(value)
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')

@@ -62,7 +62,10 @@ def _quiet_noisy_loggers(level: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if getattr(args, "print_config", False):
-        print(to_toml(args, subparser(build_parser(), "serve")), end="")
+        from pagedllm.cli.config_file import models_table
+
+        models = models_table(args.config) if args.config else {}
+        print(to_toml(args, subparser(build_parser(), "serve"), models), end="")
         return 0
     _quiet_noisy_loggers(getattr(args, "log_level", "info"))
     from pagedllm.kernels import UnsupportedISAError, capabilities
