@@ -9,6 +9,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
@@ -111,6 +112,7 @@ class FakeClient:
         self.policies = None
         self.aborted = []
         self._stop = threading.Event()
+        self.loop = SimpleNamespace(before_step=None)  # the AsyncEngine's hook
 
     def run(self):
         self._stop.wait()
@@ -330,3 +332,29 @@ def test_an_embedding_entry_loads_as_an_embedding_model(tmp_path):
     assert loaded_as == [entry] and model.kind == "embedding" and model.size_bytes == 50
     pool.release(model)
     pool.shutdown()
+
+
+def test_one_model_holds_the_threads_and_yields_them_while_another_is_busy():
+    """The first model loaded gets --threads (its OpenMP team), later ones one thread each,
+    so the teams never hold more threads than --threads; the first steps with one thread
+    while another model is busy, with all of its own when it is the only one."""
+    import torch
+
+    before = torch.get_num_threads()
+    pool, catalog, clients = make_pool()
+    pool.num_threads = 2
+    try:
+        pool.release(acquire(pool, catalog, "a"))
+        pool.release(acquire(pool, catalog, "b"))
+        assert (clients["a"].num_threads, clients["b"].num_threads) == (2, 1)
+        govern = clients["a"].loop.before_step
+        assert govern is not None and clients["b"].loop.before_step is None
+        clients["b"].num_in_flight = 1
+        govern()
+        assert torch.get_num_threads() == 1
+        clients["b"].num_in_flight = 0
+        govern()
+        assert torch.get_num_threads() == 2
+        pool.shutdown()
+    finally:
+        torch.set_num_threads(before)

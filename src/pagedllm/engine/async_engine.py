@@ -124,6 +124,9 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._stopped = False
         self.consecutive_faults = 0
+        # Called on the loop thread before each step (a model store sets the step's compute
+        # threads by what the other models are doing: serving/model_pool.py).
+        self.before_step = None
         self.dead: str | None = None  # why the engine is unusable, once it is (run_loop ends)
         self._thread = None
         if start_thread:
@@ -234,6 +237,8 @@ class AsyncEngine:
                 self._wakeup.clear()
                 continue
             try:
+                if self.before_step is not None:
+                    self.before_step()
                 outputs = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - outside any one request (a scheduler fault)
                 self._on_engine_fault(exc)

@@ -56,6 +56,11 @@ class LoadedModel:
     leases: int = 0
 
     @property
+    def threads(self) -> int:
+        """Its engine's compute threads (ModelPool._threads_for_next)."""
+        return getattr(self.client, "num_threads", 1)
+
+    @property
     def name(self) -> str:
         return self.entry.name
 
@@ -234,15 +239,14 @@ class ModelPool:
             self._stop(victim, "room")
         started = time.monotonic()
         try:
-            client = self._load_embedding(entry) if embedding else self._load(config)
+            client, thread = self._start(
+                entry.name, (lambda: self._load_embedding(entry)) if embedding
+                else (lambda: self._load(config)))
         except Exception as exc:  # noqa: BLE001 - said to the client, logged here
             logger.exception("loading model %s failed", entry.name)
             raise ModelLoadFailed(f"loading model {entry.name} failed: {exc}") from exc
         seconds = time.monotonic() - started
         client.set_user_policies(*self._policies)
-        thread = threading.Thread(target=self._run_engine, args=(client,), daemon=True,
-                                  name=f"pagedllm-engine-{entry.name}")
-        thread.start()
         loaded = LoadedModel(entry, client, thread, weights + int(client.info.kv_memory_bytes),
                              time.time(), time.monotonic(),
                              self.keep_alive if keep_alive is None else keep_alive, leases=1)
@@ -255,12 +259,65 @@ class ModelPool:
                     len(self._loaded))
         return loaded
 
-    def _run_engine(self, client) -> None:
+    def _threads_for_next(self) -> int:
+        """Compute threads for a model about to load: what the loaded ones leave of
+        --threads, at least 1. Each engine thread that runs parallel torch work gets an
+        OpenMP team of its own; once the teams together hold more threads than there are
+        cores, libgomp stops spinning between parallel regions and every region pays a
+        futex wake-up: a busy model ran ~28 % slower beside an idle one (BENCHMARKS.md,
+        "Model store"). With this, the teams never hold more than --threads."""
+        with self._mutex:
+            taken = sum(m.threads for m in self._loaded.values())
+        return max(1, self.num_threads - taken)
+
+    def _start(self, name: str, load) -> tuple[object, threading.Thread]:
+        """The model loaded and run on one thread of its own. Built on the thread that steps
+        it: an engine stepped on another thread than the one that built it ran a decode
+        step ~2x slower (benchmarks/engine_thread.py: each thread that starts OpenMP work
+        gets its own team of workers). Waits for the load; its error is raised here."""
+        import concurrent.futures
+
         import torch
 
-        # A new thread starts with the runtime's default thread count, not --threads.
-        torch.set_num_threads(self.num_threads)
-        client.run()
+        loaded: concurrent.futures.Future = concurrent.futures.Future()
+        threads = self._threads_for_next()
+
+        def main() -> None:
+            # A new thread starts with the runtime's default thread count, not --threads.
+            torch.set_num_threads(threads)
+            try:
+                client = load()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                loaded.set_exception(exc)
+                return
+            loaded.set_result(client)
+            client.run()
+
+        thread = threading.Thread(target=main, daemon=True, name=f"pagedllm-engine-{name}")
+        thread.start()
+        client = loaded.result()
+        client.num_threads = threads
+        loop = getattr(client, "loop", None)
+        if loop is not None and threads > 1:
+            loop.before_step = self._thread_governor(client, threads)
+        return client, thread
+
+    def _thread_governor(self, client, threads: int):
+        """The model holding the OpenMP team steps with one thread while another model is
+        busy (their threads then share the cores one each) and with all of its own when it
+        is the only one busy: torch.set_num_threads on its loop thread, only on a change."""
+        import torch
+
+        current = [threads]
+
+        def before_step() -> None:
+            others_busy = any(m.client is not client and m.client.num_in_flight
+                              for m in list(self._loaded.values()))
+            wanted = 1 if others_busy else threads
+            if wanted != current[0]:
+                torch.set_num_threads(wanted)
+                current[0] = wanted
+        return before_step
 
     def _stop(self, loaded: LoadedModel, reason: str) -> None:
         loaded.client.shutdown()
