@@ -384,3 +384,28 @@ def test_pooling_is_refused_where_it_means_nothing(tmp_path):
     assert minilm.returncode == 2 and "sentence-transformers" in minilm.stderr
     alone = serve("--pooling", "mean")
     assert alone.returncode == 2 and "--embedding-model" in alone.stderr
+
+
+def test_the_embedding_thread_runs_one_compute_thread():
+    """No OpenMP team beside the chat engine's (the service's docstring says why)."""
+    import asyncio
+
+    import torch
+
+    from pagedllm.embeddings.service import EmbeddingService
+
+    seen = []
+
+    class Model:
+        name = "stub"
+
+        def embed(self, inputs):
+            seen.append(torch.get_num_threads())
+            return torch.zeros(len(inputs), 2)
+
+    service = EmbeddingService(Model())
+    try:
+        asyncio.run(service.embed([[1]]))
+    finally:
+        service.shutdown()
+    assert seen == [1]

@@ -22,6 +22,8 @@ from pagedllm.embeddings.sentence_model import SentenceModel
 
 logger = logging.getLogger("pagedllm")
 
+# Compute threads of the embedding model's thread (see _run).
+EMBEDDING_THREADS = 1
 # Inputs taken into one pass at most (a pass still splits them into padded chunks).
 MAX_BATCH_INPUTS = 256
 MAX_QUEUED_INPUTS = 4096
@@ -79,6 +81,13 @@ class EmbeddingService:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        import torch
+
+        # One thread: a second thread running parallel torch work gets an OpenMP team of its
+        # own, and with more team threads than cores libgomp stops spinning between parallel
+        # regions, which cost the chat engine ~29 % of its tokens/s for the server's life
+        # after the first embedding request (BENCHMARKS.md, "Model store").
+        torch.set_num_threads(EMBEDDING_THREADS)
         while True:
             first = self._jobs.get()
             if first is None:
