@@ -241,7 +241,8 @@ class ModelPool:
         try:
             client, thread = self._start(
                 entry.name, (lambda: self._load_embedding(entry)) if embedding
-                else (lambda: self._load(config)))
+                else (lambda: self._load(config)),
+                threads=1 if embedding else None)  # its service computes with one
         except Exception as exc:  # noqa: BLE001 - said to the client, logged here
             logger.exception("loading model %s failed", entry.name)
             raise ModelLoadFailed(f"loading model {entry.name} failed: {exc}") from exc
@@ -270,7 +271,8 @@ class ModelPool:
             taken = sum(m.threads for m in self._loaded.values())
         return max(1, self.num_threads - taken)
 
-    def _start(self, name: str, load) -> tuple[object, threading.Thread]:
+    def _start(self, name: str, load, threads: int | None = None
+               ) -> tuple[object, threading.Thread]:
         """The model loaded and run on one thread of its own. Built on the thread that steps
         it: an engine stepped on another thread than the one that built it ran a decode
         step ~2x slower (benchmarks/engine_thread.py: each thread that starts OpenMP work
@@ -280,7 +282,7 @@ class ModelPool:
         import torch
 
         loaded: concurrent.futures.Future = concurrent.futures.Future()
-        threads = self._threads_for_next()
+        threads = threads or self._threads_for_next()
 
         def main() -> None:
             # A new thread starts with the runtime's default thread count, not --threads.
