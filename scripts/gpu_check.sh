@@ -11,33 +11,49 @@
 #   3. benchmarks/gpu_decode.py: the default model and the 1.7B shape at N = 1, 8, 32, 128
 #      (TTFT, TPOT, tokens/s, GPU memory, decode against the copy-bandwidth floor), eager and
 #      then with --cuda-graphs.
+#
+# A rehearsal on a machine without a GPU (`DRY=1 PYTHON=.venv/bin/python scripts/gpu_check.sh`)
+# runs the same steps on the CPU's generic path with small sizes and installs nothing: it
+# checks the script itself before GPU minutes are spent on it.
 set -u
 OUT=${OUT:-gpu-out}
+PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src:$PWD/tests:${PYTHONPATH:-}"
-export PAGEDLLM_TEST_DEVICE=cuda
-export PAGEDLLM_NO_KERNELS=1  # the GPU path needs no C++ CPU kernels: none are compiled there
-if [ -d gpu-wheels ]; then
-    python3 -m pip install --no-index --no-deps gpu-wheels/*.whl > "$OUT/pip.log" 2>&1
+if [ "${DRY:-0}" = 1 ]; then
+    DEVICE=torch-cpu
+    BENCH_ARGS=(--device torch-cpu --levels 1,2 --tokens 4 --prompt-tokens 16 --models default)
+else
+    DEVICE=cuda
+    BENCH_ARGS=()
+    export PAGEDLLM_NO_KERNELS=1  # the GPU path needs no C++ CPU kernels: none compiled there
+    if [ -d gpu-wheels ]; then
+        "$PYTHON" -m pip install --no-index --no-deps gpu-wheels/*.whl > "$OUT/pip.log" 2>&1
+    fi
 fi
-python3 - <<'PY' > "$OUT/environment.json"
+export PAGEDLLM_TEST_DEVICE=$DEVICE
+"$PYTHON" - <<'PY' > "$OUT/environment.json"
 import json, torch, triton
 print(json.dumps({"torch": torch.__version__, "triton": triton.__version__,
                   "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0)
                   if torch.cuda.is_available() else None}))
 PY
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
+timeout 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
     --junitxml="$OUT/triton_attention.xml" > "$OUT/triton_attention.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/triton_attention.log"
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     --junitxml="$OUT/generic_backend.xml" > "$OUT/generic_backend.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/generic_backend.log"
-timeout 180 python3 benchmarks/gpu_decode.py --json "$OUT/gpu_decode.json" \
+timeout 180 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --json "$OUT/gpu_decode.json" \
     > "$OUT/gpu_decode.log" 2>&1
 echo "exit: $?" >> "$OUT/gpu_decode.log"
-timeout 110 python3 benchmarks/gpu_decode.py --cuda-graphs --json "$OUT/gpu_decode_graphs.json" \
-    > "$OUT/gpu_decode_graphs.log" 2>&1
-echo "exit: $?" >> "$OUT/gpu_decode_graphs.log"
+if [ "$DEVICE" = cuda ]; then  # graphs are captured on a GPU only
+    timeout 110 "$PYTHON" benchmarks/gpu_decode.py --cuda-graphs \
+        --json "$OUT/gpu_decode_graphs.json" > "$OUT/gpu_decode_graphs.log" 2>&1
+    echo "exit: $?" >> "$OUT/gpu_decode_graphs.log"
+else
+    echo "a rehearsal: no graphs without a GPU" > "$OUT/gpu_decode_graphs.log"
+fi
 cat "$OUT"/environment.json
-tail -3 "$OUT/triton_attention.log" "$OUT/generic_backend.log"
-tail -25 "$OUT/gpu_decode.log" "$OUT/gpu_decode_graphs.log"
+tail -n 3 "$OUT/triton_attention.log" "$OUT/generic_backend.log"
+tail -n 25 "$OUT/gpu_decode.log" "$OUT/gpu_decode_graphs.log"

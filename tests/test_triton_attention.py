@@ -8,7 +8,7 @@ import os
 
 # CI: CPU tensors under Triton's interpreter (set before triton is imported). On a GPU
 # machine scripts/gpu_check.sh runs the same tests compiled, with PAGEDLLM_TEST_DEVICE=cuda.
-DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "cpu")
+DEVICE = "cuda" if os.environ.get("PAGEDLLM_TEST_DEVICE") == "cuda" else "cpu"
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 
