@@ -103,7 +103,8 @@ def ready_message(info: EngineInfo | None, host: str, port: int, served_name: st
         lines.append(f"  device: {info.device}; CPU: {info.cpu.level} kernels, {info.compute} of "
                      f"{os.cpu_count()} cores")
     else:
-        lines.append(f"  device: {pool.base_config.device}; {pool.num_threads} compute "
+        device = "cuda" if pool.base_config.device == "cuda" else "cpu"
+        lines.append(f"  device: {device}; {pool.num_threads} compute "
                      f"thread(s) (--threads) of {os.cpu_count()} cores: the first model loaded "
                      f"holds them, the others one each")
     return "\n".join(lines)
