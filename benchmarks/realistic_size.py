@@ -36,27 +36,33 @@ import numpy as np
 
 SHAPE = dict(hidden=2048, layers=24, heads=32, kv_heads=32, intermediate=8192, context=8192,
              rope_theta=130000.0)
+# The default model's own shape, for a machine that cannot hold its package (the GPU one).
+SHAPE_135M = dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, context=8192,
+                  rope_theta=100000.0)
 F16_NAME, Q4_K_M_NAME = "smollm2-1.7b-random-F16.gguf", "smollm2-1.7b-random-Q4_K_M.gguf"
 
 
-def writer_with_default_tokenizer(path: str):
-    """A GGUF writer holding SHAPE's header and the default model's tokenizer, and the size
-    of that vocabulary."""
+def writer_with_default_tokenizer(path: str, shape: dict = SHAPE,
+                                  tokenizer_source: str | None = None):
+    """A GGUF writer holding the shape's header and the default model's tokenizer (read
+    from `tokenizer_source`, any GGUF holding it, else the default model), and the size of
+    that vocabulary."""
     import gguf
 
     from pagedllm.weights import default_model_path
 
-    source = gguf.GGUFReader(default_model_path())
+    source = gguf.GGUFReader(tokenizer_source or default_model_path())
     vocab = len(source.fields["tokenizer.ggml.tokens"].contents())
     writer = gguf.GGUFWriter(path, "llama")
-    writer.add_context_length(SHAPE["context"])
-    writer.add_embedding_length(SHAPE["hidden"])
-    writer.add_block_count(SHAPE["layers"])
-    writer.add_feed_forward_length(SHAPE["intermediate"])
-    writer.add_head_count(SHAPE["heads"])
-    writer.add_head_count_kv(SHAPE["kv_heads"])
-    writer.add_rope_freq_base(SHAPE["rope_theta"])
-    writer.add_layer_norm_rms_eps(1e-5)
+    if shape is not None:
+        writer.add_context_length(shape["context"])
+        writer.add_embedding_length(shape["hidden"])
+        writer.add_block_count(shape["layers"])
+        writer.add_feed_forward_length(shape["intermediate"])
+        writer.add_head_count(shape["heads"])
+        writer.add_head_count_kv(shape["kv_heads"])
+        writer.add_rope_freq_base(shape["rope_theta"])
+        writer.add_layer_norm_rms_eps(1e-5)
     for name, field in source.fields.items():
         if not name.startswith("tokenizer."):
             continue
@@ -72,23 +78,34 @@ def writer_with_default_tokenizer(path: str):
     return writer, vocab
 
 
-def write_random_f16(path: str) -> None:
-    """Normal(0, 0.02) weights in SmolLM2-1.7B's layout, the default model's tokenizer."""
+def write_tokenizer_only(path: str) -> None:
+    """The default model's tokenizer alone in a GGUF (about 1 MB, no tensors): what a machine
+    without the model's package needs to write the random models above."""
+    writer, _ = writer_with_default_tokenizer(path, shape=None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+
+
+def write_random_f16(path: str, shape: dict = SHAPE, tokenizer_source: str | None = None) -> None:
+    """Normal(0, 0.02) weights in the shape's layout (SmolLM2-1.7B's unless told), the
+    default model's tokenizer, the embedding tied to the head as in SmolLM2."""
     import gguf
 
-    writer, vocab = writer_with_default_tokenizer(path)
+    writer, vocab = writer_with_default_tokenizer(path, shape, tokenizer_source)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     rng = np.random.default_rng(0)
-    h, i = SHAPE["hidden"], SHAPE["intermediate"]
+    h, i = shape["hidden"], shape["intermediate"]
+    kv = shape["kv_heads"] * (h // shape["heads"])
 
     def matrix(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
 
     writer.add_tensor("token_embd.weight", matrix(vocab, h))
     writer.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
-    for layer in range(SHAPE["layers"]):
+    for layer in range(shape["layers"]):
         prefix = f"blk.{layer}."
-        for name, (rows, cols) in {"attn_q": (h, h), "attn_k": (h, h), "attn_v": (h, h),
+        for name, (rows, cols) in {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h),
                                    "attn_output": (h, h), "ffn_gate": (i, h), "ffn_up": (i, h),
                                    "ffn_down": (h, i)}.items():
             writer.add_tensor(prefix + name + ".weight", matrix(rows, cols))
