@@ -53,8 +53,11 @@ def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra)
             "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
             "head_dim": 32, **common}))
     elif arch == "gemma2":  # head_dim 32 (explicit), a 16-token window on every other layer
+        # Eager attention: the one that soft-caps scores in every transformers version (5.17,
+        # on the GPU machine, picked one that did not: its logits moved by 1.5e-3).
         model = Gemma2ForCausalLM(Gemma2Config(**{"head_dim": 32, "sliding_window": 16,
                                                   "pad_token_id": 3, **common}))
+        model.config._attn_implementation = "eager"
     elif arch == "gemma3_text":  # 6 layers: 5 sliding (16 tokens, base 10k), 1 global (1M)
         model = Gemma3ForCausalLM(Gemma3TextConfig(**{
             "head_dim": 32, "sliding_window": 16, "pad_token_id": 3, "num_hidden_layers": 6,
