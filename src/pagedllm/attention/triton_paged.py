@@ -89,18 +89,24 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_of_token_ptr,
 def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per query token: its sequence's row in the block tables and how many positions it
-    sees; and the tables, padded, as one [sequences, max blocks] tensor."""
+    sees; and the tables, padded, as one [sequences, max blocks] tensor. Made once a step
+    (kept in the metadata that every layer reads) in one copy to the device."""
+    if meta.token_layout is not None:
+        return meta.token_layout
     seq_of_token, ctx_len = [], []
     for i in range(meta.num_seqs):
         num_queries, seq_len = meta.num_queries(i), meta.seq_lens[i]
         seq_of_token += [i] * num_queries
         ctx_len += range(seq_len - num_queries + 1, seq_len + 1)
-    width = max(len(ids) for ids in meta.context_block_ids)
-    tables = torch.zeros(meta.num_seqs, max(width, 1), dtype=torch.int64, device=device)
-    for i, ids in enumerate(meta.context_block_ids):
-        tables[i, :len(ids)] = ids
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=device)  # noqa: E731
-    return as_tensor(seq_of_token), as_tensor(ctx_len), tables
+    tables = meta.block_tables
+    if tables is None:
+        width = max(len(ids) for ids in meta.context_block_ids)
+        tables = torch.zeros(meta.num_seqs, max(width, 1), dtype=torch.int64, device=device)
+        for i, ids in enumerate(meta.context_block_ids):
+            tables[i, :len(ids)] = ids
+    both = torch.tensor([seq_of_token, ctx_len], dtype=torch.int64).to(device, non_blocking=True)
+    meta.token_layout = (both[0], both[1], tables.to(device))
+    return meta.token_layout
 
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -111,8 +117,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     its last `window` positions (itself included); softcap: scores -> cap * tanh(s / cap)."""
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    seq_of_token, ctx_len, tables = (meta.token_layout if meta.token_layout is not None
-                                     else token_layout(meta, query.device))
+    seq_of_token, ctx_len, tables = token_layout(meta, query.device)
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out
