@@ -2,15 +2,19 @@
 and the CLI and LLM(**kwargs) both arriving at it."""
 import pytest
 
-from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, CacheConfig,
-                             EngineConfig, SchedulerConfig)
+from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                             GPU_MAX_NUM_BATCHED_TOKENS, CacheConfig, EngineConfig,
+                             SchedulerConfig)
 
 
 def test_defaults_are_written_once():
     config = EngineConfig()
     assert config.block_size == CacheConfig().block_size == DEFAULT_BLOCK_SIZE
-    assert config.max_num_batched_tokens == SchedulerConfig().max_num_batched_tokens \
+    assert config.max_num_batched_tokens is None  # by device:
+    assert config.step_budget("cpu") == SchedulerConfig().max_num_batched_tokens \
         == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert config.step_budget("cuda") == GPU_MAX_NUM_BATCHED_TOKENS
+    assert EngineConfig(max_num_batched_tokens=512).step_budget("cuda") == 512
     assert (config.dtype, config.kv_cache_dtype, config.max_num_seqs) == ("float32", "auto", "auto")
 
 
@@ -37,7 +41,7 @@ def test_cli_builds_the_config():
     assert isinstance(config, EngineConfig)
     assert (config.block_size, config.max_num_seqs, config.enable_prefix_caching) == (32, 4, False)
     assert config.kv_cache_memory == 100_000_000 and config.dtype == "bfloat16"  # the CLI's default
-    assert config.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert config.step_budget("cpu") == DEFAULT_MAX_NUM_BATCHED_TOKENS
     with pytest.raises(SystemExit):  # refused by the parser, naming the option
         build_parser().parse_args(["serve", "--block-size", "0"])
     with pytest.raises(ValueError, match="max_num_seqs must be 'auto' or positive"):
@@ -78,3 +82,14 @@ def test_cli_builds_one_frozen_server_config():
     assert (config.max_body_bytes, config.max_queue, config.shutdown_grace) == (1000, 5, 2)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.max_queue = 6
+
+
+def test_auto_max_num_seqs_is_capped_by_device():
+    """'auto' fills the KV pool with ~1,024-token requests, at most 64 on a CPU and 256 on a
+    GPU (where more requests a step cost little more than one)."""
+    from pagedllm.core import sizing
+
+    roomy = 100_000  # blocks of 16: room for ~1,500 such requests
+    assert sizing.auto_max_num_seqs(roomy, 16, 8192, sizing.auto_max_num_seqs_cap("cpu")) == 64
+    assert sizing.auto_max_num_seqs(roomy, 16, 8192, sizing.auto_max_num_seqs_cap("cuda")) == 256
+    assert sizing.auto_max_num_seqs(640, 16, 8192, sizing.auto_max_num_seqs_cap("cuda")) == 10

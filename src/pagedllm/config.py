@@ -16,6 +16,14 @@ DEFAULT_DTYPE = "bfloat16"
 DEFAULT_BLOCK_SIZE = 16
 # Tokens one step may compute (chunked prefill); measured: BENCHMARKS.md, "step budget".
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
+# On a GPU a step of thousands of tokens costs little more than one of a few hundred (the
+# launches and the host's work per step dominate): vLLM's default of 2048.
+GPU_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+def default_step_budget(device: str) -> int:
+    """max_num_batched_tokens where it is not given: by where the model runs."""
+    return GPU_MAX_NUM_BATCHED_TOKENS if device == "cuda" else DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 # max_tokens when the caller leaves it out, per entry point, all in one place. None means "up
 # to the context length" (and the server's --max-tokens-limit); the engine resolves and checks
@@ -144,7 +152,7 @@ class EngineConfig:
     block_size: int = DEFAULT_BLOCK_SIZE
     kv_cache_memory: int | float | None = None  # bytes, a fraction of free memory, or default
     max_num_seqs: int | str = "auto"
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    max_num_batched_tokens: int | None = None  # None: by device (default_step_budget)
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's context, capped by the KV capacity
     max_memory: int | None = None  # resident bytes past which admissions wait; None: leave
@@ -155,6 +163,10 @@ class EngineConfig:
     # what is left of it once the weights are loaded (vLLM's --gpu-memory-utilization).
     gpu_memory_utilization: float = 0.9
     cuda_graphs: bool = False  # decode steps captured and replayed (engine/cuda_graphs.py)
+
+    def step_budget(self, device: str) -> int:
+        """The tokens one step computes on `device` (cpu or cuda)."""
+        return self.max_num_batched_tokens or default_step_budget(device)
 
     def __post_init__(self):
         if not isinstance(self.speculative, SpeculativeConfig):
@@ -173,7 +185,7 @@ class EngineConfig:
                              f"got {self.kv_cache_dtype!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be positive, got {self.max_num_batched_tokens}")
         if self.max_num_seqs != "auto" and (isinstance(self.max_num_seqs, bool)
                                             or not isinstance(self.max_num_seqs, int)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                             GPU_MAX_NUM_BATCHED_TOKENS,
                              DEVICES, KV_CACHE_DTYPES, MODEL_DTYPES, SPECULATIVE_METHODS,
                              EngineConfig, SpeculativeConfig)
 from pagedllm.units import parse_bytes
@@ -79,10 +80,11 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="tokens per KV-cache block")
     group.add_argument("--max-num-seqs", default="auto",
                        help="requests running in parallel, or 'auto' (as many ~1,024-token "
-                            "requests as the KV cache holds, at most 64)")
-    group.add_argument("--max-num-batched-tokens", type=positive_int,
-                       default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                       help="tokens one step computes (long prompts are prefilled in chunks)")
+                            "requests as the KV cache holds, at most 64; 256 on a GPU)")
+    group.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
+                       help="tokens one step computes (long prompts are prefilled in chunks); "
+                            f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS} on a CPU, "
+                            f"{GPU_MAX_NUM_BATCHED_TOKENS} on a GPU")
     group.add_argument("--kv-cache-memory", type=memory_amount, default=None,
                        help="KV-cache size: bytes (64MiB, 2GiB) or a fraction (0-1] of available "
                             "memory (default: room for 4 requests at the model's full context, "

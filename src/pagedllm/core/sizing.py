@@ -13,6 +13,12 @@ from pagedllm.config import ModelConfig
 # context is longer; preemption covers the rare request that needs more.
 AUTO_TYPICAL_REQUEST_TOKENS = 1024
 AUTO_MAX_NUM_SEQS = 64
+# On a GPU more requests at once cost little more a step than one (vLLM's default, 256).
+GPU_AUTO_MAX_NUM_SEQS = 256
+
+
+def auto_max_num_seqs_cap(device: str) -> int:
+    return GPU_AUTO_MAX_NUM_SEQS if device == "cuda" else AUTO_MAX_NUM_SEQS
 # With no budget given, the KV cache is sized for the model: room for this many requests at
 # its full context, within this share of the memory available once the weights are loaded
 # (the rest is the OS's and the activations'), and never below the small floor.
@@ -83,9 +89,10 @@ def max_full_context_requests(num_blocks: int, block_size: int, context_len: int
     return num_blocks // blocks_for_tokens(context_len, block_size)
 
 
-def auto_max_num_seqs(num_blocks: int, block_size: int, max_model_len: int) -> int:
+def auto_max_num_seqs(num_blocks: int, block_size: int, max_model_len: int,
+                      cap: int = AUTO_MAX_NUM_SEQS) -> int:
     typical = min(max_model_len, AUTO_TYPICAL_REQUEST_TOKENS)
-    return max(1, min(AUTO_MAX_NUM_SEQS, max_full_context_requests(num_blocks, block_size, typical)))
+    return max(1, min(cap, max_full_context_requests(num_blocks, block_size, typical)))
 
 
 # -- sliding-window layers in their own pool (Gemma 2 and 3: core/kv_cache/window.py) --------

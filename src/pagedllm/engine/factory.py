@@ -152,7 +152,7 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
     pools = sizing.pool_sizes(
         kv_memory_bytes, model_config, element_size, block_size, kv_cache_dtype,
         config.max_num_seqs, min(config.max_model_len or longest, num_blocks * block_size),
-        config.max_num_batched_tokens)
+        config.step_budget(device))
     capacity = pools.num_blocks * block_size
     max_model_len = config.max_model_len
     if max_model_len is None:
@@ -171,13 +171,14 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
                          f"{capacity} tokens; raise kv_cache_memory or lower max_model_len")
     max_num_seqs = config.max_num_seqs
     if max_num_seqs == "auto":
-        max_num_seqs = sizing.auto_max_num_seqs(pools.num_blocks, block_size, max_model_len)
+        max_num_seqs = sizing.auto_max_num_seqs(pools.num_blocks, block_size, max_model_len,
+                                                sizing.auto_max_num_seqs_cap(device))
         if pools.max_num_seqs is not None:  # what the window pool was sized for
             max_num_seqs = min(max_num_seqs, pools.max_num_seqs)
     cache_config = CacheConfig(block_size, pools.num_blocks, config.enable_prefix_caching,
                                kv_cache_dtype)
     scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
-                                       max_num_batched_tokens=config.max_num_batched_tokens,
+                                       max_num_batched_tokens=config.step_budget(device),
                                        max_model_len=max_model_len)
     return kv_memory_bytes, cache_config, scheduler_config, pools.window_num_blocks
 
