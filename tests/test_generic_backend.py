@@ -225,3 +225,30 @@ def test_graph_replay_equals_eager_on_the_gpu(tmp_path):
     got = [o.token_ids for o in graphed.generate(prompts, params)]
     assert got == want
     assert graphed.engine.kv_manager.num_free_blocks == graphed.engine.kv_manager.num_blocks
+
+
+def test_the_sampler_gives_the_same_tokens_where_the_logits_are():
+    """Sampling runs where the logits are (on a GPU they stay there; the chosen ids come
+    back): every parameter gives the tokens and logprobs the host gives for the same draws."""
+    from pagedllm.engine.sampler import Sampler, SamplingRow
+
+    logits = torch.randn(7, 300, generator=torch.Generator().manual_seed(0)) * 3
+    params = [SamplingParams(temperature=0),
+              SamplingParams(temperature=0.8, top_k=20, seed=1),
+              SamplingParams(temperature=1.0, top_p=0.9, seed=2),
+              SamplingParams(temperature=0.7, min_p=0.1, seed=3, logprobs=3),
+              SamplingParams(temperature=0, repetition_penalty=1.3, presence_penalty=0.5,
+                             frequency_penalty=0.2, logit_bias={5: 100.0}),
+              SamplingParams(temperature=1.0, seed=4),
+              SamplingParams(temperature=0.9, top_k=1200, top_p=0.999, seed=5)]
+
+    def rows():
+        return [SamplingRow(p, [1, 2, 3], [4, 5, 5], torch.Generator().manual_seed(p.seed)
+                            if p.seed is not None else None) for p in params]
+
+    host_ids, host_logprobs = Sampler()(logits.clone(), rows())
+    ids, logprobs = Sampler()(logits.to(TENSOR_DEVICE), rows())
+    assert ids == host_ids and ids[4] == 5  # the bias wins the greedy row
+    assert logprobs[3].token_id == host_logprobs[3].token_id
+    assert abs(logprobs[3].logprob - host_logprobs[3].logprob) < 1e-5
+    assert [t for t, _ in logprobs[3].top] == [t for t, _ in host_logprobs[3].top]

@@ -146,9 +146,9 @@ class ModelRunner:
                 drafts: dict[str, tuple[int, ...]]) -> RunnerOutput:
         if not sample_indices:
             return RunnerOutput()
+        # Sampled where the logits are (on a GPU: [rows, vocab] stays there, and the step's
+        # one sync is the chosen ids coming back; grammar masks and seeded draws travel in).
         logits = self.model.compute_logits(hidden[sample_indices])
-        if self.device != "cpu":  # one copy to the host a step: sampling runs there
-            logits = logits.cpu()
         return self._sample(logits, sampled_ids, drafts)
 
     def _sample(self, logits: torch.Tensor, request_ids: list[str],

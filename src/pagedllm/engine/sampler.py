@@ -43,8 +43,9 @@ def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     for i, row in enumerate(rows):
         bias = row.params.logit_bias
         if bias:
-            ids = torch.tensor(list(bias), dtype=torch.long)
-            logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+            ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
+            logits[i, ids] += torch.tensor(list(bias.values()), dtype=logits.dtype,
+                                           device=logits.device)
     return logits
 
 
@@ -55,13 +56,14 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         p = row.params
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)),
-                                dtype=torch.long)
+                                dtype=torch.long, device=logits.device)
             if seen.numel():
                 values = logits[i, seen]
                 logits[i, seen] = torch.where(values > 0, values / p.repetition_penalty,
                                               values * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
-            counts = torch.bincount(torch.tensor(row.output_token_ids, dtype=torch.long),
+            counts = torch.bincount(torch.tensor(row.output_token_ids, dtype=torch.long,
+                                                 device=logits.device),
                                     minlength=vocab_size)[:vocab_size].to(logits.dtype)
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
@@ -82,7 +84,7 @@ def truncation_mask(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
     num_candidates = min(vocab_size, TRUNCATION_CANDIDATES)
     k = torch.where(top_k > 0, top_k.clamp(max=vocab_size), vocab_size)
     values, order = logits.topk(num_candidates, dim=-1)  # sorted, descending
-    in_top_k = torch.arange(num_candidates).unsqueeze(0) < k.unsqueeze(1)
+    in_top_k = torch.arange(num_candidates, device=logits.device).unsqueeze(0) < k.unsqueeze(1)
     # Normaliser of the top-k set: over the candidates when they hold it, else the vocabulary.
     whole = k >= vocab_size
     normaliser = torch.where(
@@ -115,7 +117,7 @@ def _full_sort_mask(logits: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
                     min_p: torch.Tensor) -> torch.Tensor:
     vocab_size = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    in_top_k = torch.arange(vocab_size).unsqueeze(0) < k.unsqueeze(1)
+    in_top_k = torch.arange(vocab_size, device=logits.device).unsqueeze(0) < k.unsqueeze(1)
     probs = sorted_logits.masked_fill(~in_top_k, float("-inf")).softmax(dim=-1)
     keep_sorted = _keep_sorted(probs, in_top_k, top_p, min_p)
     return torch.empty_like(keep_sorted).scatter_(1, order, keep_sorted)
@@ -126,7 +128,8 @@ def sample_from_probs(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     gives the same token whatever else is in the batch). One cumsum over the vocabulary; an
     exponential race drew 49,152 variates per row, 18x slower here (benchmarks/sampler_speed.py)."""
     cdf = probs.cumsum(dim=-1)
-    uniform = torch.cat([torch.rand(1, generator=row.generator) for row in rows])
+    # Drawn on the host (a seeded request's generator lives there), moved in one copy.
+    uniform = torch.cat([torch.rand(1, generator=row.generator) for row in rows]).to(probs.device)
     targets = (uniform * cdf[:, -1]).unsqueeze(1)
     # First token whose cumulative mass exceeds the draw: zero-probability tokens never are.
     return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
@@ -182,14 +185,16 @@ def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
         sub_rows = [rows[i] for i in sampled]
-        sub = logits[sampled] / torch.tensor([r.params.temperature for r in sub_rows]).unsqueeze(1)
+        on = {"device": logits.device}
+        sub = logits[sampled] / torch.tensor([r.params.temperature for r in sub_rows],
+                                             **on).unsqueeze(1)
         # The mask costs a top-1024 (or a sort of the vocabulary): only when a row truncates.
         if any(r.params.top_k > 0 or r.params.top_p < 1.0 or r.params.min_p > 0 for r in sub_rows):
             keep = truncation_mask(
                 sub,
-                torch.tensor([r.params.top_k for r in sub_rows]),
-                torch.tensor([r.params.top_p for r in sub_rows]),
-                torch.tensor([r.params.min_p for r in sub_rows]),
+                torch.tensor([r.params.top_k for r in sub_rows], **on),
+                torch.tensor([r.params.top_p for r in sub_rows], **on),
+                torch.tensor([r.params.min_p for r in sub_rows], **on),
             )
             sub = sub.masked_fill(~keep, float("-inf"))
         token_ids[sampled] = sample_from_probs(sub.softmax(dim=-1), sub_rows)

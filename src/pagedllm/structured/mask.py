@@ -22,10 +22,10 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: list) -> torch.Tensor:
     bitmask = torch.zeros(len(rows), words, dtype=torch.int32)
     fill_bitmasks([matchers[i] for i in rows], bitmask.data_ptr(), words * 4)
     forbidden = _FORBIDDEN_BY_BYTE[bitmask.view(torch.uint8).long()].view(len(rows), -1)
-    forbidden = forbidden[:, :vocab]
+    forbidden = forbidden[:, :vocab].to(logits.device)
     if len(rows) == logits.shape[0]:
         logits.masked_fill_(forbidden, float("-inf"))
     else:
-        index = torch.tensor(rows)
+        index = torch.tensor(rows, device=logits.device)
         logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
     return logits
