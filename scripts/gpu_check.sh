@@ -60,6 +60,10 @@ if [ "$DEVICE" = cuda ]; then  # graphs are captured on a GPU only
 else
     echo "a rehearsal: no graphs without a GPU" > "$OUT/gpu_decode_graphs.log"
 fi
+if [ "$DEVICE" = cuda ]; then  # the 1.7B file the benchmark wrote
+    timeout 60 "$PYTHON" scripts/gpu_profile_decode.py > "$OUT/decode_profile.log" 2>&1
+    echo "exit: $?" >> "$OUT/decode_profile.log"
+fi
 timeout 90 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     --junitxml="$OUT/generic_backend.xml" > "$OUT/generic_backend.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/generic_backend.log"
@@ -70,4 +74,4 @@ cat "$OUT"/environment.json
 head -n 3 "$OUT/gemma2_probe.log"
 grep -E '"(layers\.[0-9]+|norm)"' "$OUT/gemma2_probe.log" | head -n 12
 grep -E "N=|copy|wrote|exit|Error" "$OUT/gpu_decode.log" "$OUT/gpu_decode_graphs.log"
-tail -n 3 "$OUT/triton_attention.log" "$OUT/generic_backend.log"
+tail -n 3 "$OUT/triton_attention.log" "$OUT/generic_backend.log" "$OUT/decode_profile.log"
