@@ -42,3 +42,16 @@ def test_short_user_values_and_key_names_stay_readable():
     text = generate_latest(metrics.registry).decode()
     assert 'pagedllm:user_requests_total{user="user:bob"} 1.0' in text
     assert 'pagedllm:num_requests_waiting_by_user{model_name="m",user="user:bob"} 2.0' in text
+
+
+def test_a_gpu_engine_reports_its_kv_usage_under_vllm_gpu_name_too():
+    stats = EngineStats(1, 0, 0, 10, 0.25, 0, 0, 0, 0, 0, 0)
+    cache = CacheConfig(16, 10, True, "auto")
+    rows = [EngineFigures(stats, {}, cache, capabilities(), device="cuda", model="big"),
+            EngineFigures(stats, {}, cache, capabilities(), device="cpu", model="small")]
+    text = generate_latest(ServerMetrics(lambda: rows, "m").registry).decode()
+    assert 'pagedllm:gpu_cache_usage_perc{model_name="big"} 0.25' in text
+    assert 'gpu_cache_usage_perc{model_name="small"}' not in text  # a CPU pool is not a GPU's
+    assert 'pagedllm:kv_cache_usage_perc{model_name="small"} 0.25' in text
+    cpu_only = generate_latest(ServerMetrics(lambda: rows[1:], "m").registry).decode()
+    assert "gpu_cache_usage_perc" not in cpu_only

@@ -68,6 +68,12 @@ class EngineStatsCollector:
         one = lambda get: lambda row: [((), get(row.stats))]  # noqa: E731
         for name, doc, get in _GAUGES:
             yield self._family(GaugeMetricFamily, name, doc, rows, one(get))
+        # vLLM's name for the same usage where the pool is on a GPU (its V0 dashboards).
+        on_gpu = [row for row in rows if row.device == "cuda"]
+        if on_gpu:
+            yield self._family(GaugeMetricFamily, "gpu_cache_usage_perc",
+                               "Fraction of the GPU's KV-cache blocks in use (0-1).", on_gpu,
+                               one(lambda stats: stats.kv_usage))
         for name, doc, get in _COUNTERS:
             yield self._family(CounterMetricFamily, name, doc, rows, one(get))
         yield self._family(CounterMetricFamily, "spec_decode_num_accepted_tokens_per_pos",
