@@ -30,9 +30,26 @@ def test_cuda_with_a_gpu_gives_the_generic_path_there(monkeypatch, caplog):
     backend = choose_backend("cuda")
     assert (backend.name, backend.device, backend.kernels) == ("torch", "cuda", None)
     assert backend.generic and not backend.prepacks_bfloat16
-    # auto on such a machine serves on the CPU until the CUDA backend is asked for by name.
-    assert choose_backend("auto").device == "cpu"
-    assert "serving on the CPU" in caplog.text and "--device cuda" in caplog.text
+    assert choose_backend("auto").device == "cuda"  # auto: the GPU where one is seen
+
+
+def test_auto_is_the_cpu_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(device_module, "cuda_available", lambda: False)
+    backend = choose_backend("auto")
+    assert backend.device == "cpu" and not backend.generic
+
+
+def test_cuda_graphs_are_on_by_default_on_a_gpu_only():
+    from pagedllm.cli import build_parser, engine_config
+    from pagedllm.config import EngineConfig
+
+    assert EngineConfig().uses_cuda_graphs("cuda") and not EngineConfig().uses_cuda_graphs("cpu")
+    assert not EngineConfig(cuda_graphs=False).uses_cuda_graphs("cuda")
+    parse = lambda *flags: engine_config(build_parser().parse_args(["serve", *flags]))  # noqa: E731
+    assert parse().cuda_graphs is None
+    assert parse("--enforce-eager").cuda_graphs is False
+    assert parse("--no-cuda-graphs").cuda_graphs is False
+    assert parse("--cuda-graphs").cuda_graphs is True
 
 
 def test_the_generic_path_on_the_cpu_is_what_ci_runs():

@@ -162,7 +162,12 @@ class EngineConfig:
     # On a GPU: the share of the card this process may hold (weights + KV); the KV pool is
     # what is left of it once the weights are loaded (vLLM's --gpu-memory-utilization).
     gpu_memory_utilization: float = 0.9
-    cuda_graphs: bool = False  # decode steps captured and replayed (engine/cuda_graphs.py)
+    # Decode steps captured and replayed (engine/cuda_graphs.py); None: on a GPU, as vLLM
+    # (5x faster decode at N=1 on an H200: BENCHMARKS.md), off elsewhere.
+    cuda_graphs: bool | None = None
+
+    def uses_cuda_graphs(self, device: str) -> bool:
+        return self.cuda_graphs if self.cuda_graphs is not None else device == "cuda"
 
     def step_budget(self, device: str) -> int:
         """The tokens one step computes on `device` (cpu or cuda)."""

@@ -25,17 +25,13 @@ def cuda_available() -> bool:
 
 
 def choose_backend(device: str = "auto") -> Backend:
-    """auto: the CPU (saying so where a GPU is seen: the CUDA backend is new and not yet
-    measured on a GPU, so it is asked for by name); cpu: the CPU's kernels; cuda: the
+    """auto: the GPU where torch sees one, else the CPU; cpu: the CPU's kernels; cuda: the
     generic torch path on the GPU; torch-cpu: that same path on the CPU (tests)."""
     check_device(device)
-    if device == "cuda":
+    if device == "cuda" or (device == "auto" and cuda_available()):
         return generic_backend("cuda")
     if device == GENERIC_ON_CPU:
         return generic_backend("cpu")
-    if device == "auto" and cuda_available():
-        logger.warning("a CUDA GPU is visible; serving on the CPU: pagedllm's CUDA backend is "
-                       "new and asked for by name (--device cuda)")
     return cpu_backend()
 
 

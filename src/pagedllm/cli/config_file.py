@@ -22,11 +22,14 @@ class ConfigFileError(ValueError):
 
 def file_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """The options a config file may set, by their long name without dashes."""
-    options = {}
+    options, dests = {}, set()
     for action in parser._actions:  # argparse has no public list of a parser's options
         longs = [s for s in action.option_strings if s.startswith("--")]
-        if longs and action.dest not in NOT_IN_FILE:
+        # An alias of an option already listed (--enforce-eager of --cuda-graphs) is not a
+        # key of its own: the file says the value once.
+        if longs and action.dest not in NOT_IN_FILE and action.dest not in dests:
             options[longs[0][2:]] = action
+            dests.add(action.dest)
     return options
 
 
@@ -50,10 +53,13 @@ def config_argv(path: str, parser: argparse.ArgumentParser) -> list[str]:
         if action is None:
             raise ConfigFileError(f"{path}: unknown option {key!r}; known: {', '.join(sorted(options))}")
         flag = "--" + name
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
             if not isinstance(value, bool):
                 raise ConfigFileError(f"{path}: {key} is true or false, got {value!r}")
-            argv += [flag] if value else []
+            if isinstance(action, argparse.BooleanOptionalAction):
+                argv += [flag if value else "--no-" + name]
+            else:
+                argv += [flag] if value else []
         elif isinstance(value, (dict, bool)) or value is None:
             raise ConfigFileError(f"{path}: {key} takes a value like its command-line option, "
                                   f"got {value!r}")

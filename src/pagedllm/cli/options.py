@@ -110,17 +110,19 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                             "of the same tokenizer that proposes the tokens (default: none)")
     group.add_argument("--device", default="auto", choices=DEVICES,
                        help="where the model runs: cpu (the C++ kernels), cuda (the GPU: "
-                            "weights dense in --dtype, new and not yet measured; refused, with "
-                            "why, where no GPU is usable), auto (the CPU until the CUDA "
-                            "backend is measured)")
+                            "weights dense in --dtype; refused, with why, where no GPU is "
+                            "usable), auto (the GPU where torch sees one, else the CPU)")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="with --device cuda: the share of the GPU's memory this server may "
                             "hold; the KV cache gets what the weights leave of it (vLLM's "
                             "option; --kv-cache-memory sets the cache's size instead)")
-    group.add_argument("--cuda-graphs", action="store_true",
-                       help="with --device cuda: capture decode steps as CUDA graphs, one per "
-                            "batch size up to --max-num-seqs, and replay them (vLLM's way to "
-                            "take Python off the step; new, not yet measured on a GPU)")
+    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                       help="capture decode steps as CUDA graphs, one per batch size up to "
+                            "--max-num-seqs, and replay them (vLLM's way to take Python off "
+                            "the step); default: on a GPU, off on a CPU")
+    group.add_argument("--enforce-eager", dest="cuda_graphs", action="store_false",
+                       default=None, help="no CUDA graphs (vLLM's option; --no-cuda-graphs; default: "
+                            "graphs on a GPU)")
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")

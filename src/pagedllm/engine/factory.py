@@ -78,11 +78,12 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
                                 window)
     # The graphs' static buffers are read by the Triton attention (the GPU's; on the CPU
     # the tests' generic path with it under Triton's interpreter).
-    if config.cuda_graphs and not (backend.generic and backend.attention == "triton"):
+    graphs = config.uses_cuda_graphs(backend.device)
+    if graphs and not (backend.generic and backend.attention == "triton"):
         raise ValueError("--cuda-graphs needs --device cuda")
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
                          config.kv_cache_dtype, window_blocks, backend.device,
-                         scheduler_config.max_num_seqs if config.cuda_graphs else None,
+                         scheduler_config.max_num_seqs if graphs else None,
                          scheduler_config.max_model_len)
     # A verifying step stays on the fused decode path, which takes up to max_rows rows.
     decode_loop = getattr(net, "decode_loop", None)
