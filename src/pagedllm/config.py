@@ -165,6 +165,9 @@ class EngineConfig:
     # Decode steps captured and replayed (engine/cuda_graphs.py); None: on a GPU, as vLLM
     # (5x faster decode at N=1 on an H200: BENCHMARKS.md), off elsewhere.
     cuda_graphs: bool | None = None
+    # On the generic backend (a GPU): a GGUF's 4-bit projections stay 4-bit on the device
+    # (models/int4_triton.py) instead of dense in dtype. Off until measured on a GPU.
+    gpu_4bit_weights: bool = False
 
     def uses_cuda_graphs(self, device: str) -> bool:
         return self.cuda_graphs if self.cuda_graphs is not None else device == "cuda"

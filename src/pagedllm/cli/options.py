@@ -120,6 +120,10 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="capture decode steps as CUDA graphs, one per batch size up to "
                             "--max-num-seqs, and replay them (vLLM's way to take Python off "
                             "the step); default: on a GPU, off on a CPU")
+    group.add_argument("--gpu-4bit-weights", action="store_true",
+                       help="with --device cuda: a GGUF's 4-bit projections stay 4-bit on the "
+                            "GPU (a Triton kernel unpacks them for decode steps) instead of "
+                            "dense in --dtype; new, not yet measured on a GPU (default: off)")
     group.add_argument("--enforce-eager", dest="cuda_graphs", action="store_false",
                        default=None, help="no CUDA graphs (vLLM's option; --no-cuda-graphs; default: "
                             "graphs on a GPU)")
@@ -150,7 +154,7 @@ def engine_config(args) -> EngineConfig:
                         enable_prefix_caching=not args.no_prefix_caching,
                         max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
                         gpu_memory_utilization=args.gpu_memory_utilization,
-                        cuda_graphs=args.cuda_graphs,
+                        cuda_graphs=args.cuda_graphs, gpu_4bit_weights=args.gpu_4bit_weights,
                         speculative=SpeculativeConfig(
                             method=args.speculative,
                             num_speculative_tokens=args.num_speculative_tokens,

@@ -61,8 +61,12 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     model_config, model_path = checkpoint.config, checkpoint.path
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     torch_dtype = TORCH_DTYPES[config.dtype]
+    if config.gpu_4bit_weights and not backend.generic:
+        raise ValueError("--gpu-4bit-weights needs --device cuda (the CPU keeps 4-bit "
+                         "weights 4-bit anyway)")
     net = build_model(model_config, checkpoint.weights, checkpoint.quantized, torch_dtype,
-                      backend, int8_activations=not exact_activations_for(config, model_config))
+                      backend, int8_activations=not exact_activations_for(config, model_config),
+                      device_four_bit=config.gpu_4bit_weights)
     del checkpoint
     _return_freed_memory()
     kv_memory_bytes, cache_config, scheduler_config, window_blocks = _size_kv(

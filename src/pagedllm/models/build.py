@@ -34,14 +34,19 @@ PROJECTIONS = tuple((part, fused) for part, fused, _ in FUSED_PROJECTIONS)
 
 def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quantized: dict | None = None,
                 dtype: torch.dtype = torch.float32, backend: Backend | None = None,
-                attention_backend: str = "batched", int8_activations: bool = True
-                ) -> LlamaForCausalLM:
+                attention_backend: str = "batched", int8_activations: bool = True,
+                device_four_bit: bool = False) -> LlamaForCausalLM:
     """Canonical weights (float32 tensors) and, optionally, their GGUF originals -> a ready
     model. In bfloat16 with the C++ kernels, quantized projections, embedding and head run on
     their codes (low_bit.py: int8-rounded activations for large steps unless int8_activations
     is off) and are never read from `weights`; everything else is. backend: the engine's
-    (None: this process's CPU backend, for a model built alone)."""
+    (None: this process's CPU backend, for a model built alone). device_four_bit: on the
+    generic backend, 4-bit projections stay 4-bit on its device (int4_triton.py)."""
     backend = backend or cpu_backend()
+    four_bit_on_device = {}
+    if backend.generic and device_four_bit and dtype != torch.float32:
+        four_bit_on_device = {name: original.q4() for name, original in (quantized or {}).items()
+                              if original.four_bit and name not in EMBEDDING_NAMES}
     quantized = {} if backend.generic else (quantized or {})
     if backend.generic and attention_backend == "batched":
         attention_backend = backend.attention
@@ -54,6 +59,8 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     embedding, head_weight = _embedding(config, dense, kept, tied)
     _load_stack(stack, kept, dense, int8_activations, backend)
     if backend.generic:  # every matrix dense in the model dtype, on the backend's device
+        if four_bit_on_device:  # (but these)
+            _use_device_int4(stack, fuse_quantized(four_bit_on_device, config.num_layers))
         return LlamaForCausalLM(stack, embedding, ExactHead(head_weight)).to_device(backend.device)
     if dtype != torch.bfloat16:
         return LlamaForCausalLM(stack, embedding, ExactHead(head_weight))
@@ -184,6 +191,22 @@ def _use_torch_int4(model: DecoderStack, quantized: dict, int8_activations: bool
                 dense = getattr(parent, name)
                 setattr(parent, name, QuantLinear(dense.weight, dense.bias, q4, backend,
                                                   int8_activations=i in int8_layers))
+
+
+def _use_device_int4(model: DecoderStack, quantized: dict) -> None:
+    """The generic backend's 4-bit projections: the file's codes, unpacked on its device by
+    the Triton kernel (decode) or dequantized per call (prefill)."""
+    from pagedllm.models.int4_triton import Int4Linear
+
+    for i, layer in enumerate(model.layers):
+        for part, name in PROJECTIONS:
+            if name == "qkv_proj" and model.config.rotary_dim:
+                continue  # its rows were permuted (partial rotary): the dense copy runs
+            q4 = quantized.get(f"layers.{i}.{part}.{name}.weight")
+            if q4 is not None:
+                parent = getattr(layer, part)
+                dense = getattr(parent, name)
+                setattr(parent, name, Int4Linear(q4, dense.bias))
 
 
 def decode_loop_for(model: DecoderStack | LlamaForCausalLM, ops) -> DecodeLoop | None:

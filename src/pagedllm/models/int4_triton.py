@@ -1,0 +1,99 @@
+"""4-bit GGUF matrices kept 4-bit on the generic backend's device (`--gpu-4bit`, issue 32):
+a decode step reads a quarter of the bytes the bf16 copy would.
+
+The weights are the file's (Q4_0, Q4_1, Q4_K as per-32 (d, m): weights/q4.py): w = code * d
++ m, codes packed two to a byte (even input in the low nibble, odd in the high), d and m in
+float32 per 32 inputs (exact: a float16 times a 6-bit integer). Steps of up to GEMV_MAX_ROWS
+rows (decode) run one Triton kernel that unpacks each tile in registers and multiplies it
+with every row (CUDA cores: at a few rows the step reads weights, it does not compute);
+larger steps (prefill) dequantize the matrix into the activations' dtype and use torch's
+matmul (the GPU's GEMM), a transient copy per call. Both run on the CPU too, the kernel under
+Triton's interpreter, which is how CI tests them (tests/test_int4_triton.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedllm.weights.q4 import GROUP_SIZE, Q4KWeight, Q4Weight
+
+GEMV_MAX_ROWS = 8  # above: dequantize + torch's matmul
+BLOCK_N = 64
+BLOCK_K = 64  # inputs a tile covers: two groups of 32
+
+
+@triton.jit
+def _int4_gemv(x_ptr, packed_ptr, d_ptr, m_ptr, out_ptr, M, N, K,
+               stride_xm, stride_pn, stride_dn, stride_om,
+               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    rows = tl.arange(0, ROWS)
+    row_ok = rows < M
+    half = tl.arange(0, BLOCK_K // 2)
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        even = k0 + 2 * half  # [BLOCK_K/2] the even inputs of the tile; odd = even + 1
+        k_ok = even < K
+        tile_ok = k_ok[:, None] & n_ok[None, :]
+        byte = tl.load(packed_ptr + n[None, :] * stride_pn + (even // 2)[:, None],
+                       mask=tile_ok, other=0).to(tl.int32)  # [BLOCK_K/2, BLOCK_N]
+        group = (even // GROUP)[:, None]
+        d = tl.load(d_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
+        m = tl.load(m_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
+        w_even = (byte & 15).to(tl.float32) * d + m
+        w_odd = (byte >> 4).to(tl.float32) * d + m
+        x_ok = row_ok[:, None] & k_ok[None, :]
+        x_even = tl.load(x_ptr + rows[:, None] * stride_xm + even[None, :], mask=x_ok,
+                         other=0.0).to(tl.float32)  # [ROWS, BLOCK_K/2]
+        x_odd = tl.load(x_ptr + rows[:, None] * stride_xm + (even + 1)[None, :], mask=x_ok,
+                        other=0.0).to(tl.float32)
+        acc += tl.sum(x_even[:, :, None] * w_even[None, :, :]
+                      + x_odd[:, :, None] * w_odd[None, :, :], axis=1)
+    tl.store(out_ptr + rows[:, None] * stride_om + n[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """[out, in] codes 0..15 -> [out, in / 2] bytes: even input low nibble, odd high."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x @ W.T (+ bias) with W kept as the file's 4-bit codes and per-32 (d, m)."""
+
+    def __init__(self, weight: Q4Weight | Q4KWeight, bias: torch.Tensor | None = None):
+        super().__init__()
+        weight = weight.per_group() if isinstance(weight, Q4KWeight) else weight
+        self.out_features, self.in_features = weight.codes.shape
+        if self.in_features % GROUP_SIZE:
+            raise ValueError(f"4-bit rows of {self.in_features} inputs: not whole groups of 32")
+        self.register_buffer("packed", pack_codes(weight.codes.to(torch.uint8)))
+        self.register_buffer("d", weight.d.float().contiguous())
+        self.register_buffer("m", weight.m.float().contiguous())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        codes = torch.stack([self.packed & 15, self.packed >> 4], dim=-1).view(
+            self.out_features, self.in_features // GROUP_SIZE, GROUP_SIZE)
+        weight = codes.float() * self.d.unsqueeze(-1) + self.m.unsqueeze(-1)
+        return weight.view(self.out_features, self.in_features).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > GEMV_MAX_ROWS or rows.shape[0] == 0:
+            out = rows @ self.dequantize(x.dtype).T
+        else:
+            rows = rows.contiguous()
+            out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+            grid = (triton.cdiv(self.out_features, BLOCK_N),)
+            _int4_gemv[grid](rows, self.packed, self.d, self.m, out, rows.shape[0],
+                             self.out_features, self.in_features, rows.stride(0),
+                             self.packed.stride(0), self.d.stride(0), out.stride(0),
+                             ROWS=max(1, triton.next_power_of_2(rows.shape[0])),
+                             BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP=GROUP_SIZE)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out.view(*x.shape[:-1], self.out_features)

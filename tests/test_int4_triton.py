@@ -1,0 +1,126 @@
+"""4-bit weights kept 4-bit on the generic backend's device (models/int4_triton.py,
+`--gpu-4bit-weights`): the Triton kernel (here under its interpreter, on a GPU compiled:
+scripts/gpu_check.sh runs this file with PAGEDLLM_TEST_DEVICE=cuda) and the dequantizing
+path give the file's weights' products, and a model built with them answers as the dense one.
+"""
+from __future__ import annotations
+
+import os
+
+DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "torch-cpu")
+if DEVICE != "cuda":  # the kernel runs under Triton's interpreter (set before its import)
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from pagedllm.models.int4_triton import GEMV_MAX_ROWS, Int4Linear, pack_codes  # noqa: E402
+from pagedllm.weights.q4 import Q4KWeight, Q4Weight, decode_q4_k  # noqa: E402
+from tiny_models import random_k_quant_blocks  # noqa: E402
+
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("PAGEDLLM_TEST_DEVICE=cuda without a GPU", allow_module_level=True)
+TENSOR_DEVICE = "cuda" if DEVICE == "cuda" else "cpu"
+
+
+def q4_0(rows: int, cols: int, seed: int = 0) -> Q4Weight:
+    g = torch.Generator().manual_seed(seed)
+    d = torch.rand(rows, cols // 32, generator=g) * 0.02 + 0.001
+    return Q4Weight(torch.randint(0, 16, (rows, cols), generator=g, dtype=torch.uint8), d, -8 * d)
+
+
+def q4_1(rows: int, cols: int, seed: int = 1) -> Q4Weight:
+    g = torch.Generator().manual_seed(seed)
+    return Q4Weight(torch.randint(0, 16, (rows, cols), generator=g, dtype=torch.uint8),
+                    torch.rand(rows, cols // 32, generator=g) * 0.02,
+                    torch.randn(rows, cols // 32, generator=g) * 0.05)
+
+
+def q4_k(rows: int, cols: int) -> Q4KWeight:
+    return decode_q4_k(random_k_quant_blocks("Q4_K", rows, cols, seed=2), (rows, cols))
+
+
+def test_codes_pack_two_to_a_byte_and_come_back_exactly():
+    weight = q4_1(5, 64)
+    packed = pack_codes(weight.codes)
+    assert packed.shape == (5, 32) and packed.dtype == torch.uint8
+    assert int(packed[0, 0]) == int(weight.codes[0, 0]) | int(weight.codes[0, 1]) << 4
+    assert torch.equal(Int4Linear(weight).dequantize(torch.float32), weight.dequantize())
+
+
+@pytest.mark.parametrize("make", [q4_0, q4_1, q4_k], ids=["Q4_0", "Q4_1", "Q4_K"])
+@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 20])
+def test_products_equal_the_files_weights(make, rows):
+    """Every row count (the kernel up to GEMV_MAX_ROWS, the dequantized matmul above), outputs
+    not a multiple of the tile (100), inputs not a multiple of two groups (96 = 3 x 32 for
+    Q4_0/Q4_1; Q4_K's super-blocks make it 256), with a bias."""
+    cols = 256 if make is q4_k else 96
+    weight = make(100, cols)
+    bias = torch.randn(100)
+    layer = Int4Linear(weight, bias).to(TENSOR_DEVICE)
+    dense = weight.dequantize()
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        got = layer(x.to(TENSOR_DEVICE)).cpu()
+        want = x.float() @ dense.T + bias
+        assert got.dtype == dtype and got.shape == (rows, 100)
+        # bf16: the output's rounding (and the dequantized matrix's, above the kernel's rows)
+        tolerance = 2e-2 * want.abs().max() if dtype == torch.bfloat16 else 1e-4
+        assert (got.float() - want).abs().max() <= tolerance, (rows, dtype)
+
+
+def test_leading_dimensions_are_kept():
+    layer = Int4Linear(q4_0(64, 64)).to(TENSOR_DEVICE)
+    x = torch.randn(2, 3, 64, device=TENSOR_DEVICE)
+    assert layer(x).shape == (2, 3, 64)
+    assert torch.allclose(layer(x).cpu(), layer(x.view(6, 64)).view(2, 3, 64).cpu())
+
+
+def test_rows_not_whole_groups_are_refused():
+    codes = torch.zeros(4, 40, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="not whole groups of 32"):
+        Int4Linear(Q4Weight(codes, torch.ones(4, 1), torch.zeros(4, 1)))
+
+
+@pytest.fixture(scope="module")
+def q4_gguf(tmp_path_factory):
+    from tiny_models import tiny_hf_model, write_gguf
+
+    model = tiny_hf_model("llama", tie=True, seed=7)
+    return write_gguf(model, tmp_path_factory.mktemp("q4") / "tiny-q4_0.gguf", qtype="Q4_0")
+
+
+def test_a_model_keeps_its_4bit_projections_4bit_and_answers_as_the_dense_one(q4_gguf):
+    from pagedllm import LLM, SamplingParams
+
+    device = "cuda" if DEVICE == "cuda" else "torch-cpu"
+    kwargs = dict(dtype="bfloat16", kv_cache_memory=8 << 20, device=device)
+    four_bit = LLM(q4_gguf, gpu_4bit_weights=True, **kwargs)
+    dense = LLM(q4_gguf, **kwargs)
+    layers = four_bit.engine.runner.model.stack.layers
+    assert all(isinstance(getattr(getattr(layer, part), name), Int4Linear)
+               for layer in layers for part, name in (("self_attn", "qkv_proj"),
+                                                      ("self_attn", "o_proj"),
+                                                      ("mlp", "gate_up_proj"), ("mlp", "down_proj")))
+    held = lambda llm: sum(t.numel() * t.element_size()  # noqa: E731
+                           for t in [*llm.engine.runner.model.stack.parameters(),
+                                     *llm.engine.runner.model.stack.buffers()])
+    assert held(four_bit) < 0.6 * held(dense)
+    prompts = [[5, 9, 14, 200, 31, 7, 7, 8], [40, 41, 42], list(range(60, 100))]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    ours = [o.token_ids for o in four_bit.generate(prompts, params)]
+    theirs = [o.token_ids for o in dense.generate(prompts, params)]
+    # bf16 weights round (dense) where the kernel multiplies the exact ones: the first
+    # tokens agree; later ones may part where two candidates were near.
+    assert [t[:4] for t in ours] == [t[:4] for t in theirs]
+    agree = np.mean([a == b for x, y in zip(ours, theirs) for a, b in zip(x, y)])
+    assert agree >= 0.75
+
+
+def test_4bit_weights_on_the_cpu_backend_are_refused(q4_gguf):
+    from pagedllm import LLM
+
+    with pytest.raises(ValueError, match="--gpu-4bit-weights needs --device cuda"):
+        LLM(q4_gguf, dtype="bfloat16", kv_cache_memory=8 << 20, device="cpu",
+            gpu_4bit_weights=True)
