@@ -7,7 +7,7 @@ on its weights' values.
 
     python benchmarks/gpu_decode.py [--device cuda] [--levels 1,8,32,128] [--tokens 64]
         [--prompt-tokens 128] [--models default,1.7b] [--work DIR] [--json OUT.json]
-        [--cuda-graphs] [--tokenizer-from gpu-wheels/tokenizer.gguf]
+        [--cuda-graphs] [--gpu-4bit-weights] [--tokenizer-from gpu-wheels/tokenizer.gguf]
         [--random-default]
 
 Runs the offline engine (no HTTP): each level adds N requests at once and steps until they
@@ -84,7 +84,8 @@ def run_level(llm, n: int, prompt_tokens: int, tokens: int, vocab: int) -> dict:
 
 
 def weight_bytes(model) -> int:
-    total = sum(p.numel() * p.element_size() for p in model.stack.parameters())
+    held = [*model.stack.parameters(), *model.stack.buffers()]  # buffers: 4-bit codes, scales
+    total = sum(p.numel() * p.element_size() for p in held)
     head = getattr(model.head, "weight", None)
     return total + (head.numel() * head.element_size() if head is not None else 0)
 
@@ -94,6 +95,7 @@ def bench_model(name: str, path: str | None, args, bandwidth: float | None) -> d
 
     started = time.perf_counter()
     llm = LLM(path, dtype=args.dtype, device=args.device, cuda_graphs=args.cuda_graphs,
+              gpu_4bit_weights=args.gpu_4bit_weights,
               max_num_seqs=max(args.levels), max_model_len=args.prompt_tokens + args.tokens + 16)
     load_seconds = time.perf_counter() - started
     engine = llm.engine
@@ -140,17 +142,19 @@ def model_path(name: str, args) -> str | None:
     """The model file a name stands for: the default model's own (None) where its package is
     installed; else random weights of its shape, and the 1.7B shape always, written once
     with the default model's tokenizer (from --tokenizer-from where the package is absent)."""
-    from realistic_size import F16_NAME, SHAPE, SHAPE_135M, write_random_f16
+    from realistic_size import F16_NAME, SHAPE, SHAPE_135M, write_random_f16, write_random_q4_0
 
     if name == "default" and default_model_installed() and not args.random_default:
         return None
-    shape, file_name = {"default": (SHAPE_135M, "smollm2-135m-random-F16.gguf"),
-                        "1.7b": (SHAPE, F16_NAME)}[name]
+    shape, file_name, write = {
+        "default": (SHAPE_135M, "smollm2-135m-random-F16.gguf", write_random_f16),
+        "1.7b": (SHAPE, F16_NAME, write_random_f16),
+        "1.7b-q4": (SHAPE, "smollm2-1.7b-random-Q4_0.gguf", write_random_q4_0)}[name]
     os.makedirs(args.work, exist_ok=True)
     path = os.path.join(args.work, file_name)
     if not os.path.exists(path):
         started = time.perf_counter()
-        write_random_f16(path, shape, args.tokenizer_from)
+        write(path, shape, args.tokenizer_from)
         print(f"wrote {path} in {time.perf_counter() - started:.0f} s", flush=True)
     return path
 
@@ -171,12 +175,16 @@ def main() -> int:
     parser.add_argument("--random-default", action="store_true",
                         help="random weights of the default model's shape even where it is "
                              "installed (a rehearsal of the GPU machine's run)")
+    parser.add_argument("--gpu-4bit-weights", action="store_true",
+                        help="4-bit projections stay 4-bit on the GPU (serve --gpu-4bit-weights;"
+                             " the 1.7b-q4 model has them)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="decode steps replayed as CUDA graphs (serve --cuda-graphs)")
     args = parser.parse_args()
     args.levels = [int(n) for n in args.levels.split(",")]
     bandwidth = copy_bandwidth(args.device)
     report = {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs,
+              "gpu_4bit_weights": args.gpu_4bit_weights,
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
               "copy_bandwidth_bytes_per_s": bandwidth, "models": []}
     if bandwidth:

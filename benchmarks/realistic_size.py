@@ -87,6 +87,42 @@ def write_tokenizer_only(path: str) -> None:
     writer.close()
 
 
+def write_random_q4_0(path: str, shape: dict = SHAPE, tokenizer_source: str | None = None) -> None:
+    """As write_random_f16, but every projection random Q4_0 blocks (codes uniform, d of a
+    Normal(0, 0.02) matrix's size), written directly: quantizing 1.7B weights in numpy
+    would take minutes. The embedding (tied head) stays F16."""
+    import gguf
+
+    writer, vocab = writer_with_default_tokenizer(path, shape, tokenizer_source)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    rng = np.random.default_rng(0)
+    h, i = shape["hidden"], shape["intermediate"]
+    kv = shape["kv_heads"] * (h // shape["heads"])
+    scale = np.frombuffer(np.float16(0.02 / 4).tobytes(), dtype=np.uint8)
+
+    def blocks(rows: int, cols: int) -> np.ndarray:
+        data = rng.integers(0, 256, size=(rows, cols // 32, 18), dtype=np.uint8)
+        data[:, :, 0:2] = scale
+        return data.reshape(rows, -1)
+
+    embedding = (rng.standard_normal((vocab, h), dtype=np.float32) * 0.02).astype(np.float16)
+    writer.add_tensor("token_embd.weight", embedding)
+    writer.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    for layer in range(shape["layers"]):
+        prefix = f"blk.{layer}."
+        for name, (rows, cols) in {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h),
+                                   "attn_output": (h, h), "ffn_gate": (i, h), "ffn_up": (i, h),
+                                   "ffn_down": (h, i)}.items():
+            writer.add_tensor(prefix + name + ".weight", blocks(rows, cols), raw_dtype=q4_0)
+        writer.add_tensor(prefix + "attn_norm.weight", np.ones(h, dtype=np.float32))
+        writer.add_tensor(prefix + "ffn_norm.weight", np.ones(h, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def write_random_f16(path: str, shape: dict = SHAPE, tokenizer_source: str | None = None) -> None:
     """Normal(0, 0.02) weights in the shape's layout (SmolLM2-1.7B's unless told), the
     default model's tokenizer, the embedding tied to the head as in SmolLM2."""

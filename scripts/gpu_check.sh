@@ -9,9 +9,11 @@
 #      travel; the tokenizer from gpu-wheels/tokenizer.gguf) and the 1.7B shape at
 #      N = 1, 8, 32, 128 (TTFT, TPOT, tokens/s, GPU memory, decode against the
 #      copy-bandwidth floor), eager and then with --cuda-graphs;
-#   3. the generic torch path's tests on the GPU (tests/test_generic_backend.py with
-#      PAGEDLLM_TEST_DEVICE=cuda): float32 logits equal transformers' for each family, bf16
-#      close, no leaked blocks, graph replay equal to eager;
+#      and a Q4_0 file of the 1.7B shape dense (bf16) against --gpu-4bit-weights;
+#   3. the generic torch path's tests on the GPU (tests/test_generic_backend.py and
+#      tests/test_int4_triton.py with PAGEDLLM_TEST_DEVICE=cuda): float32 logits equal
+#      transformers' for each family, bf16 close, no leaked blocks, graph replay equal to
+#      eager, sampling on the card as on the host, the 4-bit kernel's products;
 #   4. the Triton paged attention against the torch reference on CUDA tensors.
 #
 # A rehearsal on a machine without a GPU (`DRY=1 PYTHON=.venv/bin/python scripts/gpu_check.sh`)
@@ -57,6 +59,14 @@ if [ "$DEVICE" = cuda ]; then  # graphs are captured on a GPU only
     timeout 120 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \
         --json "$OUT/gpu_decode_graphs.json" > "$OUT/gpu_decode_graphs.log" 2>&1
     echo "exit: $?" >> "$OUT/gpu_decode_graphs.log"
+    # 4-bit weights on the GPU against the same Q4_0 file dequantized to bf16, graphs both.
+    for mode in dense 4bit; do
+        flag=(); [ "$mode" = 4bit ] && flag=(--gpu-4bit-weights)
+        timeout 100 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \
+            --models 1.7b-q4 --levels 1,8,32 "${flag[@]}" --json "$OUT/gpu_decode_q4_$mode.json" \
+            > "$OUT/gpu_decode_q4_$mode.log" 2>&1
+        echo "exit: $?" >> "$OUT/gpu_decode_q4_$mode.log"
+    done
 else
     echo "a rehearsal: no graphs without a GPU" > "$OUT/gpu_decode_graphs.log"
 fi
@@ -64,7 +74,8 @@ if [ "$DEVICE" = cuda ]; then  # the 1.7B file the benchmark wrote
     timeout 60 "$PYTHON" scripts/gpu_profile_decode.py > "$OUT/decode_profile.log" 2>&1
     echo "exit: $?" >> "$OUT/decode_profile.log"
 fi
-timeout 90 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+    tests/test_int4_triton.py \
     --junitxml="$OUT/generic_backend.xml" > "$OUT/generic_backend.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/generic_backend.log"
 timeout 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \
@@ -73,5 +84,5 @@ echo "pytest exit: $?" >> "$OUT/triton_attention.log"
 cat "$OUT"/environment.json
 head -n 3 "$OUT/gemma2_probe.log"
 grep -E '"(layers\.[0-9]+|norm)"' "$OUT/gemma2_probe.log" | head -n 12
-grep -E "N=|copy|wrote|exit|Error" "$OUT/gpu_decode.log" "$OUT/gpu_decode_graphs.log"
+grep -E "N=|copy|wrote|exit|Error" "$OUT"/gpu_decode*.log
 tail -n 3 "$OUT/triton_attention.log" "$OUT/generic_backend.log" "$OUT/decode_profile.log"
