@@ -1,6 +1,7 @@
 """A model store's loaded models: each its own engine (KV pool, scheduler, loop thread) in
 this process, loaded on its first request, unloaded when its keep-alive runs out or when a
-newly asked model needs the room (core/residency.py decides which), never while busy.
+newly asked model needs the room (core/residency.py decides which), never while busy. What
+a model costs and how its engine is loaded and run on its own thread: model_loading.py.
 
 The pool is also the server's EngineClient for what concerns every model at once (requests
 in flight, aborts, published figures, key policies, run/shutdown), so draining, key
@@ -15,18 +16,22 @@ import collections
 import dataclasses
 import gc
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from pagedllm.config import EngineConfig
-from pagedllm.core import sizing
 from pagedllm.core.residency import (DEFAULT_KEEP_ALIVE, FOREVER, NeverFits, Resident, expired,
                                      make_room)
 from pagedllm.core.snapshot import EngineSnapshot
 from pagedllm.serving.client import EngineFigures
+from pagedllm.serving.model_loading import (embedding_bytes, estimate_resident_bytes,
+                                            load_embedding, load_engine, start_on_own_thread,
+                                            thread_governor)
 from pagedllm.serving.model_store import ModelCatalog, StoreEntry
+
+__all__ = ["ModelPool", "ModelsBusy", "ModelTooLarge", "ModelLoadFailed",
+           "estimate_resident_bytes"]
 
 logger = logging.getLogger("pagedllm.models")
 REAP_INTERVAL = 0.25  # seconds between keep-alive checks
@@ -89,63 +94,12 @@ class PoolEvents:
     refusals: int = 0  # requests answered 503 because every candidate was busy
 
 
-def estimate_resident_bytes(config: EngineConfig, available: int | None = None
-                            ) -> tuple[int, int]:
-    """(weight bytes, KV bytes) a model will hold once loaded with `config`, from its header:
-    a GGUF served in bfloat16 keeps its quantized matrices (about the file's size); otherwise
-    every parameter in the dtype, the embeddings in float32. The KV cache as the engine sizes
-    it (engine/factory.py), from `available` memory when given (plan), else from what is
-    available now."""
-    from pagedllm.weights.inspect import summarize_checkpoint
-
-    summary = summarize_checkpoint(config.model)
-    element_size = sizing.ELEMENT_SIZES[config.dtype]
-    if os.path.isfile(config.model) and config.dtype == "bfloat16":
-        weights = os.path.getsize(config.model)
-    else:
-        weights = summary.weight_bytes(element_size)
-    model = summary.config
-    full_request = sizing.kv_bytes_per_request(
-        model, element_size, config.kv_cache_dtype,
-        min(config.max_model_len or model.max_position_embeddings, model.max_position_embeddings),
-        config.block_size)
-    if available is not None and config.kv_cache_memory is None:
-        return weights, sizing.default_kv_memory(available, full_request)
-    if available is not None and isinstance(config.kv_cache_memory, float):
-        return weights, int(available * config.kv_cache_memory)
-    return weights, sizing.resolve_kv_memory(config.kv_cache_memory, full_request)
-
-
-def _load_engine(config: EngineConfig):
-    from pagedllm.engine.faults import Faults
-    from pagedllm.serving.local import LocalEngineClient
-
-    faults = Faults.from_env()
-    time.sleep(faults.load_delay)  # a test's slow load (engine/faults.py)
-    return LocalEngineClient.load(config, faults=faults)
-
-
-def _load_embedding(entry: StoreEntry):
-    from pagedllm.serving.embedding_client import EmbeddingClient
-
-    return EmbeddingClient.load(entry.path, entry.name, entry.pooling)
-
-
-def _embedding_bytes(entry: StoreEntry) -> tuple[int, int]:
-    """An embedding model holds its weights (about its files) and no KV cache."""
-    path = entry.path
-    if os.path.isfile(path):
-        return os.path.getsize(path), 0
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-               if f.endswith((".safetensors", ".gguf"))), 0
-
-
 class ModelPool:
     def __init__(self, catalog: ModelCatalog, base_config: EngineConfig, *,
                  max_loaded_models: int | None = 3, max_memory: int | None = None,
                  keep_alive: float = DEFAULT_KEEP_ALIVE, num_threads: int | None = None,
-                 load=_load_engine, estimate=estimate_resident_bytes,
-                 load_embedding=_load_embedding, estimate_embedding=_embedding_bytes):
+                 load=load_engine, estimate=estimate_resident_bytes,
+                 load_embedding=load_embedding, estimate_embedding=embedding_bytes):
         """max_memory bounds the loaded models' weights + KV together (None: no bound);
         num_threads: each engine's compute threads (default: torch's now)."""
         import torch
@@ -273,53 +227,14 @@ class ModelPool:
 
     def _start(self, name: str, load, threads: int | None = None
                ) -> tuple[object, threading.Thread]:
-        """The model loaded and run on one thread of its own. Built on the thread that steps
-        it: an engine stepped on another thread than the one that built it ran a decode
-        step ~2x slower (benchmarks/engine_thread.py: each thread that starts OpenMP work
-        gets its own team of workers). Waits for the load; its error is raised here."""
-        import concurrent.futures
-
-        import torch
-
-        loaded: concurrent.futures.Future = concurrent.futures.Future()
         threads = threads or self._threads_for_next()
-
-        def main() -> None:
-            # A new thread starts with the runtime's default thread count, not --threads.
-            torch.set_num_threads(threads)
-            try:
-                client = load()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                loaded.set_exception(exc)
-                return
-            loaded.set_result(client)
-            client.run()
-
-        thread = threading.Thread(target=main, daemon=True, name=f"pagedllm-engine-{name}")
-        thread.start()
-        client = loaded.result()
-        client.num_threads = threads
+        client, thread = start_on_own_thread(name, load, threads)
         loop = getattr(client, "loop", None)
         if loop is not None and threads > 1:
-            loop.before_step = self._thread_governor(client, threads)
+            loop.before_step = thread_governor(
+                threads, lambda: any(m.client is not client and m.client.num_in_flight
+                                     for m in list(self._loaded.values())))
         return client, thread
-
-    def _thread_governor(self, client, threads: int):
-        """The model holding the OpenMP team steps with one thread while another model is
-        busy (their threads then share the cores one each) and with all of its own when it
-        is the only one busy: torch.set_num_threads on its loop thread, only on a change."""
-        import torch
-
-        current = [threads]
-
-        def before_step() -> None:
-            others_busy = any(m.client is not client and m.client.num_in_flight
-                              for m in list(self._loaded.values()))
-            wanted = 1 if others_busy else threads
-            if wanted != current[0]:
-                torch.set_num_threads(wanted)
-                current[0] = wanted
-        return before_step
 
     def _stop(self, loaded: LoadedModel, reason: str) -> None:
         loaded.client.shutdown()

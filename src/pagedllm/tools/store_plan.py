@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pagedllm.config import EngineConfig
-from pagedllm.serving.model_pool import estimate_resident_bytes
+from pagedllm.serving.model_loading import estimate_resident_bytes
 from pagedllm.serving.model_store import StoreEntry
 from pagedllm.units import gib
 
