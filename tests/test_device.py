@@ -3,6 +3,7 @@ cannot run says why and the server does not start; the choice shows in the ready
 /metrics and /v1/models."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -77,3 +78,23 @@ def test_the_server_says_where_it_runs(server):
     assert models[0]["device"] == "cpu"
     metrics = httpx.get(server.url + "/metrics").text
     assert 'pagedllm:device_info{device="cpu",model_name="smollm2"} 1.0' in metrics
+
+
+def test_make_install_cuda_refuses_a_machine_without_a_cuda_torch(tmp_path):
+    """`make install-cuda` uses the machine's own torch and never pulls one: here (no GPU)
+    it stops at its first check, saying why, having installed nothing."""
+    done = subprocess.run(["make", "-s", "install-cuda", f"VENV={tmp_path / 'venv'}"],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode != 0
+    assert "install-cuda:" in done.stderr and "install torch for the card first" in done.stderr
+    site = list((tmp_path / "venv").glob("lib/python*/site-packages"))
+    assert site and not any(site[0].glob("pagedllm*"))  # nothing installed
+
+
+def test_the_cuda_check_names_a_cpu_only_torch():
+    """This venv's torch is the CPU build: the check says so."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "scripts", "check_cuda_torch.py")
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "a CPU-only build" in done.stderr
