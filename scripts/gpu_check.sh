@@ -75,7 +75,7 @@ if [ "$DEVICE" = cuda ]; then  # the 1.7B file the benchmark wrote
     echo "exit: $?" >> "$OUT/decode_profile.log"
 fi
 timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
-    tests/test_int4_triton.py \
+    tests/test_int4_triton.py tests/test_triton_layer_ops.py \
     --junitxml="$OUT/generic_backend.xml" > "$OUT/generic_backend.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/generic_backend.log"
 timeout 60 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_triton_attention.py \

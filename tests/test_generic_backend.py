@@ -52,15 +52,17 @@ def test_float32_logits_match_transformers(arch, chunk, backend, tmp_path):
         assert (logits - expected).abs().max() < 1e-4, (arch, len(seq))
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "qwen3", "mixtral"])
 def test_the_triton_attention_wired_in_matches_transformers(arch, tmp_path):
-    """The attention the CUDA backend uses, inside the model: decode, chunked prefill, mixed
-    steps, Gemma's window and caps (here under Triton's interpreter, on the GPU compiled)."""
+    """The attention and layer ops the CUDA backend uses, inside the model: decode, chunked
+    prefill, mixed steps, Gemma's window and caps (here under Triton's interpreter, on the
+    GPU compiled)."""
     reference = tiny_hf_model(arch, seed=3)
     checkpoint = load_checkpoint(write_hf_folder(reference, tmp_path))
-    backend = generic_backend(TENSOR_DEVICE, attention="triton")
+    backend = generic_backend(TENSOR_DEVICE, attention="triton", layer_ops="triton")
     model = build_model(checkpoint.config, checkpoint.weights, backend=backend)
     assert model.stack.layers[0].self_attn.backend.name == "triton"
+    assert model.stack.layers[0].self_attn.ops.__name__ == "TritonLayerOps"
     seqs = [SEQS[1], list(range(100, 124))]
     for seq, logits in zip(seqs, run_paged(model, seqs, chunk=5, device=TENSOR_DEVICE)):
         with torch.no_grad():

@@ -19,6 +19,9 @@ class Backend:
     # Paged attention: "batched" (the C++ kernels, or torch where they are not), "triton"
     # (attention/triton_paged.py: the GPU's; on the CPU under Triton's interpreter, tests).
     attention: str = "batched"
+    # The generic path's layer ops: "torch" (torch_layer_ops.py) or "triton"
+    # (triton_layer_ops.py: one launch each, the GPU's; on the CPU under the interpreter).
+    generic_layer_ops: str = "torch"
 
     @property
     def generic(self) -> bool:
@@ -35,9 +38,16 @@ class Backend:
                 and self.torch_ops.onednn_prepack)
 
     def layer_ops(self, reference: bool = False):
-        """The fused C++ layer ops where built, else the torch reference (always for the
-        reference attention backend: a pure-torch oracle)."""
-        return TorchLayerOps if reference or self.kernels is None else self.kernels
+        """The fused C++ layer ops where built, the generic path's Triton ones where chosen,
+        else the torch reference (always for the reference attention backend: a pure-torch
+        oracle)."""
+        if reference:
+            return TorchLayerOps
+        if self.generic and self.generic_layer_ops == "triton":
+            from pagedllm.backends.triton_layer_ops import TritonLayerOps
+
+            return TritonLayerOps
+        return TorchLayerOps if self.kernels is None else self.kernels
 
     def describe(self) -> str:
         if self.generic:
@@ -52,9 +62,11 @@ def cpu_backend() -> Backend:
     return Backend("cpu", "cpu", capabilities(), kernel_ops(), torch_ops())
 
 
-def generic_backend(device: str, attention: str | None = None) -> Backend:
-    """The generic torch path on `device` ("cuda": the CUDA backend, its attention in Triton;
-    "cpu": the same code on this CPU, which is how CI runs it, attention in torch unless
-    asked)."""
+def generic_backend(device: str, attention: str | None = None,
+                    layer_ops: str | None = None) -> Backend:
+    """The generic torch path on `device` ("cuda": the CUDA backend, its attention and layer
+    ops in Triton; "cpu": the same code on this CPU, which is how CI runs it, in torch
+    unless asked)."""
     attention = attention or ("triton" if device == "cuda" else "batched")
-    return Backend("torch", device, capabilities(), None, torch_ops(), attention)
+    layer_ops = layer_ops or ("triton" if device == "cuda" else "torch")
+    return Backend("torch", device, capabilities(), None, torch_ops(), attention, layer_ops)

@@ -1,0 +1,91 @@
+"""The GPU's layer ops in Triton (backends/triton_layer_ops.py) against the torch reference
+(backends/torch_layer_ops.py), here under Triton's interpreter (on a GPU compiled:
+scripts/gpu_check.sh runs this file with PAGEDLLM_TEST_DEVICE=cuda): float32 to float
+rounding, bfloat16 within its rounding, the KV rows at their slots and nowhere else."""
+from __future__ import annotations
+
+import os
+
+DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "torch-cpu")
+if DEVICE != "cuda":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from pagedllm.backends.torch_layer_ops import TorchLayerOps  # noqa: E402
+from pagedllm.backends.triton_layer_ops import TritonLayerOps  # noqa: E402
+
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("PAGEDLLM_TEST_DEVICE=cuda without a GPU", allow_module_level=True)
+ON = "cuda" if DEVICE == "cuda" else "cpu"
+# float32: summation order only; bfloat16: four ulps (the reference rounds between its ops,
+# and Triton's interpreter rounds toward zero where a GPU rounds to nearest)
+RELATIVE = {torch.float32: 1e-5, torch.bfloat16: 2 ** -5}
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    bound = RELATIVE[want.dtype] * want.float().abs().clamp(min=1.0)
+    return bool(((got.float() - want.float()).abs() <= bound).all())
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 1.5).to(dtype).to(ON)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [64, 576, 100])
+def test_rms_norm_with_and_without_a_residual(dtype, hidden):
+    x, weight = rand(7, hidden, dtype=dtype), rand(hidden, dtype=dtype, seed=1)
+    want = TorchLayerOps.rms_norm(x.clone(), None, weight, 1e-5)
+    got = TritonLayerOps.rms_norm(x.clone(), None, weight, 1e-5)
+    assert got.dtype == dtype and close(got, want)
+    residual = rand(7, hidden, dtype=dtype, seed=2)
+    theirs, ours = residual.clone(), residual.clone()
+    want = TorchLayerOps.rms_norm(x, theirs, weight, 1e-5)
+    got = TritonLayerOps.rms_norm(x, ours, weight, 1e-5)
+    assert close(ours, theirs)  # added in place
+    assert close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul(dtype):
+    gate_up = rand(5, 2 * 1536, dtype=dtype)
+    want, got = TorchLayerOps.silu_and_mul(gate_up), TritonLayerOps.silu_and_mul(gate_up)
+    assert got.shape == (5, 1536) and got.dtype == dtype
+    assert close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 16), (9, 3, 64), (2, 1, 80)])
+def test_rope_and_kv_written_at_their_slots(dtype, heads, kv_heads, head_dim):
+    tokens, blocks, block_size = 5, 6, 4
+    qkv = rand(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
+    positions = torch.tensor([0, 1, 7, 30, 3], device=ON)
+    angles = torch.arange(64).float().unsqueeze(1) * torch.rand(head_dim // 2) * 0.3
+    cos = torch.cat([angles.cos(), angles.cos()], -1).to(ON)
+    sin = torch.cat([angles.sin(), angles.sin()], -1).to(ON)
+    slots = torch.tensor([3, 9, 0, 22, 17], device=ON)
+    caches = {}
+    for ops in (TorchLayerOps, TritonLayerOps):
+        key = torch.full((blocks, block_size, kv_heads, head_dim), 7.0, dtype=dtype, device=ON)
+        value = key.clone()
+        q = ops.rope_write_kv(qkv, positions, cos, sin, key, value, slots, heads)
+        caches[ops] = (q, key, value)
+    for want, got in zip(caches[TorchLayerOps], caches[TritonLayerOps]):
+        assert got.shape == want.shape and got.dtype == dtype and close(got, want)
+    untouched = torch.ones(blocks * block_size, dtype=torch.bool)
+    untouched[slots.cpu()] = False
+    key = caches[TritonLayerOps][1].view(-1, kv_heads, head_dim)
+    assert (key[untouched.to(ON)] == 7.0).all()  # no other slot written
+
+
+def test_an_int8_cache_takes_the_reference_path():
+    qkv = rand(2, (2 + 2) * 16)
+    key = torch.zeros(2, 4, 1, 16, dtype=torch.int8, device=ON)
+    value, scales = key.clone(), torch.zeros(2, 4, 1, device=ON)
+    table = torch.ones(8, 16, device=ON)
+    q = TritonLayerOps.rope_write_kv(qkv, torch.tensor([0, 1], device=ON), table, table * 0,
+                                     key, value, torch.tensor([0, 5], device=ON), 2,
+                                     scales, scales.clone())
+    assert q.shape == (2, 2, 16) and key.abs().sum() > 0
