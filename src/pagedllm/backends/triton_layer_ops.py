@@ -1,6 +1,6 @@
 """The element-wise parts of a decoder layer for the GPU, in Triton: the same three functions
 as TorchLayerOps (torch_layer_ops.py, the reference), each one kernel launch instead of the
-five to fifteen small torch kernels they take there. On a GPU a decode step of a small batch
+several small torch kernels each takes there. On a GPU a decode step of a small batch
 is mostly such launches (BENCHMARKS.md, "The engine on an H200"), graphs or not.
 
 Each computes in float32 and rounds once, when it stores; the reference rounds to the
