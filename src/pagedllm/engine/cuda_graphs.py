@@ -42,7 +42,9 @@ class PaddedDecode:
     positions: list[int]
     slots: list[int]
     ctx_lens: list[int]
-    tables: list[list[int]]  # each exactly `width` long
+    # Each as wide as the widest row's table (the static buffer's columns past it keep
+    # stale ids that no row reads: a row reads its table only up to its context).
+    tables: list[list[int]]
 
 
 def graph_size(batch: int, sizes: tuple[int, ...]) -> int | None:
@@ -53,14 +55,19 @@ def graph_size(batch: int, sizes: tuple[int, ...]) -> int | None:
 def pad_decode(rows: list[DecodeRow], size: int, width: int, block_size: int,
                scratch_block: int) -> PaddedDecode:
     """Rows, then padding up to `size`: padding writes its K/V into the scratch block's first
-    slot and attends to that one position only, so real rows and the pool are untouched."""
+    slot and attends to that one position only, so real rows and the pool are untouched.
+    width: the static buffer's (no table may be wider); the tables are padded only to the
+    widest of these rows (a step's copy then grows with the contexts, not the longest one
+    the server allows)."""
     if len(rows) > size:
         raise ValueError(f"{len(rows)} rows do not fit a graph of {size}")
+    widest = max((len(row.block_table) for row in rows), default=1)
+    if widest > width:
+        raise ValueError(f"a block table of {widest} is wider than {width}")
+    width = max(widest, 1)
     scratch_table = [scratch_block] * width
     input_ids, positions, slots, ctx_lens, tables = [], [], [], [], []
     for row in rows:
-        if len(row.block_table) > width:
-            raise ValueError(f"a block table of {len(row.block_table)} is wider than {width}")
         input_ids.append(row.token_id)
         positions.append(row.position)
         slots.append(row.slot)
@@ -134,9 +141,11 @@ class DecodeGraphs:
         """The final hidden states [len(rows), H] of one decode step, replayed."""
         size = graph_size(len(rows), self.sizes)
         padded = pad_decode(rows, size, self.width, self.block_size, self.scratch_block)
+        used = len(padded.tables[0])
         for target, values in ((self.input_ids, padded.input_ids),
                                (self.positions, padded.positions), (self.slots, padded.slots),
-                               (self.ctx_lens, padded.ctx_lens), (self.tables, padded.tables)):
+                               (self.ctx_lens, padded.ctx_lens),
+                               (self.tables[:, :used], padded.tables)):
             target[:size].copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
         graph, out = self.graphs[size]
         if graph is None:
