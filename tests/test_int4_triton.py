@@ -124,3 +124,47 @@ def test_4bit_weights_on_the_cpu_backend_are_refused(q4_gguf):
     with pytest.raises(ValueError, match="--gpu-4bit-weights needs --device cuda"):
         LLM(q4_gguf, dtype="bfloat16", kv_cache_memory=8 << 20, device="cpu",
             gpu_4bit_weights=True)
+
+
+@pytest.mark.parametrize("mix", [False, True], ids=["Q4_0", "Q4_K-with-Q6_K-v"])
+def test_plan_counts_the_weights_the_model_holds(tmp_path, mix):
+    """`plan --device cuda --gpu-4bit-weights` counts what the loaded model holds, byte for
+    byte: 4-bit projections as codes and scales, a q/k/v with a 6-bit v (a Q4_K_M file's)
+    dense, as the loader fuses them."""
+    from pagedllm import LLM
+    from pagedllm.weights.inspect import summarize_checkpoint
+    from tiny_models import tiny_hf_model, write_gguf
+
+    from test_gguf_low_bit import tiny_model  # rows k-quants can hold
+
+    model = tiny_model(7) if mix else tiny_hf_model("llama", tie=True, seed=7)
+    path = write_gguf(model, tmp_path / "tiny.gguf", qtype="Q4_K" if mix else "Q4_0",
+                      qtypes={"attn_v.weight": "Q6_K"} if mix else None)
+    llm = LLM(path, dtype="bfloat16", kv_cache_memory=8 << 20, gpu_4bit_weights=True,
+              device="cuda" if DEVICE == "cuda" else "torch-cpu")
+    net = llm.engine.runner.model
+    held = sum(t.numel() * t.element_size()
+               for t in [*net.stack.parameters(), *net.stack.buffers(), net.embedding.weight])
+    summary = summarize_checkpoint(path)
+    assert summary.weight_bytes(2, four_bit_on_device=True) == held
+    assert summary.weight_bytes(2) > held  # dense, the plan without the option
+    fused_qkv = net.stack.layers[0].self_attn.qkv_proj
+    assert isinstance(fused_qkv, Int4Linear) != mix
+
+
+def test_plan_says_the_serve_command_with_the_option(q4_gguf):
+    import json
+    import subprocess
+    import sys
+
+    run = lambda *flags: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "pagedllm.cli", "plan", "--model", q4_gguf, "--context", "256",
+         "--parallel", "1,4", *flags], capture_output=True, text=True, timeout=120)
+    dense = run("--device", "cuda", "--memory", "1GiB", "--json")
+    four = run("--device", "cuda", "--memory", "1GiB", "--json", "--gpu-4bit-weights")
+    assert dense.returncode == four.returncode == 0, four.stderr
+    assert json.loads(four.stdout)["weight_bytes"] < json.loads(dense.stdout)["weight_bytes"]
+    shown = run("--device", "cuda", "--memory", "1GiB", "--gpu-4bit-weights")
+    assert "--device cuda --gpu-4bit-weights" in " ".join(shown.stdout.split())  # (wrapped)
+    refused = run("--gpu-4bit-weights")
+    assert refused.returncode == 2 and "give --device cuda" in refused.stderr

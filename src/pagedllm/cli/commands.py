@@ -94,6 +94,9 @@ def add_plan(sub, formatter) -> None:
                            "--dtype on the card, as `serve --device cuda` holds them)")
     plan.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                       help="as `serve --gpu-memory-utilization`, with --device cuda")
+    plan.add_argument("--gpu-4bit-weights", action="store_true",
+                      help="as `serve --gpu-4bit-weights`, with --device cuda: a GGUF's 4-bit "
+                           "projections counted as held 4-bit (default: off)")
     plan.add_argument("--dtype", default=DEFAULT_DTYPE, choices=MODEL_DTYPES,
                       help="the model's dtype, as `serve --dtype`")
     plan.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
@@ -132,8 +135,9 @@ def cmd_plan(args) -> int:
         plan = make_plan(args.model, dtype=args.dtype, context=args.context, parallels=parallels,
                          memory=args.memory, block_size=args.block_size,
                          kv_cache_dtype=args.kv_cache_dtype, device=args.device,
-                         gpu_memory_utilization=args.gpu_memory_utilization)
-    except (ModelLoadError, ContextTooLongError, NoGPUError) as exc:
+                         gpu_memory_utilization=args.gpu_memory_utilization,
+                         gpu_4bit_weights=args.gpu_4bit_weights)
+    except (ModelLoadError, ContextTooLongError, NoGPUError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print_plan(plan, args.json)

@@ -45,10 +45,12 @@ class CapacityPlan:
     warnings: list[str]
     model_path: str | None = None  # as given to plan (None: the bundled default model)
     device: str = "cpu"  # where the server will run it (serve --device)
+    gpu_4bit_weights: bool = False  # serve --gpu-4bit-weights: 4-bit projections stay 4-bit
 
 
 def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
-                  memory_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_cache_dtype: str = "auto") -> CapacityPlan:
+                  memory_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_cache_dtype: str = "auto",
+                  four_bit_on_device: bool = False) -> CapacityPlan:
     """Memory = weights + parallel x context x KV bytes per token (whole blocks; sliding-window
     layers of a model that keeps them apart count their window, not the context)."""
     config = summary.config
@@ -58,7 +60,7 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
     if sizing.keeps_window_pool(config):  # the window pool's room for a step's chunks (pool_sizes)
         per_step = (per_token // config.num_layers * len(config.sliding_layers) * block_size
                     * sizing.blocks_for_tokens(DEFAULT_MAX_NUM_BATCHED_TOKENS, block_size))
-    weight_bytes = summary.weight_bytes(element_size)
+    weight_bytes = summary.weight_bytes(element_size, four_bit_on_device)
     budget = max(0, memory_bytes - weight_bytes)
     rows = [ParallelFit(n, n * per_request + per_step, weight_bytes + n * per_request + per_step,
                         weight_bytes + n * per_request + per_step <= memory_bytes)
@@ -83,10 +85,14 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
 def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[int],
               memory: int | None, block_size: int = DEFAULT_BLOCK_SIZE,
               kv_cache_dtype: str = "auto", device: str = "cpu",
-              gpu_memory_utilization: float = 0.9) -> CapacityPlan:
+              gpu_memory_utilization: float = 0.9, gpu_4bit_weights: bool = False
+              ) -> CapacityPlan:
     """device cuda: the memory is the GPU's share the server may hold (`serve
     --gpu-memory-utilization`) unless `memory` is given (planning a card from elsewhere);
-    the weights count dense in the dtype, as the CUDA backend holds them."""
+    the weights count dense in the dtype, as the CUDA backend holds them, but for the 4-bit
+    projections with gpu_4bit_weights."""
+    if gpu_4bit_weights and device != "cuda":
+        raise ValueError("--gpu-4bit-weights plans a GPU: give --device cuda")
     summary = summarize_checkpoint(model)
     if memory is not None:
         memory_bytes = memory
@@ -96,8 +102,10 @@ def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[in
         memory_bytes = sizing.available_memory_bytes()
     plan = plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
                          context=context, parallels=parallels, memory_bytes=memory_bytes,
-                         block_size=block_size, kv_cache_dtype=kv_cache_dtype)
-    return dataclasses.replace(plan, model_path=model, device=device)
+                         block_size=block_size, kv_cache_dtype=kv_cache_dtype,
+                         four_bit_on_device=gpu_4bit_weights)
+    return dataclasses.replace(plan, model_path=model, device=device,
+                               gpu_4bit_weights=gpu_4bit_weights)
 
 
 class NoGPUError(ValueError):
@@ -150,6 +158,8 @@ def serve_command(plan: CapacityPlan) -> str:
         words.append(f"--model {shlex.quote(plan.model_path)}")
     if plan.device != "cpu":
         words.append(f"--device {plan.device}")
+    if plan.gpu_4bit_weights:
+        words.append("--gpu-4bit-weights")
     words += [f"--max-num-seqs {max(plan.max_parallel, 1)}",
              f"--max-model-len {plan.context}",
              f"--kv-cache-memory {max(plan.max_parallel, 1) * plan.kv_bytes_per_request + plan.kv_bytes_per_step}"]

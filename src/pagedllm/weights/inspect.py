@@ -16,9 +16,16 @@ class CheckpointSummary:
     num_embedding_params: int  # embed_tokens (and lm_head when untied): held in float32
     num_body_params: int  # everything else: held in the model dtype
     file_type: str | None = None  # a GGUF's quantization as written (Q4_1, Q8_0, ...)
+    # Of the body: the projections --gpu-4bit-weights keeps 4-bit on a GPU (a fused q/k/v or
+    # gate/up only where every part is 4-bit, as the loader fuses them).
+    num_four_bit_params: int = 0
 
-    def weight_bytes(self, element_size: int) -> int:
-        return self.num_embedding_params * 4 + self.num_body_params * element_size
+    def weight_bytes(self, element_size: int, four_bit_on_device: bool = False) -> int:
+        """four_bit_on_device: the 4-bit projections as models/int4_triton.py holds them,
+        codes (half a byte) and a float32 scale and offset per 32 (a quarter byte)."""
+        four_bit = self.num_four_bit_params if four_bit_on_device else 0
+        return (self.num_embedding_params * 4 + (self.num_body_params - four_bit) * element_size
+                + four_bit * 3 // 4)
 
 
 def summarize_checkpoint(path: str | None) -> CheckpointSummary:
@@ -44,12 +51,36 @@ def summarize_checkpoint(path: str | None) -> CheckpointSummary:
             raise ModelLoadError(path, "no such file or folder")
         reader, meta, config = read_gguf_header(path)
         file_type = _gguf_file_type(meta.get("general.file_type"))
+        types: dict[str, str] = {}
         for tensor in reader.tensors:
             name = canonical_name(tensor.name)
             if name is not None:
                 counts[name] = int(tensor.n_elements)
+                types[name] = tensor.tensor_type.name
+        four_bit = _four_bit_projection_params(counts, types, config)
     embedding = counts.pop("embed_tokens.weight", 0) + counts.pop("lm_head.weight", 0)
-    return CheckpointSummary(config, embedding, sum(counts.values()), file_type)
+    return CheckpointSummary(config, embedding, sum(counts.values()), file_type,
+                             four_bit if not os.path.isdir(path) else 0)
+
+
+def _four_bit_projection_params(counts: dict[str, int], types: dict[str, str],
+                                config: ModelConfig) -> int:
+    """Parameters of the projections a GPU keeps 4-bit (models/build.py _use_device_int4):
+    per layer q/k/v together (not with partial rotary), o, gate/up together, down."""
+    from pagedllm.weights.gguf_original import FOUR_BIT_TYPES
+
+    groups = [("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"),
+              ("down_proj",)]
+    total = 0
+    for i in range(config.num_layers):
+        for group in groups:
+            if group[0] == "q_proj" and config.rotary_dim:
+                continue
+            part = "self_attn" if group[0] in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            names = [f"layers.{i}.{part}.{p}.weight" for p in group]
+            if all(types.get(n) in FOUR_BIT_TYPES for n in names):
+                total += sum(counts[n] for n in names)
+    return total
 
 
 def _gguf_file_type(value) -> str | None:
