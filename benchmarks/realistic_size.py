@@ -93,34 +93,14 @@ def write_random_q4_0(path: str, shape: dict = SHAPE, tokenizer_source: str | No
     would take minutes. The embedding (tied head) stays F16."""
     import gguf
 
-    writer, vocab = writer_with_default_tokenizer(path, shape, tokenizer_source)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    rng = np.random.default_rng(0)
-    h, i = shape["hidden"], shape["intermediate"]
-    kv = shape["kv_heads"] * (h // shape["heads"])
     scale = np.frombuffer(np.float16(0.02 / 4).tobytes(), dtype=np.uint8)
 
-    def blocks(rows: int, cols: int) -> np.ndarray:
+    def blocks(rng, rows: int, cols: int) -> tuple[np.ndarray, object]:
         data = rng.integers(0, 256, size=(rows, cols // 32, 18), dtype=np.uint8)
         data[:, :, 0:2] = scale
-        return data.reshape(rows, -1)
+        return data.reshape(rows, -1), gguf.GGMLQuantizationType.Q4_0
 
-    embedding = (rng.standard_normal((vocab, h), dtype=np.float32) * 0.02).astype(np.float16)
-    writer.add_tensor("token_embd.weight", embedding)
-    writer.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
-    q4_0 = gguf.GGMLQuantizationType.Q4_0
-    for layer in range(shape["layers"]):
-        prefix = f"blk.{layer}."
-        for name, (rows, cols) in {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h),
-                                   "attn_output": (h, h), "ffn_gate": (i, h), "ffn_up": (i, h),
-                                   "ffn_down": (h, i)}.items():
-            writer.add_tensor(prefix + name + ".weight", blocks(rows, cols), raw_dtype=q4_0)
-        writer.add_tensor(prefix + "attn_norm.weight", np.ones(h, dtype=np.float32))
-        writer.add_tensor(prefix + "ffn_norm.weight", np.ones(h, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    _write_random(path, shape, tokenizer_source, gguf.LlamaFileType.MOSTLY_Q4_0, blocks)
 
 
 def write_random_f16(path: str, shape: dict = SHAPE, tokenizer_source: str | None = None) -> None:
@@ -128,23 +108,33 @@ def write_random_f16(path: str, shape: dict = SHAPE, tokenizer_source: str | Non
     default model's tokenizer, the embedding tied to the head as in SmolLM2."""
     import gguf
 
+    _write_random(path, shape, tokenizer_source, gguf.LlamaFileType.MOSTLY_F16,
+                  lambda rng, rows, cols: (_normal_f16(rng, rows, cols), None))
+
+
+def _normal_f16(rng, rows: int, cols: int) -> np.ndarray:
+    return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+
+def _write_random(path: str, shape: dict, tokenizer_source: str | None, file_type,
+                  projection) -> None:
+    """The shape's tensors, F16 embedding and float32 norms, each projection as
+    projection(rng, rows, cols) gives it: (array, raw GGUF type or None)."""
     writer, vocab = writer_with_default_tokenizer(path, shape, tokenizer_source)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_file_type(file_type)
     rng = np.random.default_rng(0)
     h, i = shape["hidden"], shape["intermediate"]
     kv = shape["kv_heads"] * (h // shape["heads"])
-
-    def matrix(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
-
-    writer.add_tensor("token_embd.weight", matrix(vocab, h))
+    writer.add_tensor("token_embd.weight", _normal_f16(rng, vocab, h))
     writer.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
     for layer in range(shape["layers"]):
         prefix = f"blk.{layer}."
         for name, (rows, cols) in {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h),
                                    "attn_output": (h, h), "ffn_gate": (i, h), "ffn_up": (i, h),
                                    "ffn_down": (h, i)}.items():
-            writer.add_tensor(prefix + name + ".weight", matrix(rows, cols))
+            array, raw = projection(rng, rows, cols)
+            writer.add_tensor(prefix + name + ".weight", array,
+                              **({"raw_dtype": raw} if raw is not None else {}))
         writer.add_tensor(prefix + "attn_norm.weight", np.ones(h, dtype=np.float32))
         writer.add_tensor(prefix + "ffn_norm.weight", np.ones(h, dtype=np.float32))
     writer.write_header_to_file()

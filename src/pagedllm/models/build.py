@@ -181,16 +181,8 @@ def _use_torch_int4(model: DecoderStack, quantized: dict, int8_activations: bool
                     backend: Backend) -> None:
     """Without the C++ kernels: 4-bit projections on torch's int4 kernel, a dense copy beside."""
     int8_layers = _int8_layers(len(model.layers), int8_activations)
-    for i, layer in enumerate(model.layers):
-        for part, name in PROJECTIONS:
-            if name == "qkv_proj" and model.config.rotary_dim:
-                continue  # its rows were permuted (partial rotary): the dense copy runs
-            q4 = quantized.get(f"layers.{i}.{part}.{name}.weight")
-            if q4 is not None:
-                parent = getattr(layer, part)
-                dense = getattr(parent, name)
-                setattr(parent, name, QuantLinear(dense.weight, dense.bias, q4, backend,
-                                                  int8_activations=i in int8_layers))
+    _replace_4bit_projections(model, quantized, lambda i, dense, q4: QuantLinear(
+        dense.weight, dense.bias, q4, backend, int8_activations=i in int8_layers))
 
 
 def _use_device_int4(model: DecoderStack, quantized: dict) -> None:
@@ -198,6 +190,12 @@ def _use_device_int4(model: DecoderStack, quantized: dict) -> None:
     the Triton kernel (decode) or dequantized per call (prefill)."""
     from pagedllm.models.int4_triton import Int4Linear
 
+    _replace_4bit_projections(model, quantized, lambda i, dense, q4: Int4Linear(q4, dense.bias))
+
+
+def _replace_4bit_projections(model: DecoderStack, quantized: dict, make) -> None:
+    """Each projection with 4-bit codes in `quantized` (fused names) replaced by
+    make(layer index, the dense module, the codes)."""
     for i, layer in enumerate(model.layers):
         for part, name in PROJECTIONS:
             if name == "qkv_proj" and model.config.rotary_dim:
@@ -205,8 +203,7 @@ def _use_device_int4(model: DecoderStack, quantized: dict) -> None:
             q4 = quantized.get(f"layers.{i}.{part}.{name}.weight")
             if q4 is not None:
                 parent = getattr(layer, part)
-                dense = getattr(parent, name)
-                setattr(parent, name, Int4Linear(q4, dense.bias))
+                setattr(parent, name, make(i, getattr(parent, name), q4))
 
 
 def decode_loop_for(model: DecoderStack | LlamaForCausalLM, ops) -> DecodeLoop | None:
