@@ -274,3 +274,19 @@ def test_ngram_speculation_on_the_generic_path_keeps_greedy_output(tmp_path):
     assert fast.engine.speculator.stats.num_drafts > 0
     engine = fast.engine
     assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+
+
+def test_split_contexts_inside_the_model_match_transformers(tmp_path, monkeypatch):
+    """Flash-decoding's splits (a block each here) in every layer: the same logits."""
+    from pagedllm.attention import triton_paged
+
+    monkeypatch.setattr(triton_paged, "SPLIT_BLOCKS", 1)
+    reference = tiny_hf_model("llama", seed=3)
+    checkpoint = load_checkpoint(write_hf_folder(reference, tmp_path))
+    backend = generic_backend(TENSOR_DEVICE, attention="triton", layer_ops="triton")
+    model = build_model(checkpoint.config, checkpoint.weights, backend=backend)
+    seqs = [SEQS[1], list(range(100, 124))]
+    for seq, logits in zip(seqs, run_paged(model, seqs, chunk=5, device=TENSOR_DEVICE)):
+        with torch.no_grad():
+            expected = reference(torch.tensor([seq])).logits[0]
+        assert (logits - expected).abs().max() < 1e-4, len(seq)

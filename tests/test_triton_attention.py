@@ -55,7 +55,7 @@ def scattered_tables(lengths, block_size, num_blocks, seed, shared_prefix_blocks
 
 
 def run_case(chunks, heads, kv_heads, head_dim, block_size=16, dtype=torch.float32,
-             softcap=None, window=None, shared_prefix_blocks=0, seed=0):
+             softcap=None, window=None, shared_prefix_blocks=0, seed=0, split_blocks=None):
     """chunks: (tokens already cached, tokens computed this step) per sequence."""
     torch.manual_seed(seed)
     lengths = [done + new for done, new in chunks]
@@ -72,7 +72,7 @@ def run_case(chunks, heads, kv_heads, head_dim, block_size=16, dtype=torch.float
     query = torch.randn(starts[-1], heads, head_dim).to(dtype)
     scale = head_dim ** -0.5
     got = paged_attention(query.to(DEVICE), key_cache.to(DEVICE), value_cache.to(DEVICE), meta,
-                          scale, softcap, window).cpu()
+                          scale, softcap, window, split_blocks=split_blocks).cpu()
     want = reference(query.float(), key_cache.float(), value_cache.float(), meta, scale, softcap, window)
     assert got.dtype == dtype and got.shape == query.shape
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
@@ -124,3 +124,32 @@ def test_token_layout_and_an_empty_step():
     cache = torch.zeros(2, 4, 2, 64)
     meta = AttentionMetadata.build([], [0, 0], [3], [[0]], 4)
     assert paged_attention(empty, cache, cache, meta, 0.125).shape == (0, 4, 64)
+
+
+# -- flash-decoding: long contexts read in splits, merged (small splits here) ----------------
+
+@pytest.mark.parametrize("split_blocks", [1, 2, 3])
+def test_split_contexts_merge_to_the_same_answer(split_blocks):
+    """Decode tokens, a verifying request's single-token queries and a prefill chunk, with
+    contexts of 1 to 9 blocks of 8 read in splits of 1-3 blocks (empty splits included)."""
+    run_case([(0, 1), (16, 1), (40, 1), (70, 1), (33, 1), (33, 1), (9, 6)], 8, 2, 64,
+             block_size=8, seed=split_blocks, split_blocks=split_blocks)
+
+
+def test_split_contexts_with_windows_and_soft_caps():
+    run_case([(37, 1), (60, 1), (5, 1)], 4, 2, 64, block_size=8, softcap=2.0, window=13,
+             seed=4, split_blocks=2)
+
+
+def test_split_contexts_in_half_precision():
+    run_case([(50, 1), (3, 1)], 4, 1, 80, block_size=8, dtype=torch.bfloat16, seed=8,
+             split_blocks=2)
+
+
+def test_the_split_is_decided_by_shapes_alone():
+    from pagedllm.attention.triton_paged import SPLIT_MAX_TOKENS, _splits
+
+    assert _splits(1, 4, 16, 16) == (1, 0)  # a short table: no split
+    assert _splits(1, 17, 16, 16) == (2, 256)
+    assert _splits(3, 100, 16, 16) == (8, 256)  # ceil(100 / 16) = 7 -> a power of two
+    assert _splits(SPLIT_MAX_TOKENS + 1, 100, 16, 16) == (1, 0)  # a prefill fills the GPU

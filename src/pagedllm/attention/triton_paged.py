@@ -6,8 +6,11 @@ Each query token is one program per query head: it walks its sequence's blocks t
 block table up to its own position (so a prefill chunk is causal, a decode token sees the
 whole context, and a verifying request's positions each see their prefix), one KV block at a
 time, with the online softmax, in float32 whatever the cache dtype. Grouped-query heads
-read their KV head (head // group). That is the plainest correct layout, not the fastest on
-a GPU (no tiling of queries): FlashInfer's kernels are the faster path where installed.
+read their KV head (head // group). A step of few tokens with long contexts reads each
+context in splits, in parallel, and merges their partial softmaxes (flash-decoding, as
+vLLM's paged attention v2): decode at N=1 would otherwise run only `heads` programs, each
+walking its whole context. The split is chosen from shapes alone, so a CUDA graph's is
+fixed. No tiling of queries yet (a prefill's tokens each read their blocks).
 
 On a machine without a GPU the same kernel runs under Triton's interpreter
 (`TRITON_INTERPRET=1`, CPU tensors; set before this module is imported), which is how CI
@@ -21,6 +24,13 @@ import triton
 import triton.language as tl
 
 from pagedllm.attention.metadata import AttentionMetadata
+
+# Flash-decoding: a step of at most SPLIT_MAX_TOKENS query tokens whose widest block table
+# is longer than SPLIT_BLOCKS blocks reads each context in splits of SPLIT_BLOCKS blocks, in
+# parallel, and merges them: one program per (token, head) would walk a long context alone
+# (decode at N=1 runs only `heads` programs).
+SPLIT_BLOCKS = 16
+SPLIT_MAX_TOKENS = 256
 
 
 @triton.jit
@@ -39,30 +49,20 @@ def _tanh(x):
 
 
 @triton.jit
-def _paged_attention(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_of_token_ptr, ctx_len_ptr,
-                     scale, softcap, window,
-                     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
-                     stride_vb, stride_vs, stride_vh, stride_tb, stride_ot, stride_oh,
-                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-                     BLOCK_SIZE: tl.constexpr, BLOCK_P2: tl.constexpr,
-                     USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr):
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_head = head // GROUP
-    seq = tl.load(seq_of_token_ptr + token)
-    ctx = tl.load(ctx_len_ptr + token)  # this token sees positions first .. ctx - 1
-    first = ctx * 0
-    if USE_WINDOW:
-        first = tl.maximum(ctx - window, 0)
+def _attend(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx, scale, softcap,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_tb,
+            HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+            BLOCK_P2: tl.constexpr, USE_SOFTCAP: tl.constexpr):
+    """Online softmax over the positions [lo, hi) of the sequence that this query sees
+    (first <= position < ctx), lo a multiple of BLOCK_SIZE: (running max, sum, weighted
+    values), unnormalised. An empty range gives (-inf, 0, 0)."""
     dims = tl.arange(0, DIM_P2)
     dim_ok = dims < HEAD_DIM
-    q = tl.load(q_ptr + token * stride_qt + head * stride_qh + dims, mask=dim_ok, other=0.0)
-    q = q.to(tl.float32)
     offsets = tl.arange(0, BLOCK_P2)
     m_i = tl.full([1], -float("inf"), tl.float32)
     l_i = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([DIM_P2], dtype=tl.float32)
-    for start in range(first // BLOCK_SIZE * BLOCK_SIZE, ctx, BLOCK_SIZE):
+    for start in range(lo, hi, BLOCK_SIZE):
         block = tl.load(tables_ptr + seq * stride_tb + start // BLOCK_SIZE)
         positions = start + offsets
         visible = (offsets < BLOCK_SIZE) & (positions < ctx) & (positions >= first)
@@ -81,9 +81,73 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_of_token_ptr,
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m_i = m_new
-    out = acc / l_i
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _paged_attention(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_of_token_ptr, ctx_len_ptr,
+                     part_ml_ptr, part_acc_ptr, scale, softcap, window,
+                     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
+                     stride_vb, stride_vs, stride_vh, stride_tb, stride_ot, stride_oh,
+                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+                     BLOCK_SIZE: tl.constexpr, BLOCK_P2: tl.constexpr,
+                     USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
+                     SPLITS: tl.constexpr, SPLIT_POSITIONS: tl.constexpr):
+    """SPLITS == 1: the whole context, the output written. Else program (token, head, split)
+    takes SPLIT_POSITIONS positions of it and writes its partial (max, sum) and weighted
+    values, which _merge_splits combines (flash-decoding: a long context's blocks read in
+    parallel instead of by one program)."""
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    seq = tl.load(seq_of_token_ptr + token)
+    ctx = tl.load(ctx_len_ptr + token)  # this token sees positions first .. ctx - 1
+    first = ctx * 0
+    if USE_WINDOW:
+        first = tl.maximum(ctx - window, 0)
+    dims = tl.arange(0, DIM_P2)
+    dim_ok = dims < HEAD_DIM
+    q = tl.load(q_ptr + token * stride_qt + head * stride_qh + dims, mask=dim_ok, other=0.0)
+    q = q.to(tl.float32)
+    lo = first // BLOCK_SIZE * BLOCK_SIZE
+    hi = ctx
+    if SPLITS > 1:
+        lo = lo + tl.program_id(2) * SPLIT_POSITIONS
+        hi = tl.minimum(lo + SPLIT_POSITIONS, ctx)
+    m_i, l_i, acc = _attend(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx, scale,
+                            softcap, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+                            stride_vh, stride_tb, HEAD_DIM, DIM_P2, BLOCK_SIZE, BLOCK_P2,
+                            USE_SOFTCAP)
+    if SPLITS > 1:
+        part = (token * tl.num_programs(1) + head) * SPLITS + tl.program_id(2)
+        two = tl.arange(0, 2)
+        tl.store(part_ml_ptr + part * 2 + two, tl.where(two == 0, tl.max(m_i, axis=0),
+                                                         tl.sum(l_i, axis=0)))
+        tl.store(part_acc_ptr + part * DIM_P2 + dims, acc)
+    else:
+        out = acc / l_i
+        tl.store(out_ptr + token * stride_ot + head * stride_oh + dims,
+                 out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+
+
+@triton.jit
+def _merge_splits(part_ml_ptr, part_acc_ptr, out_ptr, stride_ot, stride_oh,
+                  HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, SPLITS: tl.constexpr):
+    """One (token, head): its splits' partial softmaxes as one (empty splits weigh 0)."""
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    base = (token * tl.num_programs(1) + head) * SPLITS
+    splits = tl.arange(0, SPLITS)
+    maxima = tl.load(part_ml_ptr + (base + splits) * 2)
+    sums = tl.load(part_ml_ptr + (base + splits) * 2 + 1)
+    top = tl.max(maxima, axis=0)  # the first split is never empty: finite
+    weights = tl.where(maxima == -float("inf"), 0.0, tl.exp(maxima - top))
+    dims = tl.arange(0, DIM_P2)
+    values = tl.load(part_acc_ptr + (base + splits)[:, None] * DIM_P2 + dims[None, :])
+    total = tl.sum(sums * weights, axis=0)
+    out = tl.sum(values * weights[:, None], axis=0) / total
     tl.store(out_ptr + token * stride_ot + head * stride_oh + dims,
-             out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
@@ -111,24 +175,47 @@ def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, softcap: float | None = None,
-                    window: int | None = None) -> torch.Tensor:
+                    window: int | None = None, split_blocks: int | None = None) -> torch.Tensor:
     """query [T, heads, D]; caches [blocks, block_size, kv_heads, D] already holding this
     step's keys and values; returns [T, heads, D] in the query's dtype. window: a token sees
-    its last `window` positions (itself included); softcap: scores -> cap * tanh(s / cap)."""
+    its last `window` positions (itself included); softcap: scores -> cap * tanh(s / cap).
+    split_blocks: KV blocks a split of a long context takes (default SPLIT_BLOCKS; tests
+    make it small)."""
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     seq_of_token, ctx_len, tables = token_layout(meta, query.device)
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out
-    _paged_attention[(num_tokens, num_heads)](
-        query, key_cache, value_cache, out, tables, seq_of_token, ctx_len,
+    splits, split_positions = _splits(num_tokens, tables.shape[1], block_size, split_blocks)
+    dim_p2 = triton.next_power_of_2(head_dim)
+    parts = (num_tokens * num_heads * splits) if splits > 1 else 1
+    part_ml = torch.empty(parts * 2, dtype=torch.float32, device=query.device)
+    part_acc = torch.empty(parts * dim_p2, dtype=torch.float32, device=query.device)
+    _paged_attention[(num_tokens, num_heads, splits)](
+        query, key_cache, value_cache, out, tables, seq_of_token, ctx_len, part_ml, part_acc,
         scale, softcap or 1.0, window or 0,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1),
         key_cache.stride(2), value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
-        DIM_P2=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
-        BLOCK_P2=triton.next_power_of_2(block_size),
-        USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None)
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_P2=dim_p2,
+        BLOCK_SIZE=block_size, BLOCK_P2=triton.next_power_of_2(block_size),
+        USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None,
+        SPLITS=splits, SPLIT_POSITIONS=split_positions)
+    if splits > 1:
+        _merge_splits[(num_tokens, num_heads)](part_ml, part_acc, out, out.stride(0),
+                                               out.stride(1), HEAD_DIM=head_dim, DIM_P2=dim_p2,
+                                               SPLITS=splits)
     return out
+
+
+def _splits(num_tokens: int, width: int, block_size: int, split_blocks: int | None
+            ) -> tuple[int, int]:
+    """(splits, positions per split) of each token's context: one where the step has tokens
+    enough to fill the GPU by itself (prefill) or the widest table is short; else as many as
+    the widest table needs, a power of two. Decided from shapes alone (the table's width,
+    static in a CUDA graph), never from the contexts' values."""
+    split_blocks = split_blocks or SPLIT_BLOCKS
+    if num_tokens > SPLIT_MAX_TOKENS or width <= split_blocks:
+        return 1, 0
+    return triton.next_power_of_2(-(-width // split_blocks)), split_blocks * block_size
