@@ -290,3 +290,30 @@ def test_split_contexts_inside_the_model_match_transformers(tmp_path, monkeypatc
         with torch.no_grad():
             expected = reference(torch.tensor([seq])).logits[0]
         assert (logits - expected).abs().max() < 1e-4, len(seq)
+
+
+def test_sliding_window_models_decode_through_the_graph_buffers(tmp_path, monkeypatch):
+    """Gemma 2 keeps its window layers' KV in a pool of their own: their slots and tables
+    get static buffers too (and a scratch block there). Prompts longer than the window, so
+    decode steps read tables whose slid-out entries point at the null block: greedy output
+    equal to the path without graphs, every block of both pools back at the end."""
+    from pagedllm.engine import cuda_graphs, factory
+
+    if DEVICE != "cuda":
+        monkeypatch.setattr(factory, "choose_backend",
+                            lambda device: generic_backend("cpu", attention="triton"))
+    folder = write_hf_folder(tiny_hf_model("gemma2", seed=5), tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    prompts = [list(range(5, 30)), [11, 12, 13], list(range(40, 60))]
+    kwargs = dict(dtype="float32", kv_cache_memory=8 << 20, device=DEVICE, max_num_seqs=4)
+    want = [o.token_ids for o in LLM(folder, cuda_graphs=False, **kwargs).generate(prompts, params)]
+    sizes = []
+    run = cuda_graphs.DecodeGraphs.run
+    monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
+                        lambda self, rows: sizes.append(len(rows)) or run(self, rows))
+    graphed = LLM(folder, cuda_graphs=True, **kwargs)
+    assert graphed.engine.runner.graphs.window_slots is not None
+    assert [o.token_ids for o in graphed.generate(prompts, params)] == want
+    assert sizes  # decode steps went through the buffers
+    manager = graphed.engine.kv_manager
+    assert manager.num_free_blocks == manager.num_blocks

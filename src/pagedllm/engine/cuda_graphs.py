@@ -8,8 +8,9 @@ Everything a replay reads lives in static device buffers, filled before each rep
 ids, positions, KV slots, and the Triton attention's per-token layout (its sequence row,
 context length, block table), which the attention takes ready-made from the metadata
 (`AttentionMetadata.token_layout`) instead of building it from host lists. Only steps that
-are all single-token decode (no prefill chunk, no verification of proposals, no separate
-sliding-window pool) replay; the rest run eagerly. On the CPU (the generic path in tests)
+are all single-token decode (no prefill chunk, no verification of proposals) replay; the
+rest run eagerly. Where the model keeps its sliding-window layers in a pool of their own
+(Gemma 2 and 3), their slots and tables have static buffers too, and a scratch block there. On the CPU (the generic path in tests)
 the same buffers are filled and the same forward runs over them, uncaptured: only capture
 and replay themselves need a GPU (scripts/gpu_check.sh).
 """
@@ -26,12 +27,15 @@ GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 @dataclass(frozen=True)
 class DecodeRow:
-    """One request's single decode token: its id, position, KV slot and block table."""
+    """One request's single decode token: its id, position, KV slot and block table (and
+    where the model keeps its sliding-window layers apart, their slot and table)."""
 
     token_id: int
     position: int
     slot: int
     block_table: tuple[int, ...]
+    window_slot: int | None = None
+    window_table: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,11 @@ class PaddedDecode:
     positions: list[int]
     slots: list[int]
     ctx_lens: list[int]
+    window_slots: list[int] | None
     # Each as wide as the widest row's table (the static buffer's columns past it keep
     # stale ids that no row reads: a row reads its table only up to its context).
     tables: list[list[int]]
+    window_tables: list[list[int]] | None
 
 
 def graph_size(batch: int, sizes: tuple[int, ...]) -> int | None:
@@ -53,7 +59,7 @@ def graph_size(batch: int, sizes: tuple[int, ...]) -> int | None:
 
 
 def pad_decode(rows: list[DecodeRow], size: int, width: int, block_size: int,
-               scratch_block: int) -> PaddedDecode:
+               scratch_block: int, window_scratch_block: int | None = None) -> PaddedDecode:
     """Rows, then padding up to `size`: padding writes its K/V into the scratch block's first
     slot and attends to that one position only, so real rows and the pool are untouched.
     width: the static buffer's (no table may be wider); the tables are padded only to the
@@ -61,34 +67,49 @@ def pad_decode(rows: list[DecodeRow], size: int, width: int, block_size: int,
     the server allows)."""
     if len(rows) > size:
         raise ValueError(f"{len(rows)} rows do not fit a graph of {size}")
-    widest = max((len(row.block_table) for row in rows), default=1)
+    widest = max((max(len(row.block_table), len(row.window_table or ())) for row in rows),
+                 default=1)
     if widest > width:
         raise ValueError(f"a block table of {widest} is wider than {width}")
     width = max(widest, 1)
-    scratch_table = [scratch_block] * width
-    input_ids, positions, slots, ctx_lens, tables = [], [], [], [], []
+    input_ids = [row.token_id for row in rows] + [0] * (size - len(rows))
+    positions = [row.position for row in rows] + [0] * (size - len(rows))
+    ctx_lens = [row.position + 1 for row in rows] + [1] * (size - len(rows))
+    slots, tables = _padded(rows, size, width, block_size, scratch_block,
+                            lambda row: (row.slot, row.block_table))
+    window_slots = window_tables = None
+    if window_scratch_block is not None:  # the window layers' own pool, its own scratch
+        window_slots, window_tables = _padded(rows, size, width, block_size,
+                                              window_scratch_block,
+                                              lambda row: (row.window_slot, row.window_table))
+    return PaddedDecode(input_ids, positions, slots, ctx_lens, window_slots, tables,
+                        window_tables)
+
+
+def _padded(rows: list[DecodeRow], size: int, width: int, block_size: int, scratch: int,
+            slot_and_table) -> tuple[list[int], list[list[int]]]:
+    """One pool's slots and tables: the rows', then padding rows on the scratch block."""
+    slots, tables = [], []
     for row in rows:
-        input_ids.append(row.token_id)
-        positions.append(row.position)
-        slots.append(row.slot)
-        ctx_lens.append(row.position + 1)
-        tables.append(list(row.block_table) + [scratch_block] * (width - len(row.block_table)))
+        slot, table = slot_and_table(row)
+        slots.append(slot)
+        tables.append(list(table) + [scratch] * (width - len(table)))
     for _ in range(size - len(rows)):
-        input_ids.append(0)
-        positions.append(0)
-        slots.append(scratch_block * block_size)
-        ctx_lens.append(1)
-        tables.append(list(scratch_table))
-    return PaddedDecode(input_ids, positions, slots, ctx_lens, tables)
+        slots.append(scratch * block_size)
+        tables.append([scratch] * width)
+    return slots, tables
 
 
 class DecodeGraphs:
     """The captured graphs of one model and KV cache (a GPU's), by batch size."""
 
     def __init__(self, model, kv_caches, max_batch: int, width: int, block_size: int,
-                 scratch_block: int, device: str = "cuda"):
+                 scratch_block: int, device: str = "cuda", window_scratch_block: int | None = None):
+        """window_scratch_block: where the model keeps its sliding-window layers in a pool of
+        their own, that pool's scratch block (their slots and tables get buffers too)."""
         self.model, self.kv_caches = model, kv_caches
         self.width, self.block_size, self.scratch_block = width, block_size, scratch_block
+        self.window_scratch_block = window_scratch_block
         self.sizes = tuple(s for s in GRAPH_SIZES if s <= max_batch) or (GRAPH_SIZES[0],)
         top = self.sizes[-1]
         long = dict(dtype=torch.long, device=device)
@@ -98,15 +119,24 @@ class DecodeGraphs:
         self.seq_of_token = torch.arange(top, **long)
         self.ctx_lens = torch.ones(top, **long)
         self.tables = torch.full((top, width), scratch_block, **long)
+        self.window_slots = self.window_tables = None
+        if window_scratch_block is not None:
+            self.window_slots = torch.full((top,), window_scratch_block * block_size, **long)
+            self.window_tables = torch.full((top, width), window_scratch_block, **long)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
     def _meta(self, size: int) -> AttentionMetadata:
-        return AttentionMetadata(
-            slot_mapping=self.slots[:size], query_start_loc=list(range(size + 1)),
-            seq_lens=[1] * size, block_size=self.block_size, context_block_ids=[],
-            device=str(self.input_ids.device), num_requests=size,
-            token_layout=(self.seq_of_token[:size], self.ctx_lens[:size], self.tables[:size]))
+        def meta(slots, tables) -> AttentionMetadata:
+            return AttentionMetadata(
+                slot_mapping=slots[:size], query_start_loc=list(range(size + 1)),
+                seq_lens=[1] * size, block_size=self.block_size, context_block_ids=[],
+                device=str(self.input_ids.device), num_requests=size,
+                token_layout=(self.seq_of_token[:size], self.ctx_lens[:size], tables[:size]))
+        step = meta(self.slots, self.tables)
+        if self.window_slots is not None:
+            step.window = meta(self.window_slots, self.window_tables)
+        return step
 
     def _forward(self, size: int) -> torch.Tensor:
         return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches,
@@ -140,12 +170,16 @@ class DecodeGraphs:
     def run(self, rows: list[DecodeRow]) -> torch.Tensor:
         """The final hidden states [len(rows), H] of one decode step, replayed."""
         size = graph_size(len(rows), self.sizes)
-        padded = pad_decode(rows, size, self.width, self.block_size, self.scratch_block)
+        padded = pad_decode(rows, size, self.width, self.block_size, self.scratch_block,
+                            self.window_scratch_block)
         used = len(padded.tables[0])
-        for target, values in ((self.input_ids, padded.input_ids),
-                               (self.positions, padded.positions), (self.slots, padded.slots),
-                               (self.ctx_lens, padded.ctx_lens),
-                               (self.tables[:, :used], padded.tables)):
+        copies = [(self.input_ids, padded.input_ids), (self.positions, padded.positions),
+                  (self.slots, padded.slots), (self.ctx_lens, padded.ctx_lens),
+                  (self.tables[:, :used], padded.tables)]
+        if self.window_slots is not None:
+            copies += [(self.window_slots, padded.window_slots),
+                       (self.window_tables[:, :used], padded.window_tables)]
+        for target, values in copies:
             target[:size].copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
         graph, out = self.graphs[size]
         if graph is None:

@@ -33,15 +33,16 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = device
-        graphs = graph_batch is not None and window_num_blocks is None
+        graphs = graph_batch is not None
         # Mapped lazily (resident as blocks are first written). Attention reads only slots
         # it has written (padding is masked and zeroed).
         self.kv_caches = allocate_layer_caches(config.num_layers, num_blocks + int(graphs),
                                                block_size, config.num_kv_heads,
                                                config.head_dim, dtype, kv_cache_dtype, device)
         if window_num_blocks is not None:
+            # (+1: the null block; +1 more with graphs: their padding rows' scratch block)
             window_caches = allocate_layer_caches(
-                len(config.sliding_layers), window_num_blocks + 1, block_size,
+                len(config.sliding_layers), window_num_blocks + 1 + int(graphs), block_size,
                 config.num_kv_heads, config.head_dim, dtype, kv_cache_dtype, device)
             for layer, cache in zip(config.sliding_layers, window_caches):
                 for tensor in cache:
@@ -62,8 +63,10 @@ class ModelRunner:
             from pagedllm.engine.cuda_graphs import DecodeGraphs
 
             width = -(-(max_model_len or config.max_position_embeddings) // block_size) + 1
-            self.graphs = DecodeGraphs(model, self.kv_caches, graph_batch, width, block_size,
-                                       scratch_block=num_blocks, device=device)
+            self.graphs = DecodeGraphs(
+                model, self.kv_caches, graph_batch, width, block_size, scratch_block=num_blocks,
+                device=device, window_scratch_block=None if window_num_blocks is None
+                else window_num_blocks + 1)
             self.graphs.capture()
 
     def add_request(self, request_id: str, params: SamplingParams, prompt_token_ids: list[int],
@@ -124,12 +127,14 @@ class ModelRunner:
                 drafts[item.request_id] = item.token_ids[1:]
 
         device = self.device
-        if (self.graphs is not None and not drafts and not window_tables
+        if (self.graphs is not None and not drafts
                 and len(input_ids) == len(plan.scheduled) and self.graphs.applies(len(input_ids))
-                and all(len(t) <= self.graphs.width for t in block_tables)):
+                and all(len(t) <= self.graphs.width for t in block_tables + window_tables)):
+            windows = (zip(window_slots, map(tuple, window_tables)) if window_tables
+                       else [(None, None)] * len(input_ids))
             return self._finish(self.graphs.run(
-                [DecodeRow(*row) for row in zip(input_ids, positions, slot_mapping,
-                                               map(tuple, block_tables))]),
+                [DecodeRow(*row, *window) for row, window in zip(
+                    zip(input_ids, positions, slot_mapping, map(tuple, block_tables)), windows)]),
                 sample_indices, sampled_ids, drafts)
         meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs,
                                        device)
