@@ -8,7 +8,7 @@ on its weights' values.
     python benchmarks/gpu_decode.py [--device cuda] [--levels 1,8,32,128] [--tokens 64]
         [--prompt-tokens 128] [--models default,1.7b] [--work DIR] [--json OUT.json]
         [--cuda-graphs] [--gpu-4bit-weights] [--tokenizer-from gpu-wheels/tokenizer.gguf]
-        [--random-default]
+        [--random-default] [--transformers-baseline]
 
 Runs the offline engine (no HTTP): each level adds N requests at once and steps until they
 finish; TTFT is a request's first token after it was added, TPOT its later tokens' mean.
