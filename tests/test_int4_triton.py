@@ -118,11 +118,14 @@ def test_a_model_keeps_its_4bit_projections_4bit_and_answers_as_the_dense_one(q4
     assert agree >= 0.75
 
 
-def test_4bit_weights_on_the_cpu_backend_are_refused(q4_gguf):
+def test_4bit_weights_on_the_cpu_backend_or_in_float32_are_refused(q4_gguf):
     from pagedllm import LLM
 
     with pytest.raises(ValueError, match="--gpu-4bit-weights needs --device cuda"):
         LLM(q4_gguf, dtype="bfloat16", kv_cache_memory=8 << 20, device="cpu",
+            gpu_4bit_weights=True)
+    with pytest.raises(ValueError, match="--gpu-4bit-weights needs --dtype bfloat16"):
+        LLM(q4_gguf, dtype="float32", kv_cache_memory=8 << 20, device="torch-cpu",
             gpu_4bit_weights=True)
 
 

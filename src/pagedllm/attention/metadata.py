@@ -44,7 +44,8 @@ class AttentionMetadata:
     # as device tensors made once (a CUDA graph's static buffers: engine/cuda_graphs.py);
     # None: the Triton attention builds them from the lists above.
     token_layout: tuple | None = None
-    # [sequences, widest table] the block tables, padded with block 0 (build() makes it).
+    # [sequences, widest table] the block tables, padded with block 0: build() makes it
+    # (a CUDA graph's metadata has token_layout instead).
     block_tables: torch.Tensor | None = None
     _prefill_masks: dict = field(default_factory=dict, repr=False)
 
@@ -110,13 +111,8 @@ class AttentionMetadata:
         bs = self.block_size
         max_blocks = max(-(-self.seq_lens[i] // bs) for i in seqs)
         lens = torch.tensor([self.seq_lens[i] for i in seqs], device=self.device)
-        if self.block_tables is not None:  # padded with block 0 already
-            tables = self.block_tables[torch.tensor(seqs, device=self.device), :max_blocks]
-        else:
-            tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long, device=self.device)
-            for row, i in enumerate(seqs):
-                ids = self.context_block_ids[i]
-                tables[row, : ids.numel()] = ids
+        # (padded with block 0 already)
+        tables = self.block_tables[torch.tensor(seqs, device=self.device), :max_blocks]
         padding = (torch.arange(max_blocks * bs, device=self.device).unsqueeze(0)
                    >= lens.unsqueeze(1))
         rows = [self.query_start_loc[i] for i in seqs]

@@ -26,11 +26,15 @@ import triton.language as tl
 from pagedllm.attention.metadata import AttentionMetadata
 
 # Flash-decoding: a step of at most SPLIT_MAX_TOKENS query tokens whose widest block table
-# is longer than SPLIT_BLOCKS blocks reads each context in splits of SPLIT_BLOCKS blocks, in
-# parallel, and merges them: one program per (token, head) would walk a long context alone
-# (decode at N=1 runs only `heads` programs).
+# is longer than SPLIT_BLOCKS blocks reads each context in parallel splits of at least
+# SPLIT_BLOCKS blocks, at most MAX_SPLITS of them, and merges them: one program per (token,
+# head) would walk a long context alone (decode at N=1 runs only `heads` programs). Above
+# SPLIT_MAX_TOKENS the step has programs enough, and the partials' traffic (written for
+# every split, empty ones too: a CUDA graph's split count follows its static table width)
+# would cost more than it gains.
 SPLIT_BLOCKS = 16
-SPLIT_MAX_TOKENS = 256
+MAX_SPLITS = 16
+SPLIT_MAX_TOKENS = 16
 
 
 @triton.jit
@@ -162,14 +166,8 @@ def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
         num_queries, seq_len = meta.num_queries(i), meta.seq_lens[i]
         seq_of_token += [i] * num_queries
         ctx_len += range(seq_len - num_queries + 1, seq_len + 1)
-    tables = meta.block_tables
-    if tables is None:
-        width = max(len(ids) for ids in meta.context_block_ids)
-        tables = torch.zeros(meta.num_seqs, max(width, 1), dtype=torch.int64, device=device)
-        for i, ids in enumerate(meta.context_block_ids):
-            tables[i, :len(ids)] = ids
     both = torch.tensor([seq_of_token, ctx_len], dtype=torch.int64).to(device, non_blocking=True)
-    meta.token_layout = (both[0], both[1], tables.to(device))
+    meta.token_layout = (both[0], both[1], meta.block_tables.to(device))
     return meta.token_layout
 
 
@@ -212,10 +210,12 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 def _splits(num_tokens: int, width: int, block_size: int, split_blocks: int | None
             ) -> tuple[int, int]:
     """(splits, positions per split) of each token's context: one where the step has tokens
-    enough to fill the GPU by itself (prefill) or the widest table is short; else as many as
-    the widest table needs, a power of two. Decided from shapes alone (the table's width,
-    static in a CUDA graph), never from the contexts' values."""
+    enough to fill the GPU by itself or the widest table is short; else as many as the widest
+    table needs at split_blocks each, a power of two, at most MAX_SPLITS (then longer
+    splits). Decided from shapes alone (the table's width, static in a CUDA graph), never
+    from the contexts' values."""
     split_blocks = split_blocks or SPLIT_BLOCKS
     if num_tokens > SPLIT_MAX_TOKENS or width <= split_blocks:
         return 1, 0
-    return triton.next_power_of_2(-(-width // split_blocks)), split_blocks * block_size
+    splits = min(MAX_SPLITS, triton.next_power_of_2(-(-width // split_blocks)))
+    return splits, -(-width // splits) * block_size  # whole blocks, covering the width

@@ -64,6 +64,9 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     if config.gpu_4bit_weights and not backend.generic:
         raise ValueError("--gpu-4bit-weights needs --device cuda (the CPU keeps 4-bit "
                          "weights 4-bit anyway)")
+    if config.gpu_4bit_weights and config.dtype == "float32":
+        raise ValueError("--gpu-4bit-weights needs --dtype bfloat16 (float32 is the exact "
+                         "reference: every matrix dense)")
     net = build_model(model_config, checkpoint.weights, checkpoint.quantized, torch_dtype,
                       backend, int8_activations=not exact_activations_for(config, model_config),
                       device_four_bit=config.gpu_4bit_weights)

@@ -44,7 +44,7 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     generic backend, 4-bit projections stay 4-bit on its device (int4_triton.py)."""
     backend = backend or cpu_backend()
     four_bit_on_device = {}
-    if backend.generic and device_four_bit and dtype != torch.float32:
+    if backend.generic and device_four_bit:
         four_bit_on_device = {name: original.q4() for name, original in (quantized or {}).items()
                               if original.four_bit and name not in EMBEDDING_NAMES}
     quantized = {} if backend.generic else (quantized or {})

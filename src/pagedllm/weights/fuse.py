@@ -51,12 +51,13 @@ def fuse_experts(weights: dict[str, torch.Tensor], num_layers: int,
     return fused
 
 
-def fuse_quantized(quantized: dict, num_layers: int) -> dict:
-    """4-bit q/k/v and gate/up weights -> fused, like fuse_projections (all parts or none)."""
+def fuse_quantized(quantized: dict, num_layers: int, cat=cat_4bit) -> dict:
+    """4-bit q/k/v and gate/up weights -> fused, like fuse_projections (all parts or none).
+    cat: how parts join (plan counts parameters through the same rule: cat=sum)."""
     fused = dict(quantized)
     for i in range(num_layers):
         attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
-        _fuse(fused, [f"{attn}{p}_proj.weight" for p in "qkv"], f"{attn}qkv_proj.weight", cat_4bit)
+        _fuse(fused, [f"{attn}{p}_proj.weight" for p in "qkv"], f"{attn}qkv_proj.weight", cat)
         _fuse(fused, [f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"], f"{mlp}gate_up_proj.weight",
-              cat_4bit)
+              cat)
     return fused

@@ -63,24 +63,24 @@ def summarize_checkpoint(path: str | None) -> CheckpointSummary:
                              four_bit if not os.path.isdir(path) else 0)
 
 
+# The projections models/build.py replaces with 4-bit ones (its PROJECTIONS), fused as the
+# loader fuses them.
+_FOUR_BIT_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
 def _four_bit_projection_params(counts: dict[str, int], types: dict[str, str],
                                 config: ModelConfig) -> int:
-    """Parameters of the projections a GPU keeps 4-bit (models/build.py _use_device_int4):
-    per layer q/k/v together (not with partial rotary), o, gate/up together, down."""
+    """Parameters of the projections a GPU keeps 4-bit (--gpu-4bit-weights): q/k/v and
+    gate/up only where every part is 4-bit (weights/fuse.py's rule), q/k/v never with
+    partial rotary (their rows are permuted)."""
+    from pagedllm.weights.fuse import fuse_quantized
     from pagedllm.weights.gguf_original import FOUR_BIT_TYPES
 
-    groups = [("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"),
-              ("down_proj",)]
-    total = 0
-    for i in range(config.num_layers):
-        for group in groups:
-            if group[0] == "q_proj" and config.rotary_dim:
-                continue
-            part = "self_attn" if group[0] in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            names = [f"layers.{i}.{part}.{p}.weight" for p in group]
-            if all(types.get(n) in FOUR_BIT_TYPES for n in names):
-                total += sum(counts[n] for n in names)
-    return total
+    four_bit = {name: n for name, n in counts.items() if types.get(name) in FOUR_BIT_TYPES}
+    fused = fuse_quantized(four_bit, config.num_layers, cat=sum)
+    return sum(n for name, n in fused.items()
+               if name.startswith("layers.") and name.split(".")[-2] in _FOUR_BIT_PROJECTIONS
+               and not (config.rotary_dim and name.endswith("qkv_proj.weight")))
 
 
 def _gguf_file_type(value) -> str | None:
