@@ -81,11 +81,18 @@ def test_rope_and_kv_written_at_their_slots(dtype, heads, kv_heads, head_dim):
 
 
 def test_an_int8_cache_takes_the_reference_path():
+    """Codes and per-row scales written exactly as the reference writes them."""
     qkv = rand(2, (2 + 2) * 16)
-    key = torch.zeros(2, 4, 1, 16, dtype=torch.int8, device=ON)
-    value, scales = key.clone(), torch.zeros(2, 4, 1, device=ON)
     table = torch.ones(8, 16, device=ON)
-    q = TritonLayerOps.rope_write_kv(qkv, torch.tensor([0, 1], device=ON), table, table * 0,
-                                     key, value, torch.tensor([0, 5], device=ON), 2,
-                                     scales, scales.clone())
-    assert q.shape == (2, 2, 16) and key.abs().sum() > 0
+    written = []
+    for ops in (TorchLayerOps, TritonLayerOps):
+        key = torch.zeros(2, 4, 1, 16, dtype=torch.int8, device=ON)
+        value, key_scales, value_scales = key.clone(), torch.zeros(2, 4, 1, device=ON), \
+            torch.zeros(2, 4, 1, device=ON)
+        q = ops.rope_write_kv(qkv, torch.tensor([0, 1], device=ON), table, table * 0, key,
+                              value, torch.tensor([0, 5], device=ON), 2, key_scales,
+                              value_scales)
+        written.append((q, key, value, key_scales, value_scales))
+    for want, got in zip(*written):
+        assert torch.equal(got, want)
+    assert written[1][1].abs().sum() > 0 and written[1][3].abs().sum() > 0
