@@ -5,9 +5,10 @@
 # gpu-wheels/ (`make gpu-wheels` here; carry it: run(carry=["gpu-wheels"])), pagedllm itself
 # from this tree. It runs:
 #   1. the GPU's tests (PAGEDLLM_TEST_DEVICE=cuda: tests/test_generic_backend.py,
-#      test_int4_triton.py, test_triton_layer_ops.py, test_triton_attention.py): float32
-#      logits equal transformers' for each family, bf16 close, no leaked blocks, graph replay
-#      equal to eager, sampling on the card as on the host, the Triton kernels' results;
+#      test_int4_triton.py, test_triton_layer_ops.py, test_triton_attention.py,
+#      test_launch_count.py): float32 logits equal transformers' for each family, bf16
+#      close, no leaked blocks, graph replay equal to eager, sampling on the card as on the
+#      host, the Triton kernels' results (int8 caches too), kernels per decode layer;
 #   2. benchmarks/gpu_decode.py with CUDA graphs: the default model's shape (random weights:
 #      its package cannot travel; the tokenizer from gpu-wheels/tokenizer.gguf) and the 1.7B
 #      shape at N = 1, 8, 32, 128 (TTFT, TPOT, tokens/s, GPU memory, decode against the
@@ -53,7 +54,7 @@ PY
 # the default), the 4-bit A/B, the profile, eager for comparison.
 timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     tests/test_int4_triton.py tests/test_triton_layer_ops.py tests/test_triton_attention.py \
-    --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
+    tests/test_launch_count.py --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/gpu_tests.log"
 if [ "$DEVICE" = cuda ]; then  # graphs are captured on a GPU only
     timeout 160 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \

@@ -14,7 +14,8 @@ from pagedllm import LLM, SamplingParams  # noqa: E402
 from realistic_size import F16_NAME  # noqa: E402
 
 path = os.path.join(sys.argv[1] if len(sys.argv) > 1 else "/tmp/pagedllm-gpu", F16_NAME)
-llm = LLM(path, dtype="bfloat16", device="cuda", max_num_seqs=64, max_model_len=512)
+llm = LLM(path, dtype="bfloat16", device="cuda", max_num_seqs=64, max_model_len=512,
+          cuda_graphs=False)  # eager: each kernel its own launch, named in the profile
 engine = llm.engine
 report = {}
 for n in (1, 32):

@@ -186,10 +186,12 @@ def test_cuda_graphs_need_the_gpu(tmp_path):
         LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device="cpu", cuda_graphs=True)
 
 
-def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cache_dtype):
     """The graph path end to end (on the CPU its forward runs uncaptured over the static
     buffers, Triton under its interpreter): decode steps of 1-3 requests padded to the
-    sizes, prefill steps eager; greedy output equal to the path without graphs."""
+    sizes, prefill steps eager; greedy output equal to the path without graphs. An int8
+    cache too (its layers once took a torch path that read host lists a graph has not)."""
     from pagedllm.engine import cuda_graphs, factory
 
     if DEVICE != "cuda":
@@ -198,15 +200,16 @@ def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch):
     folder = write_hf_folder(tiny_hf_model("llama", seed=5), tmp_path)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = [[5, 6, 7, 8, 9], [11, 12], [40, 41, 42, 43, 44, 45, 46]]
-    plain = LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device=DEVICE,
-                cuda_graphs=False)
+    kwargs = dict(dtype="float32", kv_cache_memory=8 << 20, device=DEVICE,
+                  kv_cache_dtype=kv_cache_dtype)
+    plain = LLM(folder, cuda_graphs=False, **kwargs)
     want = [o.token_ids for o in plain.generate(prompts, params)]
+    assert all(len(ids) == 12 for ids in want)  # no request failed
     sizes = []
     run = cuda_graphs.DecodeGraphs.run
     monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
                         lambda self, rows: sizes.append(len(rows)) or run(self, rows))
-    graphed = LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device=DEVICE,
-                  cuda_graphs=True, max_num_seqs=4)
+    graphed = LLM(folder, cuda_graphs=True, max_num_seqs=4, **kwargs)
     assert graphed.engine.runner.graphs.sizes == (1, 2, 4)
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want
     assert sizes and set(sizes) <= {1, 2, 3}  # decode steps went through the buffers
@@ -274,6 +277,28 @@ def test_ngram_speculation_on_the_generic_path_keeps_greedy_output(tmp_path):
     assert fast.engine.speculator.stats.num_drafts > 0
     engine = fast.engine
     assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_an_int8_cache_on_the_gpus_kernels_gives_the_torch_paths_logits(arch, tmp_path):
+    """The Triton kernels write int8 codes and read them through their row scales: the same
+    logits as the torch path over the same int8 cache (float32; chunked prefill, then decode
+    positions), and close to transformers' (the int8 rounding alone apart)."""
+    reference = tiny_hf_model(arch, seed=4)
+    checkpoint = load_checkpoint(write_hf_folder(reference, tmp_path))
+    seqs = [SEQS[1], list(range(100, 130))]
+    logits = {}
+    for name, attention, ops in (("torch", "batched", "torch"), ("triton", "triton", "triton")):
+        model = build_model(checkpoint.config, checkpoint.weights, backend=generic_backend(
+            TENSOR_DEVICE, attention=attention, layer_ops=ops))
+        logits[name] = run_paged(model, seqs, chunk=7, kv_cache_dtype="int8",
+                                 device=TENSOR_DEVICE)
+    for seq, got, want in zip(seqs, logits["triton"], logits["torch"]):
+        # (2e-6 to 4e-6 here; a GPU may put a value at a tie one code apart)
+        assert (got - want).abs().max() < (1e-4 if DEVICE != "cuda" else 1e-3), len(seq)
+        with torch.no_grad():
+            exact = reference(torch.tensor([seq])).logits[0]
+        assert (got - exact).abs().max() < 0.1  # (4e-3 to 4e-2 here)
 
 
 def test_split_contexts_inside_the_model_match_transformers(tmp_path, monkeypatch):

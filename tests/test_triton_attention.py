@@ -1,7 +1,8 @@
 """The GPU backend's Triton paged attention (attention/triton_paged.py), run on CPU tensors
 under Triton's interpreter, against a plain torch reference: decode tokens, prefill chunks
 (from the start and continuing), mixed batches, shared prefix blocks, sliding windows, soft
-caps, grouped-query heads, every head_dim the CPU kernels take, odd block sizes."""
+caps, grouped-query heads, every head_dim the CPU kernels take, odd block sizes, int8
+caches."""
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from pagedllm.attention import AttentionMetadata  # noqa: E402
+from pagedllm.attention.layer_cache import quantize_rows  # noqa: E402
 from pagedllm.attention.triton_paged import paged_attention, token_layout  # noqa: E402
 
 
@@ -55,8 +57,11 @@ def scattered_tables(lengths, block_size, num_blocks, seed, shared_prefix_blocks
 
 
 def run_case(chunks, heads, kv_heads, head_dim, block_size=16, dtype=torch.float32,
-             softcap=None, window=None, shared_prefix_blocks=0, seed=0, split_blocks=None):
-    """chunks: (tokens already cached, tokens computed this step) per sequence."""
+             softcap=None, window=None, shared_prefix_blocks=0, seed=0, split_blocks=None,
+             int8=False):
+    """chunks: (tokens already cached, tokens computed this step) per sequence. int8: the
+    caches as int8 codes with row scales (layer_cache.py), the reference reading them
+    dequantized."""
     torch.manual_seed(seed)
     lengths = [done + new for done, new in chunks]
     num_blocks = sum(-(-n // block_size) for n in lengths) + 8
@@ -71,8 +76,16 @@ def run_case(chunks, heads, kv_heads, head_dim, block_size=16, dtype=torch.float
     meta = AttentionMetadata.build(slots, starts, lengths, tables, block_size)
     query = torch.randn(starts[-1], heads, head_dim).to(dtype)
     scale = head_dim ** -0.5
+    scales = {}
+    if int8:
+        (key_cache, key_scales), (value_cache, value_scales) = map(
+            quantize_rows, (key_cache, value_cache))
+        scales = dict(key_scales=key_scales.to(DEVICE), value_scales=value_scales.to(DEVICE))
     got = paged_attention(query.to(DEVICE), key_cache.to(DEVICE), value_cache.to(DEVICE), meta,
-                          scale, softcap, window, split_blocks=split_blocks).cpu()
+                          scale, softcap, window, split_blocks=split_blocks, **scales).cpu()
+    if int8:
+        key_cache = key_cache.float() * key_scales.unsqueeze(-1)
+        value_cache = value_cache.float() * value_scales.unsqueeze(-1)
     want = reference(query.float(), key_cache.float(), value_cache.float(), meta, scale, softcap, window)
     assert got.dtype == dtype and got.shape == query.shape
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
@@ -113,6 +126,25 @@ def test_soft_cap_and_window_together():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_caches(dtype):
     run_case([(0, 17), (21, 1)], 8, 2, 64, dtype=dtype, seed=11)
+
+
+@pytest.mark.parametrize("split_blocks", [None, 1])
+def test_an_int8_cache_read_through_its_row_scales(split_blocks):
+    """Decode tokens, a prefill chunk and a mixed step over int8 codes: the reference's
+    answer over the dequantized rows (in splits too, and with a window)."""
+    run_case([(0, 9), (20, 1), (37, 1), (5, 4)], 8, 2, 64, block_size=8, int8=True, seed=13,
+             split_blocks=split_blocks)
+    run_case([(30, 1), (12, 6)], 4, 1, 80, block_size=8, int8=True, window=11, seed=14,
+             split_blocks=split_blocks)
+
+
+def test_an_int8_caches_scales_must_be_alike():
+    meta = AttentionMetadata.build([0], [0, 1], [1], [[0]], 4)
+    codes = torch.zeros(2, 4, 2, 64, dtype=torch.int8, device=DEVICE)
+    scales = torch.ones(2, 4, 2, device=DEVICE)
+    with pytest.raises(ValueError, match="scales must be contiguous"):
+        paged_attention(torch.zeros(1, 4, 64, device=DEVICE), codes, codes, meta, 0.125,
+                        key_scales=scales, value_scales=scales.transpose(0, 1))
 
 
 def test_token_layout_and_an_empty_step():

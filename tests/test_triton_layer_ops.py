@@ -80,19 +80,48 @@ def test_rope_and_kv_written_at_their_slots(dtype, heads, kv_heads, head_dim):
     assert (key[untouched.to(ON)] == 7.0).all()  # no other slot written
 
 
-def test_an_int8_cache_takes_the_reference_path():
-    """Codes and per-row scales written exactly as the reference writes them."""
-    qkv = rand(2, (2 + 2) * 16)
-    table = torch.ones(8, 16, device=ON)
-    written = []
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(2, 1, 16), (9, 3, 64), (4, 2, 80)])
+def test_an_int8_cache_gets_the_references_codes_and_scales(dtype, heads, kv_heads, head_dim):
+    """Rotated keys and values written as int8 codes with their row scales at their slots:
+    values exactly the reference's codes and scales (the same rounding, ties to even: one
+    value row is made of ties); keys exactly in float32 under the interpreter, else within
+    a code or two (below), and q as the float cache's test holds it."""
+    tokens, blocks, block_size = 4, 6, 4
+    qkv = rand(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype, seed=head_dim)
+    ties = torch.tensor([127.0, 2.5, -1.5, 0.5, -0.5, 3.5, -126.5, 0.0] * (head_dim // 8))
+    qkv[1, -head_dim:] = ties.to(dtype).to(ON)  # the last value head of token 1: all ties
+    qkv[2, (heads + kv_heads) * head_dim:] = 0.0  # token 2's values all zero: scale 0
+    positions = torch.tensor([0, 3, 9, 30], device=ON)
+    angles = torch.arange(64).float().unsqueeze(1) * torch.rand(head_dim // 2) * 0.3
+    cos = torch.cat([angles.cos(), angles.cos()], -1).to(ON)
+    sin = torch.cat([angles.sin(), angles.sin()], -1).to(ON)
+    slots = torch.tensor([3, 9, 0, 22], device=ON)
+    written = {}
     for ops in (TorchLayerOps, TritonLayerOps):
-        key = torch.zeros(2, 4, 1, 16, dtype=torch.int8, device=ON)
-        value, key_scales, value_scales = key.clone(), torch.zeros(2, 4, 1, device=ON), \
-            torch.zeros(2, 4, 1, device=ON)
-        q = ops.rope_write_kv(qkv, torch.tensor([0, 1], device=ON), table, table * 0, key,
-                              value, torch.tensor([0, 5], device=ON), 2, key_scales,
+        key = torch.full((blocks, block_size, kv_heads, head_dim), 99, dtype=torch.int8,
+                         device=ON)
+        value = key.clone()
+        key_scales = torch.full((blocks, block_size, kv_heads), -1.0, device=ON)
+        value_scales = key_scales.clone()
+        q = ops.rope_write_kv(qkv, positions, cos, sin, key, value, slots, heads, key_scales,
                               value_scales)
-        written.append((q, key, value, key_scales, value_scales))
-    for want, got in zip(*written):
-        assert torch.equal(got, want)
-    assert written[1][1].abs().sum() > 0 and written[1][3].abs().sum() > 0
+        written[ops] = (q, key, value, key_scales, value_scales)
+    (q0, k0, v0, ks0, vs0), (q1, k1, v1, ks1, vs1) = written.values()
+    assert close(q1, q0)
+    if ON == "cpu":  # the interpreter rounds as numpy does: as torch does
+        assert torch.equal(v1, v0) and torch.equal(vs1, vs0)
+    else:  # a GPU's division and multiply-adds may land a value at a tie the other side
+        assert (v1.int() - v0.int()).abs().max() <= 1 and torch.allclose(vs1, vs0, rtol=1e-6)
+    assert v1.view(-1, kv_heads, head_dim)[9, -1, :8].tolist() == [127, 2, -2, 0, 0, 4, -126, 0]
+    assert (vs1.view(-1, kv_heads)[0] == 0).all()
+    if dtype == torch.float32 and ON == "cpu":
+        assert torch.equal(k1, k0) and torch.equal(ks1, ks0)
+    else:  # bfloat16: the reference's rotation rounds three times (up to ~0.6 % of 127
+        # codes apart), this one's once; on a GPU float32 multiply-adds fuse (a code at most)
+        assert (k1.int() - k0.int()).abs().max() <= (2 if dtype == torch.bfloat16 else 1)
+        assert torch.allclose(ks1, ks0, rtol=2 ** -6)
+    untouched = torch.ones(blocks * block_size, dtype=torch.bool)
+    untouched[slots.cpu()] = False
+    assert (k1.view(-1, kv_heads, head_dim)[untouched.to(ON)] == 99).all()
+    assert (vs1.view(-1, kv_heads)[untouched.to(ON)] == -1.0).all()

@@ -1,13 +1,11 @@
 """The generic backend's attention on a GPU: attention/triton_paged.py's one kernel for
 decode, prefill chunks and mixed steps, behind the interface every attention backend has
-(forward(query, kv_cache, meta) -> [T, heads * D]). An int8 KV cache (codes and scales) is
-not read by that kernel yet: those layers take the torch path (BatchedBackend without
-kernels)."""
+(forward(query, kv_cache, meta) -> [T, heads * D]), an int8 KV cache's codes and scales
+too."""
 from __future__ import annotations
 
 import torch
 
-from pagedllm.attention.batched import BatchedBackend
 from pagedllm.attention.layer_cache import LayerKVCache
 from pagedllm.attention.metadata import AttentionMetadata
 
@@ -20,14 +18,11 @@ class TritonBackend:
                  window: int | None = None):
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.softcap, self.window = softcap, window
-        self.torch_path = BatchedBackend(num_heads, num_kv_heads, head_dim, None, scale=scale,
-                                         softcap=softcap, window=window)
 
     def forward(self, query: torch.Tensor, kv_cache: LayerKVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        if kv_cache.key_scale is not None:
-            return self.torch_path.forward(query, kv_cache, meta)
         from pagedllm.attention.triton_paged import paged_attention
 
         return paged_attention(query, kv_cache.key, kv_cache.value, meta, self.scale,
-                               self.softcap, self.window).flatten(1)
+                               self.softcap, self.window, key_scales=kv_cache.key_scale,
+                               value_scales=kv_cache.value_scale).flatten(1)

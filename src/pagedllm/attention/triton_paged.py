@@ -10,7 +10,8 @@ read their KV head (head // group). A step of few tokens with long contexts read
 context in splits, in parallel, and merges their partial softmaxes (flash-decoding, as
 vLLM's paged attention v2): decode at N=1 would otherwise run only `heads` programs, each
 walking its whole context. The split is chosen from shapes alone, so a CUDA graph's is
-fixed. No tiling of queries yet (a prefill's tokens each read their blocks).
+fixed. An int8 cache (codes with a float32 scale per row) is dequantized as it is read.
+No tiling of queries yet (a prefill's tokens each read their blocks).
 
 On a machine without a GPU the same kernel runs under Triton's interpreter
 (`TRITON_INTERPRET=1`, CPU tensors; set before this module is imported), which is how CI
@@ -53,13 +54,16 @@ def _tanh(x):
 
 
 @triton.jit
-def _attend(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx, scale, softcap,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_tb,
+def _attend(q, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx,
+            scale, softcap, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            stride_sb, stride_ss, stride_tb,
             HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-            BLOCK_P2: tl.constexpr, USE_SOFTCAP: tl.constexpr):
+            BLOCK_P2: tl.constexpr, USE_SOFTCAP: tl.constexpr, QUANTIZED: tl.constexpr):
     """Online softmax over the positions [lo, hi) of the sequence that this query sees
     (first <= position < ctx), lo a multiple of BLOCK_SIZE: (running max, sum, weighted
-    values), unnormalised. An empty range gives (-inf, 0, 0)."""
+    values), unnormalised. An empty range gives (-inf, 0, 0). QUANTIZED: the cache holds
+    int8 codes, each (slot, KV head) row with its float32 scale (ks_ptr, vs_ptr: [blocks,
+    block_size, kv_heads], the KV head's stride 1), dequantized as they are read."""
     dims = tl.arange(0, DIM_P2)
     dim_ok = dims < HEAD_DIM
     offsets = tl.arange(0, BLOCK_P2)
@@ -73,6 +77,9 @@ def _attend(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx, scale
         rows = offsets[:, None]
         k = tl.load(k_ptr + block * stride_kb + rows * stride_ks + kv_head * stride_kh + dims[None, :],
                     mask=visible[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
+        if QUANTIZED:
+            row_scales = block * stride_sb + offsets * stride_ss + kv_head
+            k = k * tl.load(ks_ptr + row_scales, mask=visible, other=0.0)[:, None]
         scores = tl.sum(k * q[None, :], axis=1) * scale
         if USE_SOFTCAP:  # cap * tanh(s / cap)
             scores = softcap * _tanh(scores / softcap)
@@ -82,6 +89,8 @@ def _attend(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx, scale
         alpha = tl.exp(m_i - m_new)
         v = tl.load(v_ptr + block * stride_vb + rows * stride_vs + kv_head * stride_vh + dims[None, :],
                     mask=visible[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
+        if QUANTIZED:
+            v = v * tl.load(vs_ptr + row_scales, mask=visible, other=0.0)[:, None]
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m_i = m_new
@@ -89,14 +98,16 @@ def _attend(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx, scale
 
 
 @triton.jit
-def _paged_attention(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_of_token_ptr, ctx_len_ptr,
-                     part_ml_ptr, part_acc_ptr, scale, softcap, window,
+def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, seq_of_token_ptr,
+                     ctx_len_ptr, part_ml_ptr, part_acc_ptr, scale, softcap, window,
                      stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
-                     stride_vb, stride_vs, stride_vh, stride_tb, stride_ot, stride_oh,
+                     stride_vb, stride_vs, stride_vh, stride_sb, stride_ss, stride_tb,
+                     stride_ot, stride_oh,
                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr, BLOCK_P2: tl.constexpr,
                      USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
-                     SPLITS: tl.constexpr, SPLIT_POSITIONS: tl.constexpr):
+                     QUANTIZED: tl.constexpr, SPLITS: tl.constexpr,
+                     SPLIT_POSITIONS: tl.constexpr):
     """SPLITS == 1: the whole context, the output written. Else program (token, head, split)
     takes SPLIT_POSITIONS positions of it and writes its partial (max, sum) and weighted
     values, which _merge_splits combines (flash-decoding: a long context's blocks read in
@@ -118,10 +129,10 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, seq_of_token_ptr,
     if SPLITS > 1:
         lo = lo + tl.program_id(2) * SPLIT_POSITIONS
         hi = tl.minimum(lo + SPLIT_POSITIONS, ctx)
-    m_i, l_i, acc = _attend(q, k_ptr, v_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx, scale,
-                            softcap, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
-                            stride_vh, stride_tb, HEAD_DIM, DIM_P2, BLOCK_SIZE, BLOCK_P2,
-                            USE_SOFTCAP)
+    m_i, l_i, acc = _attend(q, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, seq, kv_head, lo, hi,
+                            first, ctx, scale, softcap, stride_kb, stride_ks, stride_kh,
+                            stride_vb, stride_vs, stride_vh, stride_sb, stride_ss, stride_tb,
+                            HEAD_DIM, DIM_P2, BLOCK_SIZE, BLOCK_P2, USE_SOFTCAP, QUANTIZED)
     if SPLITS > 1:
         part = (token * tl.num_programs(1) + head) * SPLITS + tl.program_id(2)
         two = tl.arange(0, 2)
@@ -173,12 +184,15 @@ def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, softcap: float | None = None,
-                    window: int | None = None, split_blocks: int | None = None) -> torch.Tensor:
+                    window: int | None = None, split_blocks: int | None = None,
+                    key_scales: torch.Tensor | None = None,
+                    value_scales: torch.Tensor | None = None) -> torch.Tensor:
     """query [T, heads, D]; caches [blocks, block_size, kv_heads, D] already holding this
     step's keys and values; returns [T, heads, D] in the query's dtype. window: a token sees
     its last `window` positions (itself included); softcap: scores -> cap * tanh(s / cap).
     split_blocks: KV blocks a split of a long context takes (default SPLIT_BLOCKS; tests
-    make it small)."""
+    make it small). key_scales, value_scales: an int8 cache's row scales [blocks,
+    block_size, kv_heads] (layer_cache.py)."""
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     seq_of_token, ctx_len, tables = token_layout(meta, query.device)
@@ -190,15 +204,21 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     parts = (num_tokens * num_heads * splits) if splits > 1 else 1
     part_ml = torch.empty(parts * 2, dtype=torch.float32, device=query.device)
     part_acc = torch.empty(parts * dim_p2, dtype=torch.float32, device=query.device)
+    quantized = key_scales is not None
+    if quantized and not (key_scales.is_contiguous() and value_scales.is_contiguous()
+                          and key_scales.stride() == value_scales.stride()):
+        raise ValueError("paged_attention: the int8 cache's scales must be contiguous, alike")
+    scales = (key_scales, value_scales) if quantized else (part_ml, part_ml)  # unread if not
+    scale_strides = key_scales.stride()[:2] if quantized else (0, 0)
     _paged_attention[(num_tokens, num_heads, splits)](
-        query, key_cache, value_cache, out, tables, seq_of_token, ctx_len, part_ml, part_acc,
-        scale, softcap or 1.0, window or 0,
+        query, key_cache, value_cache, *scales, out, tables, seq_of_token, ctx_len, part_ml,
+        part_acc, scale, softcap or 1.0, window or 0,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1),
         key_cache.stride(2), value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        tables.stride(0), out.stride(0), out.stride(1),
+        *scale_strides, tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_P2=dim_p2,
         BLOCK_SIZE=block_size, BLOCK_P2=triton.next_power_of_2(block_size),
-        USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None,
+        USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None, QUANTIZED=quantized,
         SPLITS=splits, SPLIT_POSITIONS=split_positions)
     if splits > 1:
         _merge_splits[(num_tokens, num_heads)](part_ml, part_acc, out, out.stride(0),

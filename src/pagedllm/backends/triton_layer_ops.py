@@ -5,8 +5,8 @@ is mostly such launches (BENCHMARKS.md, "The engine on an H200"), graphs or not.
 
 Each computes in float32 and rounds once, when it stores; the reference rounds to the
 activation dtype between its torch ops, so bfloat16 results may differ from it by an ulp.
-An int8 KV cache takes the reference's rope_write_kv. On the CPU these run under Triton's
-interpreter (tests/test_triton_layer_ops.py), which is how CI checks them.
+An int8 KV cache gets its codes and row scales from the same kernel. On the CPU these run
+under Triton's interpreter (tests/test_triton_layer_ops.py), which is how CI checks them.
 """
 from __future__ import annotations
 
@@ -47,12 +47,44 @@ def _silu_and_mul(gate_up_ptr, out_ptr, width, stride_g, stride_o, BLOCK: tl.con
 
 
 @triton.jit
+def _round_half_even(y):
+    """torch.round's rounding (ties to even), for |y| well below 2**22: the interpreter has no
+    rint."""
+    nearest = tl.floor(y + 0.5)
+    tie_to_odd = ((nearest - y) == 0.5) & ((nearest - 2.0 * tl.floor(nearest * 0.5)) != 0.0)
+    return tl.where(tie_to_odd, nearest - 1.0, nearest)
+
+
+@triton.jit
+def _store_row(cache_ptr, scales_ptr, row, scale_index, lo, hi, dims, ok, half,
+               QUANTIZED: tl.constexpr):
+    """One (slot, KV head) row of HEAD_DIM values, as halves lo and hi (float32): stored in the
+    cache's dtype, or as int8 codes round(x / scale) with scale = max|x| / 127 (an all-zero
+    row: scale 0), layer_cache.quantize_rows's rule."""
+    if QUANTIZED:
+        amax = tl.maximum(tl.max(tl.where(ok, tl.abs(lo), 0.0), axis=0),
+                          tl.max(tl.where(ok, tl.abs(hi), 0.0), axis=0))
+        # torch's 127 / amax is reciprocal(amax) * 127: the same two roundings, or a value
+        # at a tie would round the other way; div_rn: IEEE on a GPU too.
+        inverse = tl.where(amax > 0, tl.math.div_rn(1.0, tl.where(amax > 0, amax, 1.0)) * 127.0,
+                           0.0)
+        lo = tl.minimum(tl.maximum(_round_half_even(lo * inverse), -127.0), 127.0)
+        hi = tl.minimum(tl.maximum(_round_half_even(hi * inverse), -127.0), 127.0)
+        tl.store(scales_ptr + scale_index, tl.math.div_rn(amax, 127.0))
+    tl.store(cache_ptr + row + dims, lo.to(cache_ptr.dtype.element_ty), mask=ok)
+    tl.store(cache_ptr + row + half + dims, hi.to(cache_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _rope_write_kv(qkv_ptr, positions_ptr, cos_ptr, sin_ptr, q_ptr, key_ptr, value_ptr,
+                   key_scales_ptr, value_scales_ptr,
                    slots_ptr, stride_qkv, stride_cos, stride_q, stride_slot,
                    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   HALF_P2: tl.constexpr):
+                   HALF_P2: tl.constexpr, QUANTIZED: tl.constexpr):
     """One program per (token, head): a query head is rotated into q; a KV head's key is
-    rotated and written with its value at the token's slot."""
+    rotated and written with its value at the token's slot (QUANTIZED: as int8 codes with
+    their row scales; the rotated key rounded to the activations' dtype first, as the
+    reference's is)."""
     token = tl.program_id(0)
     head = tl.program_id(1)
     half = HEAD_DIM // 2
@@ -75,14 +107,18 @@ def _rope_write_kv(qkv_ptr, positions_ptr, cos_ptr, sin_ptr, q_ptr, key_ptr, val
     else:
         kv_head = head - NUM_HEADS
         slot = tl.load(slots_ptr + token * stride_slot).to(tl.int64)
-        row = (slot * NUM_KV_HEADS + kv_head) * HEAD_DIM
-        tl.store(key_ptr + row + dims, rotated_lo.to(key_ptr.dtype.element_ty), mask=ok)
-        tl.store(key_ptr + row + half + dims, rotated_hi.to(key_ptr.dtype.element_ty), mask=ok)
+        scale_index = slot * NUM_KV_HEADS + kv_head
+        row = scale_index * HEAD_DIM
+        if QUANTIZED:
+            rotated_lo = rotated_lo.to(qkv_ptr.dtype.element_ty).to(tl.float32)
+            rotated_hi = rotated_hi.to(qkv_ptr.dtype.element_ty).to(tl.float32)
+        _store_row(key_ptr, key_scales_ptr, row, scale_index, rotated_lo, rotated_hi, dims, ok,
+                   half, QUANTIZED)
         value = start + NUM_KV_HEADS * HEAD_DIM  # this KV head's value, after the keys
-        v_lo = tl.load(value + dims, mask=ok, other=0.0)
-        v_hi = tl.load(value + half + dims, mask=ok, other=0.0)
-        tl.store(value_ptr + row + dims, v_lo.to(value_ptr.dtype.element_ty), mask=ok)
-        tl.store(value_ptr + row + half + dims, v_hi.to(value_ptr.dtype.element_ty), mask=ok)
+        v_lo = tl.load(value + dims, mask=ok, other=0.0).to(tl.float32)
+        v_hi = tl.load(value + half + dims, mask=ok, other=0.0).to(tl.float32)
+        _store_row(value_ptr, value_scales_ptr, row, scale_index, v_lo, v_hi, dims, ok, half,
+                   QUANTIZED)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -115,7 +151,9 @@ class TritonLayerOps:
                       slot_mapping: torch.Tensor, num_heads: int,
                       key_scales: torch.Tensor | None = None,
                       value_scales: torch.Tensor | None = None) -> torch.Tensor:
-        if key_scales is not None or not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        quantized = key_scales is not None
+        if not all(t.is_contiguous() for t in (key_cache, value_cache)
+                   + ((key_scales, value_scales) if quantized else ())):
             return TorchLayerOps.rope_write_kv(qkv, positions, cos, sin, key_cache, value_cache,
                                                slot_mapping, num_heads, key_scales, value_scales)
         qkv = _rows(qkv)
@@ -125,10 +163,11 @@ class TritonLayerOps:
         if num_tokens == 0:
             return q
         _rope_write_kv[(num_tokens, num_heads + num_kv_heads)](
-            qkv, positions, cos, sin, q, key_cache, value_cache, slot_mapping,
-            qkv.stride(0), cos.stride(0), q.stride(0), slot_mapping.stride(0),
+            qkv, positions, cos, sin, q, key_cache, value_cache,
+            *((key_scales, value_scales) if quantized else (cos, sin)),  # (unread if not)
+            slot_mapping, qkv.stride(0), cos.stride(0), q.stride(0), slot_mapping.stride(0),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-            HALF_P2=triton.next_power_of_2(head_dim // 2))
+            HALF_P2=triton.next_power_of_2(head_dim // 2), QUANTIZED=quantized)
         return q
 
     @staticmethod
