@@ -53,6 +53,27 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_only():
     assert parse("--cuda-graphs").cuda_graphs is True
 
 
+def test_a_mixture_of_experts_runs_eagerly_on_a_gpu_and_refuses_asked_for_graphs(tmp_path):
+    """Its routing counts tokens per expert on the host (moe.py): no CUDA graph can capture
+    that, so by default its decode steps run eagerly, and --cuda-graphs is refused, named."""
+    from pagedllm import LLM
+    from pagedllm.config import EngineConfig
+    from tiny_models import tiny_hf_model, write_hf_folder
+
+    assert not EngineConfig().uses_cuda_graphs("cuda", capturable=False)
+    assert not EngineConfig(cuda_graphs=False).uses_cuda_graphs("cuda", capturable=False)
+    with pytest.raises(ValueError, match="--cuda-graphs: .*mixture-of-experts"):
+        EngineConfig(cuda_graphs=True).uses_cuda_graphs("cuda", capturable=False)
+    folder = write_hf_folder(tiny_hf_model("mixtral", seed=1), tmp_path / "moe")
+    with pytest.raises(ValueError, match="--cuda-graphs: .*mixture-of-experts"):
+        LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device="torch-cpu",
+            cuda_graphs=True)
+    dense = LLM(write_hf_folder(tiny_hf_model("llama", seed=1), tmp_path / "dense"),
+                dtype="float32", kv_cache_memory=8 << 20, device="torch-cpu")
+    moe = LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device="torch-cpu")
+    assert dense.engine.runner.model.capturable and not moe.engine.runner.model.capturable
+
+
 def test_the_generic_path_on_the_cpu_is_what_ci_runs():
     backend = choose_backend("torch-cpu")
     assert (backend.name, backend.device, backend.kernels) == ("torch", "cpu", None)

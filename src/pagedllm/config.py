@@ -163,14 +163,24 @@ class EngineConfig:
     # what is left of it once the weights are loaded (vLLM's --gpu-memory-utilization).
     gpu_memory_utilization: float = 0.9
     # Decode steps captured and replayed (engine/cuda_graphs.py); None: on a GPU, as vLLM
-    # (5x faster decode at N=1 on an H200: BENCHMARKS.md), off elsewhere.
+    # (BENCHMARKS.md, "The engine on an H200"), off elsewhere.
     cuda_graphs: bool | None = None
     # On the generic backend (a GPU): a GGUF's 4-bit projections stay 4-bit on the device
     # (models/int4_triton.py) instead of dense in dtype. Off until measured on a GPU.
     gpu_4bit_weights: bool = False
 
-    def uses_cuda_graphs(self, device: str) -> bool:
-        return self.cuda_graphs if self.cuda_graphs is not None else device == "cuda"
+    def uses_cuda_graphs(self, device: str, capturable: bool = True) -> bool:
+        """Whether decode steps replay as CUDA graphs on `device`: as asked, else on a GPU.
+        A model whose forward cannot be captured (capturable False: a mixture of experts
+        routes its tokens on the host) runs eagerly by default, and is refused when graphs
+        were asked for."""
+        if self.cuda_graphs and not capturable:
+            raise ValueError("--cuda-graphs: this model's mixture-of-experts layers route "
+                             "tokens on the host, which a CUDA graph cannot capture; serve "
+                             "it without --cuda-graphs (decode steps then run eagerly)")
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs
+        return device == "cuda" and capturable
 
     def step_budget(self, device: str) -> int:
         """The tokens one step computes on `device` (cpu or cuda)."""

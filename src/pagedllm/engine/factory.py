@@ -85,7 +85,10 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
                                 window)
     # The graphs' static buffers are read by the Triton attention (the GPU's; on the CPU
     # the tests' generic path with it under Triton's interpreter).
-    graphs = config.uses_cuda_graphs(backend.device)
+    graphs = config.uses_cuda_graphs(backend.device, net.capturable)
+    if backend.device == "cuda" and not net.capturable and config.cuda_graphs is None:
+        logger.info("CUDA graphs off: this model's mixture-of-experts layers route tokens on "
+                    "the host; its decode steps run eagerly")
     if graphs and not (backend.generic and backend.attention == "triton"):
         raise ValueError("--cuda-graphs needs --device cuda")
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,

@@ -248,6 +248,12 @@ class LlamaForCausalLM(nn.Module):
             self.head.to_device(device)
         return self
 
+    @property
+    def capturable(self) -> bool:
+        """Whether a CUDA graph can capture the forward: not where a mixture of experts
+        counts each expert's tokens on the host to pick its GEMMs (moe.py)."""
+        return not self.config.num_experts
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:
