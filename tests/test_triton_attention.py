@@ -76,11 +76,19 @@ def run_case(chunks, heads, kv_heads, head_dim, block_size=16, dtype=torch.float
     meta = AttentionMetadata.build(slots, starts, lengths, tables, block_size)
     query = torch.randn(starts[-1], heads, head_dim).to(dtype)
     scale = head_dim ** -0.5
+    # Slots no sequence wrote hold NaN (a fresh pool holds any bits): never to be read.
+    unwritten = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    for n, table in zip(lengths, tables):
+        unwritten[[table[p // block_size] * block_size + p % block_size for p in range(n)]] = False
+    unwritten = unwritten.view(num_blocks, block_size)
     scales = {}
     if int8:
         (key_cache, key_scales), (value_cache, value_scales) = map(
             quantize_rows, (key_cache, value_cache))
+        key_scales[unwritten] = value_scales[unwritten] = float("nan")
         scales = dict(key_scales=key_scales.to(DEVICE), value_scales=value_scales.to(DEVICE))
+    else:
+        key_cache[unwritten] = value_cache[unwritten] = float("nan")
     got = paged_attention(query.to(DEVICE), key_cache.to(DEVICE), value_cache.to(DEVICE), meta,
                           scale, softcap, window, split_blocks=split_blocks, **scales).cpu()
     if int8:
@@ -147,6 +155,40 @@ def test_an_int8_caches_scales_must_be_alike():
                         key_scales=scales, value_scales=scales.transpose(0, 1))
 
 
+# -- query tiles: a step with prefill chunks (TILE_QUERIES tokens of a sequence a program) ----
+
+def test_a_step_with_prefill_chunks_is_cut_into_query_tiles():
+    from pagedllm.attention.triton_paged import TILE_QUERIES, prefill_tiles
+
+    lengths, new = [70, 21, 40], [70, 1, 35]
+    starts = [0, 70, 71, 106]
+    tables = [list(range(i * 5, i * 5 + 5)) for i in range(3)]
+    slots = [0] * starts[-1]
+    meta = AttentionMetadata.build(slots, starts, lengths, tables, 16)
+    assert TILE_QUERIES == 32
+    tiles = prefill_tiles(meta).tolist()
+    assert list(zip(*tiles)) == [(0, 0, 32), (0, 32, 32), (0, 64, 6), (1, 70, 1),
+                                 (2, 71, 32), (2, 103, 3)]
+    assert prefill_tiles(meta) is meta.prefill_tiles  # once a step
+    decode = AttentionMetadata.build([0, 1], [0, 1, 2], [5, 9], [[0], [1]], 16)
+    assert prefill_tiles(decode) is None and decode.prefill_tiles is False
+    assert sum(new) == starts[-1]
+
+
+@pytest.mark.parametrize("case", ["plain", "window", "softcap", "int8", "bfloat16",
+                                  "odd_shapes"])
+def test_prefills_longer_than_a_tile(case):
+    """Chunks of several tiles next to decode tokens and a verifying request: each tile's
+    rows see their own causal range; with a window, the later rows of a tile see nothing of
+    its first blocks."""
+    chunks = [(0, 70), (40, 1), (5, 45), (33, 1), (33, 1)]
+    options = {"plain": {}, "window": dict(window=7), "softcap": dict(softcap=3.0),
+               "int8": dict(int8=True, window=20), "bfloat16": dict(dtype=torch.bfloat16),
+               "odd_shapes": dict(block_size=5, window=33)}[case]
+    heads, kv_heads, head_dim = (6, 3, 80) if case == "odd_shapes" else (8, 2, 64)
+    run_case(chunks, heads, kv_heads, head_dim, seed=21, **options)
+
+
 def test_token_layout_and_an_empty_step():
     meta = AttentionMetadata.build([0, 1, 2, 9], [0, 3, 4], [3, 10], [[0], [0, 1, 2]], 4)
     seq_of_token, ctx_len, tables = token_layout(meta)
@@ -162,9 +204,10 @@ def test_token_layout_and_an_empty_step():
 
 @pytest.mark.parametrize("split_blocks", [1, 2, 3])
 def test_split_contexts_merge_to_the_same_answer(split_blocks):
-    """Decode tokens, a verifying request's single-token queries and a prefill chunk, with
-    contexts of 1 to 9 blocks of 8 read in splits of 1-3 blocks (empty splits included)."""
-    run_case([(0, 1), (16, 1), (40, 1), (70, 1), (33, 1), (33, 1), (9, 6)], 8, 2, 64,
+    """Decode tokens and a verifying request's single-token queries (a step without prefill
+    chunks: those take the query tiles), with contexts of 1 to 9 blocks of 8 read in splits
+    of 1-3 blocks (empty splits included)."""
+    run_case([(0, 1), (16, 1), (40, 1), (70, 1), (33, 1), (33, 1), (34, 1)], 8, 2, 64,
              block_size=8, seed=split_blocks, split_blocks=split_blocks)
 
 

@@ -2,16 +2,19 @@
 prefill chunks and mixed batches, over the same block tables, prefix sharing, sliding
 windows and soft caps as the CPU kernels.
 
-Each query token is one program per query head: it walks its sequence's blocks through the
-block table up to its own position (so a prefill chunk is causal, a decode token sees the
+In a decode step each query token is one program per query head: it walks its sequence's
+blocks through the block table up to its own position (so a prefill chunk is causal, a decode token sees the
 whole context, and a verifying request's positions each see their prefix), one KV block at a
 time, with the online softmax, in float32 whatever the cache dtype. Grouped-query heads
 read their KV head (head // group). A step of few tokens with long contexts reads each
 context in splits, in parallel, and merges their partial softmaxes (flash-decoding, as
 vLLM's paged attention v2): decode at N=1 would otherwise run only `heads` programs, each
 walking its whole context. The split is chosen from shapes alone, so a CUDA graph's is
-fixed. An int8 cache (codes with a float32 scale per row) is dequantized as it is read.
-No tiling of queries yet (a prefill's tokens each read their blocks).
+fixed. A step with prefill chunks runs a second kernel instead: each sequence's queries in
+tiles of TILE_QUERIES, a program per (tile, head) reading each KV block once for the tile
+and multiplying it as matrices (FlashAttention's loop), where one program a token would
+read every block once per token. An int8 cache (codes with a float32 scale per row) is
+dequantized as it is read, by both.
 
 On a machine without a GPU the same kernel runs under Triton's interpreter
 (`TRITON_INTERPRET=1`, CPU tensors; set before this module is imported), which is how CI
@@ -36,6 +39,9 @@ from pagedllm.attention.metadata import AttentionMetadata
 SPLIT_BLOCKS = 16
 MAX_SPLITS = 16
 SPLIT_MAX_TOKENS = 16
+# A step with prefill chunks: each sequence's query tokens in tiles of TILE_QUERIES, each
+# tile one program a head that reads a KV block once for all its tokens.
+TILE_QUERIES = 32
 
 
 @triton.jit
@@ -165,6 +171,107 @@ def _merge_splits(part_ml_ptr, part_acc_ptr, out_ptr, stride_ot, stride_oh,
              out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
+@triton.jit
+def _paged_prefill(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, ctx_len_ptr,
+                   tiles_ptr, num_tiles, scale, softcap, window,
+                   stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
+                   stride_vb, stride_vs, stride_vh, stride_sb, stride_ss, stride_tb,
+                   stride_ot, stride_oh,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
+                   USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
+                   QUANTIZED: tl.constexpr, IEEE: tl.constexpr):
+    """Program (tile, head): up to TILE consecutive query tokens of one sequence against
+    each KV block of their context, as two matrix products a block (FlashAttention's
+    loop over a paged cache): the block is read once for the tile instead of once a token.
+    A row of the tile sees first <= position < its ctx (causal; a window's first). The
+    products run in float32 (IEEE for a float32 model; else TF32, which holds bfloat16 and
+    float16 values exactly)."""
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // GROUP
+    seq = tl.load(tiles_ptr + tile)
+    start = tl.load(tiles_ptr + num_tiles + tile)  # the tile's first token row
+    count = tl.load(tiles_ptr + 2 * num_tiles + tile)
+    rows = tl.arange(0, TILE)
+    row_ok = rows < count
+    ctx = tl.load(ctx_len_ptr + start + rows, mask=row_ok, other=0)
+    first = ctx * 0
+    if USE_WINDOW:
+        first = tl.maximum(ctx - window, 0)
+    dims = tl.arange(0, DIM_P2)
+    dim_ok = dims < HEAD_DIM
+    q = tl.load(q_ptr + (start + rows)[:, None] * stride_qt + head * stride_qh + dims[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
+    lo = tl.min(tl.where(row_ok, first, 1 << 30), axis=0) // BLOCK_SIZE * BLOCK_SIZE
+    hi = tl.max(ctx, axis=0)
+    offsets = tl.arange(0, BLOCK_N)
+    in_block = offsets < BLOCK_SIZE
+    m_i = tl.full([TILE], -float("inf"), tl.float32)
+    l_i = tl.zeros([TILE], dtype=tl.float32)
+    acc = tl.zeros([TILE, DIM_P2], dtype=tl.float32)
+    for block_start in range(lo, hi, BLOCK_SIZE):
+        block = tl.load(tables_ptr + seq * stride_tb + block_start // BLOCK_SIZE)
+        positions = block_start + offsets
+        # Slots past the tile's last position were never written (a fresh pool holds any
+        # bits, NaN too, and a probability of 0 times NaN is NaN): never read.
+        written = in_block & (positions < hi)
+        kv_ok = written[:, None] & dim_ok[None, :]
+        k = tl.load(k_ptr + block * stride_kb + offsets[:, None] * stride_ks + kv_head * stride_kh
+                    + dims[None, :], mask=kv_ok, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + block * stride_vb + offsets[:, None] * stride_vs + kv_head * stride_vh
+                    + dims[None, :], mask=kv_ok, other=0.0).to(tl.float32)
+        if QUANTIZED:
+            row_scales = block * stride_sb + offsets * stride_ss + kv_head
+            k = k * tl.load(ks_ptr + row_scales, mask=written, other=0.0)[:, None]
+            v = v * tl.load(vs_ptr + row_scales, mask=written, other=0.0)[:, None]
+        if IEEE:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            scores = tl.dot(q, tl.trans(k), input_precision="tf32") * scale
+        if USE_SOFTCAP:
+            scores = softcap * _tanh(scores / softcap)
+        visible = (row_ok[:, None] & written[None, :] & (positions[None, :] < ctx[:, None])
+                   & (positions[None, :] >= first[:, None]))
+        scores = tl.where(visible, scores, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        # A row that has seen nothing yet (a window starting past this block) stays empty.
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="tf32")
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + (start + rows)[:, None] * stride_ot + head * stride_oh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+
+
+def prefill_tiles(meta: AttentionMetadata, device: torch.device | str = "cpu"
+                  ) -> torch.Tensor | None:
+    """[3, tiles] (sequence, first token row, tokens) of the step's query tiles: each
+    sequence's queries cut into TILE_QUERIES; None where every sequence has one query (a
+    decode step: the per-token kernel, with its splits). Made once a step, one copy."""
+    if meta.prefill_tiles is not None:  # decided this step already (False: no tiles)
+        return meta.prefill_tiles if meta.prefill_tiles is not False else None
+    if all(meta.num_queries(i) == 1 for i in range(meta.num_seqs)):
+        meta.prefill_tiles = False
+        return None
+    seqs, starts, counts = [], [], []
+    for i in range(meta.num_seqs):
+        first, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+        for start in range(first, end, TILE_QUERIES):
+            seqs.append(i)
+            starts.append(start)
+            counts.append(min(TILE_QUERIES, end - start))
+    meta.prefill_tiles = torch.tensor([seqs, starts, counts], dtype=torch.int64).to(
+        device, non_blocking=True)
+    return meta.prefill_tiles
+
+
 def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per query token: its sequence's row in the block tables and how many positions it
@@ -199,17 +306,32 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out
-    splits, split_positions = _splits(num_tokens, tables.shape[1], block_size, split_blocks)
     dim_p2 = triton.next_power_of_2(head_dim)
-    parts = (num_tokens * num_heads * splits) if splits > 1 else 1
-    part_ml = torch.empty(parts * 2, dtype=torch.float32, device=query.device)
-    part_acc = torch.empty(parts * dim_p2, dtype=torch.float32, device=query.device)
     quantized = key_scales is not None
     if quantized and not (key_scales.is_contiguous() and value_scales.is_contiguous()
                           and key_scales.stride() == value_scales.stride()):
         raise ValueError("paged_attention: the int8 cache's scales must be contiguous, alike")
-    scales = (key_scales, value_scales) if quantized else (part_ml, part_ml)  # unread if not
+    # (unread where the cache is not int8)
+    scales = (key_scales, value_scales) if quantized else (ctx_len, ctx_len)
     scale_strides = key_scales.stride()[:2] if quantized else (0, 0)
+    tiles = prefill_tiles(meta, query.device)
+    if tiles is not None:  # a step with prefill chunks: query tiles, a block read once each
+        _paged_prefill[(tiles.shape[1], num_heads)](
+            query, key_cache, value_cache, *scales, out, tables, ctx_len, tiles,
+            tiles.shape[1], scale, softcap or 1.0, window or 0,
+            query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1),
+            key_cache.stride(2), value_cache.stride(0), value_cache.stride(1),
+            value_cache.stride(2), *scale_strides, tables.stride(0), out.stride(0),
+            out.stride(1), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
+            DIM_P2=max(16, dim_p2), BLOCK_SIZE=block_size,
+            BLOCK_N=max(16, triton.next_power_of_2(block_size)), TILE=TILE_QUERIES,
+            USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None,
+            QUANTIZED=quantized, IEEE=query.dtype == torch.float32)
+        return out
+    splits, split_positions = _splits(num_tokens, tables.shape[1], block_size, split_blocks)
+    parts = (num_tokens * num_heads * splits) if splits > 1 else 1
+    part_ml = torch.empty(parts * 2, dtype=torch.float32, device=query.device)
+    part_acc = torch.empty(parts * dim_p2, dtype=torch.float32, device=query.device)
     _paged_attention[(num_tokens, num_heads, splits)](
         query, key_cache, value_cache, *scales, out, tables, seq_of_token, ctx_len, part_ml,
         part_acc, scale, softcap or 1.0, window or 0,
