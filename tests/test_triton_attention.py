@@ -158,25 +158,27 @@ def test_an_int8_caches_scales_must_be_alike():
 # -- query tiles: a step with prefill chunks (TILE_QUERIES tokens of a sequence a program) ----
 
 def test_a_step_with_prefill_chunks_is_cut_into_query_tiles():
-    from pagedllm.attention.triton_paged import TILE_QUERIES, prefill_tiles
+    from pagedllm.attention.triton_paged import TILE_QUERIES, prefill_tiles, tile_queries
 
     lengths, new = [70, 21, 40], [70, 1, 35]
     starts = [0, 70, 71, 106]
     tables = [list(range(i * 5, i * 5 + 5)) for i in range(3)]
     slots = [0] * starts[-1]
     meta = AttentionMetadata.build(slots, starts, lengths, tables, 16)
-    assert TILE_QUERIES == 32
+    assert TILE_QUERIES == 32 and tile_queries(128) == 32 and tile_queries(256) == 16
     tiles = prefill_tiles(meta).tolist()
     assert list(zip(*tiles)) == [(0, 0, 32), (0, 32, 32), (0, 64, 6), (1, 70, 1),
                                  (2, 71, 32), (2, 103, 3)]
-    assert prefill_tiles(meta) is meta.prefill_tiles  # once a step
+    assert prefill_tiles(meta) is meta.prefill_tiles[32]  # once a step
+    assert list(zip(*prefill_tiles(meta, tile=16).tolist()))[:5] == [
+        (0, 0, 16), (0, 16, 16), (0, 32, 16), (0, 48, 16), (0, 64, 6)]
     decode = AttentionMetadata.build([0, 1], [0, 1, 2], [5, 9], [[0], [1]], 16)
     assert prefill_tiles(decode) is None and decode.prefill_tiles is False
     assert sum(new) == starts[-1]
 
 
 @pytest.mark.parametrize("case", ["plain", "window", "softcap", "int8", "bfloat16",
-                                  "odd_shapes"])
+                                  "odd_shapes", "wide_heads"])
 def test_prefills_longer_than_a_tile(case):
     """Chunks of several tiles next to decode tokens and a verifying request: each tile's
     rows see their own causal range; with a window, the later rows of a tile see nothing of
@@ -184,8 +186,9 @@ def test_prefills_longer_than_a_tile(case):
     chunks = [(0, 70), (40, 1), (5, 45), (33, 1), (33, 1)]
     options = {"plain": {}, "window": dict(window=7), "softcap": dict(softcap=3.0),
                "int8": dict(int8=True, window=20), "bfloat16": dict(dtype=torch.bfloat16),
-               "odd_shapes": dict(block_size=5, window=33)}[case]
-    heads, kv_heads, head_dim = (6, 3, 80) if case == "odd_shapes" else (8, 2, 64)
+               "odd_shapes": dict(block_size=5, window=33), "wide_heads": dict(softcap=9.0)}[case]
+    heads, kv_heads, head_dim = {"odd_shapes": (6, 3, 80), "wide_heads": (4, 2, 256)}.get(
+        case, (8, 2, 64))  # 256: tiles of 16
     run_case(chunks, heads, kv_heads, head_dim, seed=21, **options)
 
 

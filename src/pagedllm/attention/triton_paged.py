@@ -11,7 +11,7 @@ context in splits, in parallel, and merges their partial softmaxes (flash-decodi
 vLLM's paged attention v2): decode at N=1 would otherwise run only `heads` programs, each
 walking its whole context. The split is chosen from shapes alone, so a CUDA graph's is
 fixed. A step with prefill chunks runs a second kernel instead: each sequence's queries in
-tiles of TILE_QUERIES, a program per (tile, head) reading each KV block once for the tile
+tiles of TILE_QUERIES (half that for heads over 128 wide), a program per (tile, head) reading each KV block once for the tile
 and multiplying it as matrices (FlashAttention's loop), where one program a token would
 read every block once per token. An int8 cache (codes with a float32 scale per row) is
 dequantized as it is read, by both.
@@ -40,8 +40,13 @@ SPLIT_BLOCKS = 16
 MAX_SPLITS = 16
 SPLIT_MAX_TOKENS = 16
 # A step with prefill chunks: each sequence's query tokens in tiles of TILE_QUERIES, each
-# tile one program a head that reads a KV block once for all its tokens.
+# tile one program a head that reads a KV block once for all its tokens; half that for
+# heads wider than 128 (the tile's float32 operands must fit a smaller card's shared memory).
 TILE_QUERIES = 32
+
+
+def tile_queries(head_dim: int) -> int:
+    return TILE_QUERIES if head_dim <= 128 else TILE_QUERIES // 2
 
 
 @triton.jit
@@ -250,26 +255,30 @@ def _paged_prefill(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, ctx
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def prefill_tiles(meta: AttentionMetadata, device: torch.device | str = "cpu"
-                  ) -> torch.Tensor | None:
+def prefill_tiles(meta: AttentionMetadata, device: torch.device | str = "cpu",
+                  tile: int = TILE_QUERIES) -> torch.Tensor | None:
     """[3, tiles] (sequence, first token row, tokens) of the step's query tiles: each
-    sequence's queries cut into TILE_QUERIES; None where every sequence has one query (a
-    decode step: the per-token kernel, with its splits). Made once a step, one copy."""
-    if meta.prefill_tiles is not None:  # decided this step already (False: no tiles)
-        return meta.prefill_tiles if meta.prefill_tiles is not False else None
-    if all(meta.num_queries(i) == 1 for i in range(meta.num_seqs)):
-        meta.prefill_tiles = False
+    sequence's queries cut into `tile`; None where every sequence has one query (a decode
+    step: the per-token kernel, with its splits). Made once a step (per tile size), one
+    copy."""
+    if meta.prefill_tiles is False:  # decided this step already: a decode step
         return None
-    seqs, starts, counts = [], [], []
-    for i in range(meta.num_seqs):
-        first, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
-        for start in range(first, end, TILE_QUERIES):
-            seqs.append(i)
-            starts.append(start)
-            counts.append(min(TILE_QUERIES, end - start))
-    meta.prefill_tiles = torch.tensor([seqs, starts, counts], dtype=torch.int64).to(
-        device, non_blocking=True)
-    return meta.prefill_tiles
+    if meta.prefill_tiles is None:
+        if all(meta.num_queries(i) == 1 for i in range(meta.num_seqs)):
+            meta.prefill_tiles = False
+            return None
+        meta.prefill_tiles = {}
+    if tile not in meta.prefill_tiles:
+        seqs, starts, counts = [], [], []
+        for i in range(meta.num_seqs):
+            first, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+            for start in range(first, end, tile):
+                seqs.append(i)
+                starts.append(start)
+                counts.append(min(tile, end - start))
+        meta.prefill_tiles[tile] = torch.tensor([seqs, starts, counts], dtype=torch.int64).to(
+            device, non_blocking=True)
+    return meta.prefill_tiles[tile]
 
 
 def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
@@ -314,7 +323,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     # (unread where the cache is not int8)
     scales = (key_scales, value_scales) if quantized else (ctx_len, ctx_len)
     scale_strides = key_scales.stride()[:2] if quantized else (0, 0)
-    tiles = prefill_tiles(meta, query.device)
+    tile = tile_queries(head_dim)
+    tiles = prefill_tiles(meta, query.device, tile)
     if tiles is not None:  # a step with prefill chunks: query tiles, a block read once each
         _paged_prefill[(tiles.shape[1], num_heads)](
             query, key_cache, value_cache, *scales, out, tables, ctx_len, tiles,
@@ -324,7 +334,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             value_cache.stride(2), *scale_strides, tables.stride(0), out.stride(0),
             out.stride(1), GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
             DIM_P2=max(16, dim_p2), BLOCK_SIZE=block_size,
-            BLOCK_N=max(16, triton.next_power_of_2(block_size)), TILE=TILE_QUERIES,
+            BLOCK_N=max(16, triton.next_power_of_2(block_size)), TILE=tile,
             USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None,
             QUANTIZED=quantized, IEEE=query.dtype == torch.float32)
         return out
