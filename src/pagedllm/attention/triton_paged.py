@@ -108,7 +108,10 @@ def _attend(q, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, seq, kv_head, lo, hi, f
     return m_i, l_i, acc
 
 
-@triton.jit
+# Arguments that change from step to step (the tables' width, the tiles' count) are not
+# specialised on (Triton compiles a variant for 1, multiples of 16 and the rest): a step
+# that met a new class would otherwise stall every request for a compile.
+@triton.jit(do_not_specialize=["stride_tb"])
 def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, seq_of_token_ptr,
                      ctx_len_ptr, part_ml_ptr, part_acc_ptr, scale, softcap, window,
                      stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
@@ -176,7 +179,7 @@ def _merge_splits(part_ml_ptr, part_acc_ptr, out_ptr, stride_ot, stride_oh,
              out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tiles", "stride_tb"])
 def _paged_prefill(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, ctx_len_ptr,
                    tiles_ptr, num_tiles, scale, softcap, window,
                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
