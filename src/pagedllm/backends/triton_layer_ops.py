@@ -128,6 +128,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class TritonLayerOps:
+    # A mixture of experts' small steps run their pairs on the device (models/moe_triton.py).
+    routes_experts_on_device = True
+
     @staticmethod
     def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> torch.Tensor:

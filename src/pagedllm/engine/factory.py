@@ -85,16 +85,21 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
                                 window)
     # The graphs' static buffers are read by the Triton attention (the GPU's; on the CPU
     # the tests' generic path with it under Triton's interpreter).
-    graphs = config.uses_cuda_graphs(backend.device, net.capturable)
-    if backend.device == "cuda" and not net.capturable and config.cuda_graphs is None:
+    graph_limit = net.max_graph_batch  # None: any batch; a mixture of experts: its small ones
+    graphs = config.uses_cuda_graphs(backend.device, capturable=graph_limit != 0)
+    if backend.device == "cuda" and graph_limit == 0 and config.cuda_graphs is None:
         logger.info("CUDA graphs off: this model's mixture-of-experts layers route tokens on "
                     "the host; its decode steps run eagerly")
     if graphs and not (backend.generic and backend.attention == "triton"):
         raise ValueError("--cuda-graphs needs --device cuda")
+    graph_batch = scheduler_config.max_num_seqs
+    if graphs and graph_limit is not None and graph_limit < graph_batch:
+        logger.info("CUDA graphs for decode steps of up to %d requests: this mixture of "
+                    "experts routes larger steps' tokens on the host (eagerly)", graph_limit)
+        graph_batch = graph_limit
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
                          config.kv_cache_dtype, window_blocks, backend.device,
-                         scheduler_config.max_num_seqs if graphs else None,
-                         scheduler_config.max_model_len)
+                         graph_batch if graphs else None, scheduler_config.max_model_len)
     # A verifying step stays on the fused decode path, which takes up to max_rows rows.
     decode_loop = getattr(net, "decode_loop", None)
     speculative = config.speculative if decode_loop is None else dataclasses.replace(

@@ -249,10 +249,13 @@ class LlamaForCausalLM(nn.Module):
         return self
 
     @property
-    def capturable(self) -> bool:
-        """Whether a CUDA graph can capture the forward: not where a mixture of experts
-        counts each expert's tokens on the host to pick its GEMMs (moe.py)."""
-        return not self.config.num_experts
+    def max_graph_batch(self) -> int | None:
+        """The largest decode step a CUDA graph can capture: any (None) for a dense model; a
+        mixture of experts' steps whose pairs run on the device (moe.py), none (0) where they
+        cannot (it counts each expert's tokens on the host to size its GEMMs)."""
+        if not self.config.num_experts:
+            return None
+        return self.stack.layers[0].mlp.max_device_tokens()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

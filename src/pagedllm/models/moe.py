@@ -3,7 +3,9 @@
 The router scores every expert per token; each token goes to its top k, weighted by the
 softmax of the scores (renormalized over the k where the model says so). A step's tokens are
 grouped by expert, so each chosen expert runs one GEMM over all its tokens, whatever mix
-of prefill and decode the step holds. Shapes: T tokens, H hidden, E experts, I an expert's
+of prefill and decode the step holds. That counting happens on the host; on a GPU a step
+with no more (token, expert) pairs than experts runs its pairs there instead (moe_triton.py),
+which a CUDA graph can capture. Shapes: T tokens, H hidden, E experts, I an expert's
 intermediate size, k experts per token.
 """
 from __future__ import annotations
@@ -28,6 +30,9 @@ class MoE(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.renormalize = config.norm_topk_prob
         self.ops = ops
+        # The GPU's layer ops (Triton) can run a small step's pairs without the host
+        # (moe_triton.py), so that a CUDA graph can capture it.
+        self.routes_on_device = getattr(ops, "routes_experts_on_device", False)
         # Per expert, (gate_up, down) linear modules in place of the stacked parameters: the
         # bfloat16 model's 4-/8-bit experts from a GGUF, or its prepacked dense ones (build.py).
         self.expert_modules: list[tuple] | None = None
@@ -48,8 +53,18 @@ class MoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts
 
+    def max_device_tokens(self) -> int:
+        """The most tokens a step may have for its (token, expert) pairs to run on the device,
+        each reading its expert's matrices (moe_triton.py): no more pairs than experts, so
+        no more reads than the grouped path's worst; 0 where that path is not available."""
+        if not self.routes_on_device or self.expert_modules is not None:
+            return 0
+        return self._num_experts() // self.top_k
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = self.route(x)
+        if 0 < x.shape[0] <= self.max_device_tokens():
+            return self._pairs_on_device(x, weights, experts)
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert
         counts = torch.bincount(flat, minlength=self._num_experts()).tolist()
@@ -71,3 +86,14 @@ class MoE(nn.Module):
             out.index_add_(0, rows, y)
             start += count
         return out
+
+    def _pairs_on_device(self, x: torch.Tensor, weights: torch.Tensor,
+                         experts: torch.Tensor) -> torch.Tensor:
+        """Every (token, chosen expert) pair's MLP in one launch a matrix, nothing read back
+        to the host: the graph-capturable path of a small step."""
+        from pagedllm.models.moe_triton import expert_gemv
+
+        pairs = experts.reshape(-1)
+        hidden = self.ops.silu_and_mul(expert_gemv(x, self.experts_gate_up, pairs, self.top_k))
+        y = expert_gemv(hidden, self.experts_down, pairs, 1)  # [T * k, H]
+        return (y.view(x.shape[0], self.top_k, -1) * weights.unsqueeze(-1)).sum(dim=1)
