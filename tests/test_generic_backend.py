@@ -9,11 +9,8 @@ bfloat16 close to float32, and every KV block back in the pool after preemption 
 """
 from __future__ import annotations
 
-import os
-
-DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "torch-cpu")
-if DEVICE != "cuda":  # the Triton attention below runs under its interpreter (before import)
-    os.environ["TRITON_INTERPRET"] = "1"
+from gpu_path import (DEVICE, ON as TENSOR_DEVICE, build_engines_as_on_the_gpu,  # (first:
+                      skip_without_the_gpu)  # it switches Triton's interpreter on)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -27,9 +24,7 @@ from pagedllm.models.build import build_model  # noqa: E402
 from pagedllm.weights import load_checkpoint  # noqa: E402
 from tiny_models import tiny_hf_model, write_hf_folder  # noqa: E402
 
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("PAGEDLLM_TEST_DEVICE=cuda without a GPU", allow_module_level=True)
-TENSOR_DEVICE = "cuda" if DEVICE == "cuda" else "cpu"
+skip_without_the_gpu()
 SEQS = [list(range(3, 60)), [7, 3, 9, 200, 15, 15, 16, 80, 81], [42], list(range(100, 140))]
 
 
@@ -192,11 +187,9 @@ def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cac
     buffers, Triton under its interpreter): decode steps of 1-3 requests padded to the
     sizes, prefill steps eager; greedy output equal to the path without graphs. An int8
     cache too (its layers once took a torch path that read host lists a graph has not)."""
-    from pagedllm.engine import cuda_graphs, factory
+    from pagedllm.engine import cuda_graphs
 
-    if DEVICE != "cuda":
-        monkeypatch.setattr(factory, "choose_backend",
-                            lambda device: generic_backend("cpu", attention="triton"))
+    build_engines_as_on_the_gpu(monkeypatch)
     folder = write_hf_folder(tiny_hf_model("llama", seed=5), tmp_path)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = [[5, 6, 7, 8, 9], [11, 12], [40, 41, 42, 43, 44, 45, 46]]
@@ -322,11 +315,9 @@ def test_sliding_window_models_decode_through_the_graph_buffers(tmp_path, monkey
     get static buffers too (and a scratch block there). Prompts longer than the window, so
     decode steps read tables whose slid-out entries point at the null block: greedy output
     equal to the path without graphs, every block of both pools back at the end."""
-    from pagedllm.engine import cuda_graphs, factory
+    from pagedllm.engine import cuda_graphs
 
-    if DEVICE != "cuda":
-        monkeypatch.setattr(factory, "choose_backend",
-                            lambda device: generic_backend("cpu", attention="triton"))
+    build_engines_as_on_the_gpu(monkeypatch)
     folder = write_hf_folder(tiny_hf_model("gemma2", seed=5), tmp_path)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     prompts = [list(range(5, 30)), [11, 12, 13], list(range(40, 60))]

@@ -5,11 +5,7 @@ path give the file's weights' products, and a model built with them answers as t
 """
 from __future__ import annotations
 
-import os
-
-DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "torch-cpu")
-if DEVICE != "cuda":  # the kernel runs under Triton's interpreter (set before its import)
-    os.environ["TRITON_INTERPRET"] = "1"
+from gpu_path import DEVICE, ON as TENSOR_DEVICE, skip_without_the_gpu  # (before Triton)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -19,9 +15,7 @@ from pagedllm.models.int4_triton import GEMV_MAX_ROWS, Int4Linear, pack_codes  #
 from pagedllm.weights.q4 import Q4KWeight, Q4Weight, decode_q4_k  # noqa: E402
 from tiny_models import random_k_quant_blocks  # noqa: E402
 
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("PAGEDLLM_TEST_DEVICE=cuda without a GPU", allow_module_level=True)
-TENSOR_DEVICE = "cuda" if DEVICE == "cuda" else "cpu"
+skip_without_the_gpu()
 
 
 def q4_0(rows: int, cols: int, seed: int = 0) -> Q4Weight:

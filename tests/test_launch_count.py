@@ -5,11 +5,7 @@ where a timing could not be. The counter itself first: views and allocations are
 launches, a Triton kernel is one launch whatever it does inside, scopes nest."""
 from __future__ import annotations
 
-import os
-
-DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "torch-cpu")
-if DEVICE != "cuda":  # Triton under its interpreter (set before it is imported)
-    os.environ["TRITON_INTERPRET"] = "1"
+from gpu_path import DEVICE, ON, build_engines_as_on_the_gpu, skip_without_the_gpu
 
 import collections  # noqa: E402
 
@@ -17,14 +13,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from pagedllm import LLM, SamplingParams  # noqa: E402
-from pagedllm.backends.cpu import generic_backend  # noqa: E402
 from pagedllm.backends.launch_count import count_launches  # noqa: E402
 from pagedllm.backends.triton_layer_ops import TritonLayerOps  # noqa: E402
 from tiny_models import tiny_hf_model, write_hf_folder  # noqa: E402
 
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("PAGEDLLM_TEST_DEVICE=cuda without a GPU", allow_module_level=True)
-ON = "cuda" if DEVICE == "cuda" else "cpu"
+skip_without_the_gpu()
 
 
 def test_views_and_allocations_are_not_launches_and_ops_are():
@@ -68,11 +61,7 @@ def test_scopes_nest_and_each_launch_counts_in_the_innermost_one():
 @pytest.fixture
 def gpu_ops_llm(tmp_path, monkeypatch):
     """A tiny Llama on the CUDA backend's choices (Triton attention and layer ops)."""
-    from pagedllm.engine import factory
-
-    if DEVICE != "cuda":
-        monkeypatch.setattr(factory, "choose_backend", lambda device: generic_backend(
-            "cpu", attention="triton", layer_ops="triton"))
+    build_engines_as_on_the_gpu(monkeypatch, layer_ops="triton")
     folder = write_hf_folder(tiny_hf_model("llama", seed=5), tmp_path)
     return LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device=DEVICE,
                max_num_seqs=4, cuda_graphs=False)

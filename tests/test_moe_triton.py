@@ -6,17 +6,12 @@ and the engine: CUDA-graph decode steps for the batches whose pairs fit, greedy 
 without graphs, larger batches eager."""
 from __future__ import annotations
 
-import os
-
-DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "torch-cpu")
-if DEVICE != "cuda":  # Triton under its interpreter (set before it is imported)
-    os.environ["TRITON_INTERPRET"] = "1"
+from gpu_path import DEVICE, ON, build_engines_as_on_the_gpu, skip_without_the_gpu
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from pagedllm import LLM, SamplingParams  # noqa: E402
-from pagedllm.backends.cpu import generic_backend  # noqa: E402
 from pagedllm.backends.torch_layer_ops import TorchLayerOps  # noqa: E402
 from pagedllm.backends.triton_layer_ops import TritonLayerOps  # noqa: E402
 from pagedllm.config import ModelConfig  # noqa: E402
@@ -24,9 +19,7 @@ from pagedllm.models.moe import MoE  # noqa: E402
 from pagedllm.models.moe_triton import expert_gemv  # noqa: E402
 from tiny_models import tiny_hf_model, write_hf_folder  # noqa: E402
 
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("PAGEDLLM_TEST_DEVICE=cuda without a GPU", allow_module_level=True)
-ON = "cuda" if DEVICE == "cuda" else "cpu"
+skip_without_the_gpu()
 
 
 def rand(*shape, dtype=torch.float32, seed=0):
@@ -95,11 +88,9 @@ def test_a_mixture_of_experts_decodes_small_batches_through_graph_buffers(arch, 
                                                                           monkeypatch):
     """Graph sizes up to the experts over k (tiny Mixtral: 4 // 2; Qwen3-MoE: 6 // 2), greedy
     output equal to the eager path's, a batch above them eager, every block back."""
-    from pagedllm.engine import cuda_graphs, factory
+    from pagedllm.engine import cuda_graphs
 
-    if DEVICE != "cuda":
-        monkeypatch.setattr(factory, "choose_backend", lambda device: generic_backend(
-            "cpu", attention="triton", layer_ops="triton"))
+    build_engines_as_on_the_gpu(monkeypatch, layer_ops="triton")
     folder = write_hf_folder(tiny_hf_model(arch, seed=2), tmp_path)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = [[5, 6, 7, 8, 9], [11, 12], [40, 41, 42, 43, 44, 45, 46]]

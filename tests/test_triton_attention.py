@@ -5,13 +5,10 @@ caps, grouped-query heads, every head_dim the CPU kernels take, odd block sizes,
 caches."""
 from __future__ import annotations
 
-import os
-
-# CI: CPU tensors under Triton's interpreter (set before triton is imported). On a GPU
-# machine scripts/gpu_check.sh runs the same tests compiled, with PAGEDLLM_TEST_DEVICE=cuda.
-DEVICE = "cuda" if os.environ.get("PAGEDLLM_TEST_DEVICE") == "cuda" else "cpu"
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
+# CI: CPU tensors under Triton's interpreter (gpu_path switches it on, before Triton is
+# imported). On a GPU machine scripts/gpu_check.sh runs the same tests compiled, with
+# PAGEDLLM_TEST_DEVICE=cuda.
+from gpu_path import ON as DEVICE, skip_without_the_gpu
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -19,6 +16,8 @@ import torch  # noqa: E402
 from pagedllm.attention import AttentionMetadata  # noqa: E402
 from pagedllm.attention.layer_cache import quantize_rows  # noqa: E402
 from pagedllm.attention.triton_paged import paged_attention, token_layout  # noqa: E402
+
+skip_without_the_gpu()
 
 
 def reference(query, key_cache, value_cache, meta, scale, softcap=None, window=None):

@@ -4,11 +4,7 @@ scripts/gpu_check.sh runs this file with PAGEDLLM_TEST_DEVICE=cuda): float32 to 
 rounding, bfloat16 within its rounding, the KV rows at their slots and nowhere else."""
 from __future__ import annotations
 
-import os
-
-DEVICE = os.environ.get("PAGEDLLM_TEST_DEVICE", "torch-cpu")
-if DEVICE != "cuda":
-    os.environ["TRITON_INTERPRET"] = "1"
+from gpu_path import ON, skip_without_the_gpu
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -16,9 +12,7 @@ import torch  # noqa: E402
 from pagedllm.backends.torch_layer_ops import TorchLayerOps  # noqa: E402
 from pagedllm.backends.triton_layer_ops import TritonLayerOps  # noqa: E402
 
-if DEVICE == "cuda" and not torch.cuda.is_available():
-    pytest.skip("PAGEDLLM_TEST_DEVICE=cuda without a GPU", allow_module_level=True)
-ON = "cuda" if DEVICE == "cuda" else "cpu"
+skip_without_the_gpu()
 # float32: summation order only; bfloat16: four ulps (the reference rounds between its ops,
 # and Triton's interpreter rounds toward zero where a GPU rounds to nearest)
 RELATIVE = {torch.float32: 1e-5, torch.bfloat16: 2 ** -5}
