@@ -6,7 +6,8 @@ In a decode step each query token is one program per query head: it walks its se
 blocks through the block table up to its own position (so a prefill chunk is causal, a decode token sees the
 whole context, and a verifying request's positions each see their prefix), one KV block at a
 time, with the online softmax, in float32 whatever the cache dtype. Grouped-query heads
-read their KV head (head // group). A step of few tokens with long contexts reads each
+read their KV head (head // group); the heads are the grid's first (fastest) axis, so the
+programs of a group run side by side and read its KV blocks through the cache once. A step of few tokens with long contexts reads each
 context in splits, in parallel, and merges their partial softmaxes (flash-decoding, as
 vLLM's paged attention v2): decode at N=1 would otherwise run only `heads` programs, each
 walking its whole context. The split is chosen from shapes alone, so a CUDA graph's is
@@ -122,12 +123,12 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, s
                      USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
                      QUANTIZED: tl.constexpr, SPLITS: tl.constexpr,
                      SPLIT_POSITIONS: tl.constexpr):
-    """SPLITS == 1: the whole context, the output written. Else program (token, head, split)
+    """SPLITS == 1: the whole context, the output written. Else program (head, token, split)
     takes SPLIT_POSITIONS positions of it and writes its partial (max, sum) and weighted
     values, which _merge_splits combines (flash-decoding: a long context's blocks read in
     parallel instead of by one program)."""
-    token = tl.program_id(0)
-    head = tl.program_id(1)
+    head = tl.program_id(0)  # heads vary fastest: a group's programs read its KV together
+    token = tl.program_id(1)
     kv_head = head // GROUP
     seq = tl.load(seq_of_token_ptr + token)
     ctx = tl.load(ctx_len_ptr + token)  # this token sees positions first .. ctx - 1
@@ -148,7 +149,7 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, s
                             stride_vb, stride_vs, stride_vh, stride_sb, stride_ss, stride_tb,
                             HEAD_DIM, DIM_P2, BLOCK_SIZE, BLOCK_P2, USE_SOFTCAP, QUANTIZED)
     if SPLITS > 1:
-        part = (token * tl.num_programs(1) + head) * SPLITS + tl.program_id(2)
+        part = (token * tl.num_programs(0) + head) * SPLITS + tl.program_id(2)
         two = tl.arange(0, 2)
         tl.store(part_ml_ptr + part * 2 + two, tl.where(two == 0, tl.max(m_i, axis=0),
                                                          tl.sum(l_i, axis=0)))
@@ -162,10 +163,10 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, s
 @triton.jit
 def _merge_splits(part_ml_ptr, part_acc_ptr, out_ptr, stride_ot, stride_oh,
                   HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, SPLITS: tl.constexpr):
-    """One (token, head): its splits' partial softmaxes as one (empty splits weigh 0)."""
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    base = (token * tl.num_programs(1) + head) * SPLITS
+    """One (head, token): its splits' partial softmaxes as one (empty splits weigh 0)."""
+    head = tl.program_id(0)
+    token = tl.program_id(1)
+    base = (token * tl.num_programs(0) + head) * SPLITS
     splits = tl.arange(0, SPLITS)
     maxima = tl.load(part_ml_ptr + (base + splits) * 2)
     sums = tl.load(part_ml_ptr + (base + splits) * 2 + 1)
@@ -189,14 +190,14 @@ def _paged_prefill(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, ctx
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
                    USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
                    QUANTIZED: tl.constexpr, IEEE: tl.constexpr):
-    """Program (tile, head): up to TILE consecutive query tokens of one sequence against
+    """Program (head, tile): up to TILE consecutive query tokens of one sequence against
     each KV block of their context, as two matrix products a block (FlashAttention's
     loop over a paged cache): the block is read once for the tile instead of once a token.
     A row of the tile sees first <= position < its ctx (causal; a window's first). The
     products run in float32 (IEEE for a float32 model; else TF32, which holds bfloat16 and
     float16 values exactly)."""
-    tile = tl.program_id(0)
-    head = tl.program_id(1)
+    head = tl.program_id(0)
+    tile = tl.program_id(1)
     kv_head = head // GROUP
     seq = tl.load(tiles_ptr + tile)
     start = tl.load(tiles_ptr + num_tiles + tile)  # the tile's first token row
@@ -329,7 +330,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     tile = tile_queries(head_dim)
     tiles = prefill_tiles(meta, query.device, tile)
     if tiles is not None:  # a step with prefill chunks: query tiles, a block read once each
-        _paged_prefill[(tiles.shape[1], num_heads)](
+        _paged_prefill[(num_heads, tiles.shape[1])](
             query, key_cache, value_cache, *scales, out, tables, ctx_len, tiles,
             tiles.shape[1], scale, softcap or 1.0, window or 0,
             query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1),
@@ -345,7 +346,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     parts = (num_tokens * num_heads * splits) if splits > 1 else 1
     part_ml = torch.empty(parts * 2, dtype=torch.float32, device=query.device)
     part_acc = torch.empty(parts * dim_p2, dtype=torch.float32, device=query.device)
-    _paged_attention[(num_tokens, num_heads, splits)](
+    _paged_attention[(num_heads, num_tokens, splits)](
         query, key_cache, value_cache, *scales, out, tables, seq_of_token, ctx_len, part_ml,
         part_acc, scale, softcap or 1.0, window or 0,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1),
@@ -356,7 +357,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None, QUANTIZED=quantized,
         SPLITS=splits, SPLIT_POSITIONS=split_positions)
     if splits > 1:
-        _merge_splits[(num_tokens, num_heads)](part_ml, part_acc, out, out.stride(0),
+        _merge_splits[(num_heads, num_tokens)](part_ml, part_acc, out, out.stride(0),
                                                out.stride(1), HEAD_DIM=head_dim, DIM_P2=dim_p2,
                                                SPLITS=splits)
     return out
