@@ -52,7 +52,7 @@ PY
 # Most wanted first (a run cut short by its limit keeps what is done): the GPU tests (the
 # Triton kernels compiled there for the first time), the benchmark as served (CUDA graphs,
 # the default), the 4-bit A/B, the profile, eager for comparison.
-timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+timeout 140 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     tests/test_int4_triton.py tests/test_triton_layer_ops.py tests/test_triton_attention.py \
     tests/test_launch_count.py tests/test_moe_triton.py --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/gpu_tests.log"
