@@ -255,19 +255,32 @@ def test_the_sampler_gives_the_same_tokens_where_the_logits_are():
     assert [t for t, _ in logprobs[3].top] == [t for t, _ in host_logprobs[3].top]
 
 
-def test_ngram_speculation_on_the_generic_path_keeps_greedy_output(tmp_path):
-    """Verification steps (one single-token query a position) run on the generic path too
-    (on a GPU: eagerly, beside the graphs' plain decode steps): greedy output unchanged."""
+@pytest.mark.parametrize("graphs", [False, True])
+def test_ngram_speculation_on_the_generic_path_keeps_greedy_output(tmp_path, monkeypatch,
+                                                                   graphs):
+    """Verification steps (one single-token query a position) run on the generic path too,
+    with graphs through their buffers like decode steps (more rows than requests):
+    greedy output unchanged."""
     from pagedllm.config import SpeculativeConfig
+    from pagedllm.engine import cuda_graphs
 
     folder = write_hf_folder(tiny_hf_model("llama", seed=5), tmp_path)
     prompts = [[11, 12, 13, 14, 15] * 6, [40, 41, 42, 43] * 5 + [40]]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     kwargs = dict(dtype="float32", kv_cache_memory=8 << 20, device=DEVICE)
     want = [o.token_ids for o in LLM(folder, **kwargs).generate(prompts, params)]
+    rows = []
+    if graphs:
+        build_engines_as_on_the_gpu(monkeypatch)
+        run = cuda_graphs.DecodeGraphs.run
+        monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
+                            lambda self, r: rows.append(len(r)) or run(self, r))
+        kwargs.update(cuda_graphs=True, max_num_seqs=16)
     fast = LLM(folder, speculative=SpeculativeConfig(method="ngram"), **kwargs)
     assert [o.token_ids for o in fast.generate(prompts, params)] == want
     assert fast.engine.speculator.stats.num_drafts > 0
+    if graphs:  # verification steps replayed: more rows than the two requests
+        assert max(rows) > 2
     engine = fast.engine
     assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
 

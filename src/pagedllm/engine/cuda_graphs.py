@@ -7,9 +7,10 @@ rows are padding that writes its K/V to a scratch block outside the pool and rea
 Everything a replay reads lives in static device buffers, filled before each replay: token
 ids, positions, KV slots, and the Triton attention's per-token layout (its sequence row,
 context length, block table), which the attention takes ready-made from the metadata
-(`AttentionMetadata.token_layout`) instead of building it from host lists. Only steps that
-are all single-token decode (no prefill chunk, no verification of proposals) replay; the
-rest run eagerly. Where the model keeps its sliding-window layers in a pool of their own
+(`AttentionMetadata.token_layout`) instead of building it from host lists. Only steps
+whose every query is a single token replay: decode tokens, and the positions of requests
+verifying proposals (each position its own query, reading its table up to itself); a step
+with a prefill chunk runs eagerly. Where the model keeps its sliding-window layers in a pool of their own
 (Gemma 2 and 3), their slots and tables have static buffers too, and a scratch block there. On the CPU (the generic path in tests)
 the same buffers are filled and the same forward runs over them, uncaptured: only capture
 and replay themselves need a GPU (scripts/gpu_check.sh).

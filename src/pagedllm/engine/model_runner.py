@@ -127,8 +127,10 @@ class ModelRunner:
                 drafts[item.request_id] = item.token_ids[1:]
 
         device = self.device
-        if (self.graphs is not None and not drafts
-                and len(input_ids) == len(plan.scheduled) and self.graphs.applies(len(input_ids))
+        # Every query a single token (decode tokens, and a verifying request's positions,
+        # each its own query): the step is a decode step to the model, which a graph replays.
+        if (self.graphs is not None and len(input_ids) == len(seq_lens)
+                and self.graphs.applies(len(input_ids))
                 and all(len(t) <= self.graphs.width for t in block_tables + window_tables)):
             windows = (zip(window_slots, map(tuple, window_tables)) if window_tables
                        else [(None, None)] * len(input_ids))
