@@ -116,6 +116,30 @@ def test_the_gpu_kv_pool_is_what_the_utilization_leaves():
     assert sizing.gpu_kv_memory(5 * gib, 80 * gib, 0.9) == 0  # others hold the card
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         sizing.gpu_kv_memory(1, 2, 1.5)
+    # Shared with a store's other models: 4 full-context requests of 1 GiB, not 62 GiB...
+    assert sizing.gpu_kv_memory(70 * gib, 80 * gib, 0.9, gib) == 4 * gib
+    # ... at most half of what is left (here 3 GiB of it), nothing where nothing is
+    assert sizing.gpu_kv_memory(11 * gib, 80 * gib, 0.9, gib) == 3 * gib // 2
+    assert sizing.gpu_kv_memory(5 * gib, 80 * gib, 0.9, gib) == 0
+
+
+def test_a_store_model_on_a_gpu_leaves_room_for_the_next(tmp_path, monkeypatch):
+    """The engine's sizing on a GPU (its free memory stood in for): alone, the pool is all
+    that --gpu-memory-utilization leaves; sharing the card (a store's model), 4 full-context
+    requests' worth, so a second model loads beside it."""
+    from pagedllm.config import EngineConfig
+    from pagedllm.engine.factory import _size_kv
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 * gib, 80 * gib))
+    config = load_checkpoint(write_hf_folder(tiny_hf_model("llama"), tmp_path)).config
+    full = sizing.kv_bytes_per_request(config, 4, "auto", config.max_position_embeddings, 16)
+    alone, _, _, _ = _size_kv(EngineConfig(model="m"), config, torch.float32, "cuda")
+    shared, cache, _, _ = _size_kv(EngineConfig(model="m", shares_device=True), config,
+                                   torch.float32, "cuda")
+    assert alone == 62 * gib
+    assert shared == sizing.default_kv_memory(62 * gib, full) < alone
+    assert cache.num_blocks * 16 >= 4 * config.max_position_embeddings
 
 
 def test_a_draft_model_is_refused_on_the_generic_path(tmp_path):

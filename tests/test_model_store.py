@@ -157,6 +157,17 @@ def acquire(pool, catalog, name, keep_alive=None):
     return asyncio.run(pool.acquire(catalog.find(name), keep_alive))
 
 
+def test_a_store_model_is_loaded_as_sharing_its_device():
+    """(On a GPU its KV pool then leaves the next model room: test_generic_backend.py.)"""
+    configs = []
+    catalog = ModelCatalog([StoreEntry("a", "/models/a")])
+    pool = ModelPool(catalog, EngineConfig(), load=lambda c: configs.append(c) or FakeClient("a"),
+                     estimate=lambda c: (90, 10), num_threads=1)
+    pool.release(acquire(pool, catalog, "a"))
+    assert [c.shares_device for c in configs] == [True] and not EngineConfig().shares_device
+    pool.shutdown()
+
+
 def test_a_model_loads_on_first_use_and_is_leased_until_released():
     pool, catalog, clients = make_pool()
     pool.set_user_policies({"alice": 2.0}, {})

@@ -162,6 +162,10 @@ class EngineConfig:
     # On a GPU: the share of the card this process may hold (weights + KV); the KV pool is
     # what is left of it once the weights are loaded (vLLM's --gpu-memory-utilization).
     gpu_memory_utilization: float = 0.9
+    # This engine shares its device with other models (a model store's): on a GPU its KV
+    # pool is then the default amount (sizing.default_kv_memory) of what the share leaves,
+    # not all of it, so that the next model finds room too.
+    shares_device: bool = False
     # Decode steps captured and replayed (engine/cuda_graphs.py); None: on a GPU, as vLLM
     # (BENCHMARKS.md, "The engine on an H200"), off elsewhere.
     cuda_graphs: bool | None = None

@@ -60,13 +60,20 @@ def resolve_kv_memory(kv_cache_memory: int | float | None,
     return int(kv_cache_memory)
 
 
-def gpu_kv_memory(free: int, total: int, utilization: float) -> int:
+def gpu_kv_memory(free: int, total: int, utilization: float,
+                  shared_full_request_bytes: int | None = None) -> int:
     """A GPU's KV pool as vLLM sizes it with --gpu-memory-utilization: this process may hold
     `utilization` of the card; what is in use already (the weights just loaded, other
-    processes) comes off that share, and the rest is the pool. 0 when nothing is left."""
+    processes, a store's other models) comes off that share, and the rest is the pool. 0
+    when nothing is left. shared_full_request_bytes: the card is shared with other models
+    (a store): the pool is the default amount of that rest for requests of this size, as
+    on the host (default_kv_memory), not all of it."""
     if not 0 < utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
-    return max(0, int(total * utilization) - (total - free))
+    left = max(0, int(total * utilization) - (total - free))
+    if shared_full_request_bytes is None:
+        return left
+    return default_kv_memory(left, shared_full_request_bytes) if left else 0
 
 
 def default_kv_memory(available: int, full_request_bytes: int) -> int:

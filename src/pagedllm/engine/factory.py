@@ -155,7 +155,9 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
                                                config.max_model_len or longest, block_size)
     if device == "cuda" and config.kv_cache_memory is None:
         free, total = torch.cuda.mem_get_info()
-        kv_memory_bytes = sizing.gpu_kv_memory(free, total, config.gpu_memory_utilization)
+        kv_memory_bytes = sizing.gpu_kv_memory(
+            free, total, config.gpu_memory_utilization,
+            full_request if config.shares_device else None)
     else:
         kv_memory_bytes = sizing.resolve_kv_memory(config.kv_cache_memory, full_request)
     num_blocks = sizing.num_blocks_for_memory(kv_memory_bytes, model_config, element_size,

@@ -163,7 +163,8 @@ class ModelPool:
 
     # -- loading and unloading (a worker thread; the reaper) ---------------------------------
     def _load_leased(self, entry: StoreEntry, keep_alive: float | None) -> LoadedModel:
-        config = entry.engine_config(self.base_config)
+        # Other models may load beside it: on a GPU its KV pool leaves them room.
+        config = dataclasses.replace(entry.engine_config(self.base_config), shares_device=True)
         embedding = entry.kind == "embedding"
         try:
             weights, kv = (self._estimate_embedding(entry) if embedding
