@@ -1,26 +1,27 @@
-"""Paged attention in Triton, for the GPU backend (issue 32): one kernel for decode tokens,
-prefill chunks and mixed batches, over the same block tables, prefix sharing, sliding
-windows and soft caps as the CPU kernels.
+"""Paged attention in Triton, for the GPU backend (issue 32): decode tokens, prefill chunks
+and mixed batches, over the same block tables, prefix sharing, sliding windows and soft caps
+as the CPU kernels, from caches in the model's dtype or int8 codes with a float32 scale a
+row (dequantized as they are read). Two kernels:
 
-In a decode step each query token is one program per query head: it walks its sequence's
-blocks through the block table up to its own position (so a prefill chunk is causal, a decode token sees the
-whole context, and a verifying request's positions each see their prefix), one KV block at a
-time, with the online softmax, in float32 whatever the cache dtype. Grouped-query heads
-read their KV head (head // group); the heads are the grid's first (fastest) axis, so the
-programs of a group run side by side and read its KV blocks through the cache once. A step of few tokens with long contexts reads each
-context in splits, in parallel, and merges their partial softmaxes (flash-decoding, as
-vLLM's paged attention v2): decode at N=1 would otherwise run only `heads` programs, each
-walking its whole context. The split is chosen from shapes alone, so a CUDA graph's is
-fixed. A step with prefill chunks runs a second kernel instead: each sequence's queries in
-tiles of TILE_QUERIES (half that for heads over 128 wide), a program per (tile, head) reading each KV block once for the tile
-and multiplying it as matrices (FlashAttention's loop), where one program a token would
-read every block once per token. An int8 cache (codes with a float32 scale per row) is
-dequantized as it is read, by both.
+- A decode step (every query a single token: decode tokens, a verifying request's
+  positions): one program a query head a token walks its sequence's blocks through the
+  block table up to its own position, one KV block at a time, with the online softmax, in
+  float32 whatever the cache dtype. Grouped-query heads read their KV head (head // group);
+  the heads are the grid's first (fastest) axis, so the programs of a group run side by
+  side and read its KV blocks through the cache once. A step of few tokens with long
+  contexts reads each context in splits, in parallel, and merges their partial softmaxes
+  (flash-decoding, as vLLM's paged attention v2): decode at N=1 would otherwise run only
+  `heads` programs, each walking its whole context. The split is chosen from shapes alone,
+  so a CUDA graph's is fixed.
+- A step with prefill chunks: each sequence's queries in tiles of TILE_QUERIES (half that
+  for heads over 128 wide), one program a head a tile, which reads each KV block once for
+  the tile and multiplies it as matrices (FlashAttention's loop; one program a token would
+  read every block once per token). Each row of a tile sees its own causal range.
 
-On a machine without a GPU the same kernel runs under Triton's interpreter
+On a machine without a GPU the same kernels run under Triton's interpreter
 (`TRITON_INTERPRET=1`, CPU tensors; set before this module is imported), which is how CI
-checks it against the torch reference (tests/test_triton_attention.py). Triton is imported
-here only: nothing else in pagedllm needs it.
+checks them against the torch reference (tests/test_triton_attention.py). The GPU's other
+Triton kernels: backends/triton_layer_ops.py, models/int4_triton.py, models/moe_triton.py.
 """
 from __future__ import annotations
 

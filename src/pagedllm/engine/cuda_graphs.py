@@ -1,8 +1,8 @@
 """Decode steps as CUDA graphs (`--cuda-graphs`, with `--device cuda`), as vLLM does: the
-model's forward over a batch of single-token requests is captured once per batch size in
+model's forward over a batch of single-token rows is captured once per batch size in
 GRAPH_SIZES and replayed, so a step costs one graph launch instead of hundreds of kernel
-launches from Python. A step of B requests runs the smallest captured size >= B; the extra
-rows are padding that writes its K/V to a scratch block outside the pool and reads only it.
+launches from Python. A step of B rows runs the smallest captured size >= B; the extra rows
+are padding that writes its K/V to a scratch block outside the pool and reads only it.
 
 Everything a replay reads lives in static device buffers, filled before each replay: token
 ids, positions, KV slots, and the Triton attention's per-token layout (its sequence row,
@@ -10,10 +10,12 @@ context length, block table), which the attention takes ready-made from the meta
 (`AttentionMetadata.token_layout`) instead of building it from host lists. Only steps
 whose every query is a single token replay: decode tokens, and the positions of requests
 verifying proposals (each position its own query, reading its table up to itself); a step
-with a prefill chunk runs eagerly. Where the model keeps its sliding-window layers in a pool of their own
-(Gemma 2 and 3), their slots and tables have static buffers too, and a scratch block there. On the CPU (the generic path in tests)
-the same buffers are filled and the same forward runs over them, uncaptured: only capture
-and replay themselves need a GPU (scripts/gpu_check.sh).
+with a prefill chunk runs eagerly. Where the model keeps its sliding-window layers in a pool
+of their own (Gemma 2 and 3), their slots and tables have static buffers too, and a scratch
+block there. A mixture of experts is captured only for the sizes whose (token, expert)
+pairs run on the device (LlamaForCausalLM.max_graph_batch). On the CPU (the generic path in
+tests) the same buffers are filled and the same forward runs over them, uncaptured: only
+capture and replay themselves need a GPU (scripts/gpu_check.sh).
 """
 from __future__ import annotations
 
