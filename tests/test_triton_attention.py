@@ -214,8 +214,11 @@ def test_split_contexts_merge_to_the_same_answer(split_blocks):
 
 
 def test_at_most_max_splits_each_longer():
-    """25 blocks of 4 in splits of 1 block would be 25 (32): at most MAX_SPLITS, of 2 blocks."""
-    run_case([(99, 1), (3, 1), (60, 1)], 4, 2, 64, block_size=4, seed=9, split_blocks=1)
+    """25 blocks of 4 in splits of 1 block would be 25 (32): at most MAX_SPLITS, of 2 blocks;
+    the short contexts beside it divided among the same splits, by their own lengths (1 and
+    4 blocks: some splits empty)."""
+    run_case([(99, 1), (3, 1), (60, 1), (15, 1)], 4, 2, 64, block_size=4, seed=9,
+             split_blocks=1)
 
 
 def test_split_contexts_with_windows_and_soft_caps():
@@ -231,9 +234,8 @@ def test_split_contexts_in_half_precision():
 def test_the_split_is_decided_by_shapes_alone():
     from pagedllm.attention.triton_paged import MAX_SPLITS, SPLIT_MAX_TOKENS, _splits
 
-    assert _splits(1, 4, 16, 16) == (1, 0)  # a short table: no split
-    assert _splits(1, 17, 16, 16) == (2, 9 * 16)  # two splits of 9 blocks cover 17
-    assert _splits(3, 100, 16, 16) == (8, 13 * 16)  # ceil(100 / 16) = 7 -> a power of two
-    splits, positions = _splits(1, 513, 16, 16)  # an 8k context's table
-    assert splits == MAX_SPLITS and splits * positions >= 513 * 16
-    assert _splits(SPLIT_MAX_TOKENS + 1, 100, 16, 16) == (1, 0)  # programs enough
+    assert _splits(1, 4, 16) == 1  # a short table: no split
+    assert _splits(1, 17, 16) == 2  # two splits cover 17 blocks at 16 a split
+    assert _splits(3, 100, 16) == 8  # ceil(100 / 16) = 7 -> a power of two
+    assert _splits(1, 513, 16) == MAX_SPLITS  # an 8k context's table
+    assert _splits(SPLIT_MAX_TOKENS + 1, 100, 16) == 1  # programs enough

@@ -32,12 +32,14 @@ import triton.language as tl
 from pagedllm.attention.metadata import AttentionMetadata
 
 # Flash-decoding: a step of at most SPLIT_MAX_TOKENS query tokens whose widest block table
-# is longer than SPLIT_BLOCKS blocks reads each context in parallel splits of at least
-# SPLIT_BLOCKS blocks, at most MAX_SPLITS of them, and merges them: one program per (token,
-# head) would walk a long context alone (decode at N=1 runs only `heads` programs). Above
-# SPLIT_MAX_TOKENS the step has programs enough, and the partials' traffic (written for
-# every split, empty ones too: a CUDA graph's split count follows its static table width)
-# would cost more than it gains.
+# is longer than SPLIT_BLOCKS blocks reads each context in parallel splits and merges them:
+# one program per (token, head) would walk a long context alone (decode at N=1 runs only
+# `heads` programs). The number of splits comes from the shapes (the widest table at
+# SPLIT_BLOCKS a split, a power of two, at most MAX_SPLITS): static in a CUDA graph, whose
+# table width is the longest context served. Each token's own context is divided among them
+# on the device, by its length, so a short context in a graph sized for long ones is read in
+# parallel too. Above SPLIT_MAX_TOKENS the step has programs enough, and the partials'
+# traffic (written for every split) would cost more than it gains.
 SPLIT_BLOCKS = 16
 MAX_SPLITS = 16
 SPLIT_MAX_TOKENS = 16
@@ -122,12 +124,12 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, s
                      GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
                      BLOCK_SIZE: tl.constexpr, BLOCK_P2: tl.constexpr,
                      USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
-                     QUANTIZED: tl.constexpr, SPLITS: tl.constexpr,
-                     SPLIT_POSITIONS: tl.constexpr):
+                     QUANTIZED: tl.constexpr, SPLITS: tl.constexpr):
     """SPLITS == 1: the whole context, the output written. Else program (head, token, split)
-    takes SPLIT_POSITIONS positions of it and writes its partial (max, sum) and weighted
-    values, which _merge_splits combines (flash-decoding: a long context's blocks read in
-    parallel instead of by one program)."""
+    takes its share of the context's blocks (whole blocks, the token's blocks over SPLITS,
+    rounded up; the last shares may be empty) and writes its partial (max, sum) and
+    weighted values, which _merge_splits combines (flash-decoding: a long context's blocks
+    read in parallel instead of by one program)."""
     head = tl.program_id(0)  # heads vary fastest: a group's programs read its KV together
     token = tl.program_id(1)
     kv_head = head // GROUP
@@ -143,8 +145,9 @@ def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, s
     lo = first // BLOCK_SIZE * BLOCK_SIZE
     hi = ctx
     if SPLITS > 1:
-        lo = lo + tl.program_id(2) * SPLIT_POSITIONS
-        hi = tl.minimum(lo + SPLIT_POSITIONS, ctx)
+        share = (ctx - lo + SPLITS * BLOCK_SIZE - 1) // (SPLITS * BLOCK_SIZE) * BLOCK_SIZE
+        lo = lo + tl.program_id(2) * share
+        hi = tl.minimum(lo + share, ctx)
     m_i, l_i, acc = _attend(q, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, seq, kv_head, lo, hi,
                             first, ctx, scale, softcap, stride_kb, stride_ks, stride_kh,
                             stride_vb, stride_vs, stride_vh, stride_sb, stride_ss, stride_tb,
@@ -343,7 +346,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
             USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None,
             QUANTIZED=quantized, IEEE=query.dtype == torch.float32)
         return out
-    splits, split_positions = _splits(num_tokens, tables.shape[1], block_size, split_blocks)
+    splits = _splits(num_tokens, tables.shape[1], split_blocks)
     parts = (num_tokens * num_heads * splits) if splits > 1 else 1
     part_ml = torch.empty(parts * 2, dtype=torch.float32, device=query.device)
     part_acc = torch.empty(parts * dim_p2, dtype=torch.float32, device=query.device)
@@ -356,7 +359,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_P2=dim_p2,
         BLOCK_SIZE=block_size, BLOCK_P2=triton.next_power_of_2(block_size),
         USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None, QUANTIZED=quantized,
-        SPLITS=splits, SPLIT_POSITIONS=split_positions)
+        SPLITS=splits)
     if splits > 1:
         _merge_splits[(num_heads, num_tokens)](part_ml, part_acc, out, out.stride(0),
                                                out.stride(1), HEAD_DIM=head_dim, DIM_P2=dim_p2,
@@ -364,15 +367,13 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     return out
 
 
-def _splits(num_tokens: int, width: int, block_size: int, split_blocks: int | None
-            ) -> tuple[int, int]:
-    """(splits, positions per split) of each token's context: one where the step has tokens
+def _splits(num_tokens: int, width: int, split_blocks: int | None) -> int:
+    """How many splits each token's context is read in: one where the step has tokens
     enough to fill the GPU by itself or the widest table is short; else as many as the widest
-    table needs at split_blocks each, a power of two, at most MAX_SPLITS (then longer
-    splits). Decided from shapes alone (the table's width, static in a CUDA graph), never
-    from the contexts' values."""
+    table needs at split_blocks each, a power of two, at most MAX_SPLITS. Decided from
+    shapes alone (the table's width, static in a CUDA graph), never from the contexts'
+    values (the kernel divides each context among the splits)."""
     split_blocks = split_blocks or SPLIT_BLOCKS
     if num_tokens > SPLIT_MAX_TOKENS or width <= split_blocks:
-        return 1, 0
-    splits = min(MAX_SPLITS, triton.next_power_of_2(-(-width // split_blocks)))
-    return splits, -(-width // splits) * block_size  # whole blocks, covering the width
+        return 1
+    return min(MAX_SPLITS, triton.next_power_of_2(-(-width // split_blocks)))
