@@ -52,7 +52,7 @@ PY
 # Most wanted first (a run cut short by its limit keeps what is done): the GPU tests (the
 # Triton kernels compiled there for the first time), the benchmark as served (CUDA graphs,
 # the default), the 4-bit A/B, the profile, eager for comparison.
-timeout 140 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     tests/test_int4_triton.py tests/test_triton_layer_ops.py tests/test_triton_attention.py \
     tests/test_launch_count.py tests/test_moe_triton.py --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/gpu_tests.log"
@@ -70,14 +70,14 @@ if [ "$DEVICE" = cuda ]; then  # graphs are captured on a GPU only
         echo "exit: $?" >> "$OUT/gpu_decode_q4_$mode.log"
     done
     # the 1.7B file the benchmark wrote, eager decode steps kernel by kernel
-    timeout 50 "$PYTHON" scripts/gpu_profile_decode.py > "$OUT/decode_profile.log" 2>&1
+    timeout 40 "$PYTHON" scripts/gpu_profile_decode.py > "$OUT/decode_profile.log" 2>&1
     echo "exit: $?" >> "$OUT/decode_profile.log"
     EAGER_ARGS=(--models 1.7b --levels 1,8)
 else
     echo "a rehearsal: no graphs without a GPU" > "$OUT/gpu_decode_graphs.log"
     EAGER_ARGS=()
 fi
-timeout 60 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" "${EAGER_ARGS[@]}" \
+timeout 50 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" "${EAGER_ARGS[@]}" \
     --json "$OUT/gpu_decode.json" > "$OUT/gpu_decode.log" 2>&1
 echo "exit: $?" >> "$OUT/gpu_decode.log"
 cat "$OUT"/environment.json
