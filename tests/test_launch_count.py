@@ -89,3 +89,23 @@ def test_a_decode_layer_launches_nine_kernels_on_the_gpus_path(gpu_ops_llm, batc
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+
+
+def test_a_prefill_step_runs_the_query_tiles_once_a_layer(gpu_ops_llm):
+    """A step with prefill chunks (a 40-token prompt beside a decoding request): one launch
+    of the tiled kernel a layer, for every row; the per-token kernel not at all."""
+    engine = gpu_ops_llm.engine
+    model = engine.runner.model
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine.add_request(None, [5, 6, 7], params)
+    engine.step()  # its prefill: it decodes next, beside the long prompt's prefill
+    engine.add_request(None, list(range(10, 50)), params)
+    with count_launches({"layer": model.stack.layers[1]}) as count:
+        engine.step()
+    layer = count.by_scope["layer"]
+    assert layer["triton:_paged_prefill"] == 1 and "triton:_paged_attention" not in layer
+    assert sum(layer.values()) == 9
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+

@@ -194,14 +194,14 @@ def _paged_prefill(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, ctx
                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
                    USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
                    QUANTIZED: tl.constexpr, IEEE: tl.constexpr):
-    """Program (head, tile): up to TILE consecutive query tokens of one sequence against
+    """Program (tile, head): up to TILE consecutive query tokens of one sequence against
     each KV block of their context, as two matrix products a block (FlashAttention's
     loop over a paged cache): the block is read once for the tile instead of once a token.
     A row of the tile sees first <= position < its ctx (causal; a window's first). The
     products run in float32 (IEEE for a float32 model; else TF32, which holds bfloat16 and
     float16 values exactly)."""
-    head = tl.program_id(0)
-    tile = tl.program_id(1)
+    tile = tl.program_id(0)  # tiles first: a step may hold more than a grid's 65535 rows
+    head = tl.program_id(1)
     kv_head = head // GROUP
     seq = tl.load(tiles_ptr + tile)
     start = tl.load(tiles_ptr + num_tiles + tile)  # the tile's first token row
@@ -334,7 +334,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     tile = tile_queries(head_dim)
     tiles = prefill_tiles(meta, query.device, tile)
     if tiles is not None:  # a step with prefill chunks: query tiles, a block read once each
-        _paged_prefill[(num_heads, tiles.shape[1])](
+        _paged_prefill[(tiles.shape[1], num_heads)](
             query, key_cache, value_cache, *scales, out, tables, ctx_len, tiles,
             tiles.shape[1], scale, softcap or 1.0, window or 0,
             query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1),
