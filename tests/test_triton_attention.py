@@ -207,16 +207,17 @@ def test_token_layout_and_an_empty_step():
 @pytest.mark.parametrize("split_blocks", [1, 2, 3])
 def test_split_contexts_merge_to_the_same_answer(split_blocks):
     """Decode tokens and a verifying request's single-token queries (a step without prefill
-    chunks: those take the query tiles), with contexts of 1 to 9 blocks of 8 read in splits
-    of 1-3 blocks (empty splits included)."""
+    chunks: those take the query tiles), with contexts of 1 to 9 blocks of 8, split (the
+    widest table being over 1-3 blocks) among MAX_SPLITS, each context by its own length
+    (empty splits included)."""
     run_case([(0, 1), (16, 1), (40, 1), (70, 1), (33, 1), (33, 1), (34, 1)], 8, 2, 64,
              block_size=8, seed=split_blocks, split_blocks=split_blocks)
 
 
-def test_at_most_max_splits_each_longer():
-    """25 blocks of 4 in splits of 1 block would be 25 (32): at most MAX_SPLITS, of 2 blocks;
-    the short contexts beside it divided among the same splits, by their own lengths (1 and
-    4 blocks: some splits empty)."""
+def test_max_splits_each_longer_and_short_contexts_among_them():
+    """25 blocks of 4 among MAX_SPLITS splits: 2 blocks each; the short contexts beside it
+    divided among the same splits, by their own lengths (1 and 4 blocks: most splits
+    empty)."""
     run_case([(99, 1), (3, 1), (60, 1), (15, 1)], 4, 2, 64, block_size=4, seed=9,
              split_blocks=1)
 
@@ -235,7 +236,7 @@ def test_the_split_is_decided_by_shapes_alone():
     from pagedllm.attention.triton_paged import MAX_SPLITS, SPLIT_MAX_TOKENS, _splits
 
     assert _splits(1, 4, 16) == 1  # a short table: no split
-    assert _splits(1, 17, 16) == 2  # two splits cover 17 blocks at 16 a split
-    assert _splits(3, 100, 16) == 8  # ceil(100 / 16) = 7 -> a power of two
-    assert _splits(1, 513, 16) == MAX_SPLITS  # an 8k context's table
+    assert _splits(1, 16, 16) == 1
+    # otherwise always MAX_SPLITS (one kernel variant), whatever the width
+    assert _splits(1, 17, 16) == _splits(3, 100, 16) == _splits(1, 513, 16) == MAX_SPLITS
     assert _splits(SPLIT_MAX_TOKENS + 1, 100, 16) == 1  # programs enough

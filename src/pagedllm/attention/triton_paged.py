@@ -34,11 +34,12 @@ from pagedllm.attention.metadata import AttentionMetadata
 # Flash-decoding: a step of at most SPLIT_MAX_TOKENS query tokens whose widest block table
 # is longer than SPLIT_BLOCKS blocks reads each context in parallel splits and merges them:
 # one program per (token, head) would walk a long context alone (decode at N=1 runs only
-# `heads` programs). The number of splits comes from the shapes (the widest table at
-# SPLIT_BLOCKS a split, a power of two, at most MAX_SPLITS): static in a CUDA graph, whose
-# table width is the longest context served. Each token's own context is divided among them
-# on the device, by its length, so a short context in a graph sized for long ones is read in
-# parallel too. Above SPLIT_MAX_TOKENS the step has programs enough, and the partials'
+# `heads` programs). Whether to split comes from the shapes (static in a CUDA graph, whose
+# table width is the longest context served); a split step always has MAX_SPLITS, among
+# which each token's own context is divided on the device, by its length (so a short
+# context in a graph sized for long ones is read in parallel too). One count, not one by
+# width: each count is a kernel variant, compiled when first met, which mid-serving stalls
+# every request. Above SPLIT_MAX_TOKENS the step has programs enough, and the partials'
 # traffic (written for every split) would cost more than it gains.
 SPLIT_BLOCKS = 16
 MAX_SPLITS = 16
@@ -314,8 +315,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     """query [T, heads, D]; caches [blocks, block_size, kv_heads, D] already holding this
     step's keys and values; returns [T, heads, D] in the query's dtype. window: a token sees
     its last `window` positions (itself included); softcap: scores -> cap * tanh(s / cap).
-    split_blocks: KV blocks a split of a long context takes (default SPLIT_BLOCKS; tests
-    make it small). key_scales, value_scales: an int8 cache's row scales [blocks,
+    split_blocks: the widest table that is read unsplit, in blocks (default SPLIT_BLOCKS;
+    tests make it small). key_scales, value_scales: an int8 cache's row scales [blocks,
     block_size, kv_heads] (layer_cache.py)."""
     num_tokens, num_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -369,11 +370,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 
 def _splits(num_tokens: int, width: int, split_blocks: int | None) -> int:
     """How many splits each token's context is read in: one where the step has tokens
-    enough to fill the GPU by itself or the widest table is short; else as many as the widest
-    table needs at split_blocks each, a power of two, at most MAX_SPLITS. Decided from
-    shapes alone (the table's width, static in a CUDA graph), never from the contexts'
-    values (the kernel divides each context among the splits)."""
+    enough to fill the GPU by itself or the widest table is no longer than split_blocks;
+    else MAX_SPLITS. Decided from shapes alone (the table's width, static in a CUDA graph),
+    never from the contexts' values (the kernel divides each context among the splits)."""
     split_blocks = split_blocks or SPLIT_BLOCKS
     if num_tokens > SPLIT_MAX_TOKENS or width <= split_blocks:
         return 1
-    return min(MAX_SPLITS, triton.next_power_of_2(-(-width // split_blocks)))
+    return MAX_SPLITS
