@@ -196,6 +196,14 @@ def test_token_layout_and_an_empty_step():
     seq_of_token, ctx_len, tables = token_layout(meta)
     assert seq_of_token.tolist() == [0, 0, 0, 1] and ctx_len.tolist() == [1, 2, 3, 10]
     assert tables.tolist() == [[0, 0, 0], [0, 1, 2]]
+    for lengths in ([3], [3, 2], [1, 1, 1]):  # odd token counts too: both rows 16-byte aligned
+        starts = [0]
+        for n in lengths:
+            starts.append(starts[-1] + n)
+        odd = AttentionMetadata.build([0] * starts[-1], starts, [n + 4 for n in lengths],
+                                      [[0, 1]] * len(lengths), 4)
+        rows = token_layout(odd)[:2]
+        assert all(row.data_ptr() % 16 == 0 and len(row) == starts[-1] for row in rows)
     empty = torch.empty(0, 4, 64)
     cache = torch.zeros(2, 4, 2, 64)
     meta = AttentionMetadata.build([], [0, 0], [3], [[0]], 4)

@@ -302,8 +302,15 @@ def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
         num_queries, seq_len = meta.num_queries(i), meta.seq_lens[i]
         seq_of_token += [i] * num_queries
         ctx_len += range(seq_len - num_queries + 1, seq_len + 1)
-    both = torch.tensor([seq_of_token, ctx_len], dtype=torch.int64).to(device, non_blocking=True)
-    meta.token_layout = (both[0], both[1], meta.block_tables.to(device))
+    num_tokens = len(ctx_len)
+    # Rows of an even length: the second row then starts 16-byte aligned whatever the step's
+    # token count (Triton compiles a kernel variant per pointer alignment, and a step that
+    # met the other one would stall every request for a compile).
+    pad = [0] * (num_tokens % 2)
+    both = torch.tensor([seq_of_token + pad, ctx_len + pad], dtype=torch.int64).to(
+        device, non_blocking=True)
+    meta.token_layout = (both[0, :num_tokens], both[1, :num_tokens],
+                         meta.block_tables.to(device))
     return meta.token_layout
 
 
