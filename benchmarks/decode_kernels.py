@@ -11,7 +11,8 @@ kernels a step launches is that cost's measure; it is deterministic (no GPU, no 
 
 Counts one decode step after the prompts' prefill: the kernels inside one decoder layer,
 inside the whole model forward (what a CUDA graph replays), and outside it (the inputs'
-copies, the head, sampling). Default model: the bundled SmolLM2-135M (30 layers).
+copies, the head, sampling). Default model: the bundled SmolLM2-135M (30 layers). Then one
+mixture-of-experts layer at N=1, its grouped path against its pairs on the device.
 """
 from __future__ import annotations
 
@@ -59,6 +60,33 @@ def count_step(model_path: str | None, layer_ops: str, n: int) -> dict:
             "kernels_per_step": in_model + count.launches("outside")}
 
 
+def moe_layer_launches(experts: int, top_k: int, layer_ops: str) -> dict:
+    """One mixture-of-experts layer at one token (hidden 64, random weights): its grouped
+    path (torch layer ops: the host counts each expert's tokens) or its pairs on the device
+    (Triton layer ops, models/moe_triton.py)."""
+    from pagedllm.backends.launch_count import count_launches
+    from pagedllm.backends.torch_layer_ops import TorchLayerOps
+    from pagedllm.backends.triton_layer_ops import TritonLayerOps
+    from pagedllm.config import ModelConfig
+    from pagedllm.models.moe import MoE
+
+    config = ModelConfig(architecture="qwen3_moe", vocab_size=10, hidden_size=64,
+                         intermediate_size=96, num_layers=1, num_heads=4, num_kv_heads=2,
+                         head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4,
+                         max_position_embeddings=64, tie_word_embeddings=False,
+                         num_experts=experts, num_experts_per_tok=top_k,
+                         expert_intermediate_size=48, norm_topk_prob=True)
+    layer = MoE(config, {"torch": TorchLayerOps, "triton": TritonLayerOps}[layer_ops])
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0, 0.2)
+        x = torch.randn(1, 64)
+        with count_launches() as count:
+            layer(x)
+    return {"experts": experts, "top_k": top_k, "layer_ops": layer_ops,
+            "launches": count.launches(), "kernels": dict(count.total.most_common())}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="a model file or folder (default: the "
@@ -76,6 +104,12 @@ def main() -> int:
               f"{fused['kernels_per_step']}: {base['kernels_per_step'] / fused['kernels_per_step']:.2f}x"
               f" fewer; the Triton layer's: {fused['layer_kernels']}; outside the model: "
               f"{fused['outside_kernels']}", flush=True)
+    for experts, top_k in ((8, 2), (128, 8)):  # Mixtral's and Qwen3-MoE's routing
+        grouped, paired = (moe_layer_launches(experts, top_k, ops) for ops in ("torch", "triton"))
+        rows += [grouped, paired]
+        print(f"an MoE layer, {experts} experts, {top_k} a token, N=1: {grouped['launches']} "
+              f"launches (grouped, a host sync) -> {paired['launches']} (pairs on the device)",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
