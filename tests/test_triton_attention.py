@@ -157,7 +157,7 @@ def test_an_int8_caches_scales_must_be_alike():
 # -- query tiles: a step with prefill chunks (TILE_QUERIES tokens of a sequence a program) ----
 
 def test_a_step_with_prefill_chunks_is_cut_into_query_tiles():
-    from pagedllm.attention.triton_paged import TILE_QUERIES, prefill_tiles, tile_queries
+    from pagedllm.attention.triton_prefill import TILE_QUERIES, prefill_tiles, tile_queries
 
     lengths, new = [70, 21, 40], [70, 1, 35]
     starts = [0, 70, 71, 106]

@@ -45,7 +45,7 @@ class AttentionMetadata:
     # None: the Triton attention builds them from the lists above.
     token_layout: tuple | None = None
     # The Triton attention's query tiles of a step with prefill chunks, by tile size
-    # (triton_paged.py: prefill_tiles), made on first use; False: the step has none.
+    # (triton_prefill.py: prefill_tiles), made on first use; False: the step has none.
     prefill_tiles: dict | bool | None = None
     # [sequences, widest table] the block tables, padded with block 0: build() makes it
     # (a CUDA graph's metadata has token_layout instead).

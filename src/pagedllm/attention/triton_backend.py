@@ -1,4 +1,4 @@
-"""The generic backend's attention on a GPU: attention/triton_paged.py's one kernel for
+"""The generic backend's attention on a GPU: attention/triton_paged.py's kernels for
 decode, prefill chunks and mixed steps, behind the interface every attention backend has
 (forward(query, kv_cache, meta) -> [T, heads * D]), an int8 KV cache's codes and scales
 too."""
