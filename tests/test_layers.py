@@ -71,17 +71,23 @@ def test_no_model_module_asks_for_kernels():
     assert askers == []
 
 
-def test_both_engine_clients_have_the_whole_protocol():
+def test_every_engine_client_has_the_whole_protocol():
     from pagedllm.serving.client import EngineClient
     from pagedllm.serving.local import LocalEngineClient
 
-    attributes = set(EngineClient.__annotations__)  # info, dead: set by each constructor
+    # info, dead, restarting: set by each constructor (or a class attribute)
+    attributes = set(EngineClient.__annotations__)
     wanted = [name for name in dir(EngineClient) if not name.startswith("_")]
     assert {"submit", "abort", "figures", "make_request", "run"} <= set(wanted)
-    assert attributes == {"info", "dead"}
+    assert attributes == {"info", "dead", "restarting"}
     assert [name for name in wanted if name not in dir(LocalEngineClient)] == []
-    front = (PACKAGE / "replicas" / "front.py").read_text(encoding="utf-8")
-    tree = ast.parse(front)
-    replica = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ReplicaClient")
-    defined = {n.name for n in replica.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    assert [name for name in wanted if name not in defined] == []
+    for path, class_name in (("replicas/front.py", "ReplicaClient"),
+                             ("serving/process_client.py", "ProcessEngineClient")):
+        tree = ast.parse((PACKAGE / path).read_text(encoding="utf-8"))
+        client = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+        defined = {n.name for n in client.body
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        assigned = {node.attr for node in ast.walk(client) if isinstance(node, ast.Attribute)
+                    and isinstance(node.ctx, ast.Store)}
+        assert [name for name in wanted if name not in defined] == [], class_name
+        assert attributes <= assigned, class_name

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -67,6 +68,11 @@ def _add_http_args(http) -> None:
                            "every client shares its address)")
     http.add_argument("--ssl-certfile", default=None, help="TLS certificate (PEM), with --ssl-keyfile (default: plain HTTP)")
     http.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM), with --ssl-certfile (default: plain HTTP)")
+    http.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
+                      help="run the engine (scheduler and model steps) in a process of its own, "
+                           "this one keeping HTTP, tokenizing and detokenizing; a crashed engine "
+                           "process is restarted while the server goes on (default: off, one "
+                           "process: see BENCHMARKS.md, \"The engine in its own process\")")
     http.add_argument("--bench-results", default=None, metavar="DIR",
                       help="a folder of `pagedllm bench --out` results; the page at / shows "
                            "the newest (default: none)")
@@ -213,7 +219,7 @@ def cmd_serve(args) -> int:
     try:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
-            client = _load_with_progress(engine_settings)
+            client = _load_with_progress(engine_settings, args.engine_process)
             embeddings = _load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
@@ -231,14 +237,29 @@ MODEL_HINT = ("--model takes a GGUF file (on Hugging Face, search the model's na
 
 
 
-def _load_with_progress(config):
-    """One engine in this process, loaded under a progress bar; test faults only where the
-    environment asks for them (engine/faults.py)."""
+def _load_with_progress(config, engine_process: bool = False):
+    """One engine, in this process or in one of its own (--engine-process), loaded under a
+    progress bar; test faults only where the environment asks for them (engine/faults.py)."""
+    from pagedllm.engine.faults import Faults
+
+    faults = Faults.from_env()
+    if engine_process:
+        from pagedllm.serving.process_client import ProcessEngineClient
+
+        return ProcessEngineClient(config, faults, load_progress=load_progress_bar)
+    from pagedllm.serving.local import LocalEngineClient
+
+    with load_progress_bar() as update:
+        time.sleep(faults.load_delay)
+        return LocalEngineClient.load(config, update, faults)
+
+
+@contextlib.contextmanager
+def load_progress_bar():
+    """A progress bar on stderr while a model loads; yields its (done, total) callback. A
+    module-level function, so the engine process (spawned) draws it too."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    from pagedllm.engine.faults import Faults
-    from pagedllm.serving.local import LocalEngineClient
 
     with Progress(TextColumn("loading model"), BarColumn(), MofNCompleteColumn(),
                   console=Console(stderr=True), transient=True) as progress:
@@ -247,9 +268,7 @@ def _load_with_progress(config):
         def update(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        faults = Faults.from_env()
-        time.sleep(faults.load_delay)
-        return LocalEngineClient.load(config, update, faults)
+        yield update
 
 
 class EmbeddingModelError(Exception):

@@ -39,9 +39,11 @@ def stop_reason(request: Request, text: RequestTextState | None) -> FinishReason
 
 
 class RequestTextState:
-    def __init__(self, request: Request, tokenizer: Tokenizer):
+    def __init__(self, request: Request, tokenizer: Tokenizer | None):
+        """tokenizer=None: outputs carry token ids only and no stop string is looked for
+        (the engine-core process: its front end detokenizes, serving/process_client.py)."""
         self.request = request
-        self.detokenizer = tokenizer.new_detokenizer(
+        self.detokenizer = None if tokenizer is None else tokenizer.new_detokenizer(
             request.prompt_token_ids, request.params.skip_special_tokens)
         self.stops = request.params.stop
         self.hold_back = max((len(s) for s in self.stops), default=1) - 1
@@ -55,6 +57,8 @@ class RequestTextState:
         """Detokenize one new token; True when it completes a stop string."""
         if self.stopped_by_string:
             return True
+        if self.detokenizer is None:
+            return False
         piece = self.detokenizer.step(token_id)
         if not piece:
             return False

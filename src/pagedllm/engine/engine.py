@@ -23,9 +23,11 @@ logger = logging.getLogger("pagedllm")
 
 class LLMEngine:
     def __init__(self, config: EngineConfig | str | None = None, *, load_progress=None,
-                 faults: Faults | None = None, **settings):
+                 faults: Faults | None = None, detokenize: bool = True, **settings):
         """LLMEngine(EngineConfig(...)), or LLMEngine(model, **settings) for the same fields.
-        faults: failures to inject (tests; engine/faults.py), none by default."""
+        faults: failures to inject (tests; engine/faults.py), none by default.
+        detokenize=False: outputs carry token ids only, and stop strings are the caller's
+        to find (the engine-core process, whose front end detokenizes)."""
         config = engine_config(config, settings)
         parts: EngineParts = build_parts(config, load_progress)
         self.config = config
@@ -45,6 +47,7 @@ class LLMEngine:
         self.runner.fault_injector = self.faults.sampling_fault()
         self.memory_guard = MemoryGuard(config.max_memory)
         self._paused_logged = False
+        self.detokenize = detokenize
         self._text_states: dict[str, RequestTextState] = {}
         # Read by other threads (metrics): replaced whole by the engine thread, never mutated.
         self.published: EngineStats = self._stats()
@@ -76,7 +79,8 @@ class LLMEngine:
         self.scheduler.add_request(request)
         self.runner.add_request(request.request_id, request.params, request.prompt_token_ids,
                                 request.grammar)
-        self._text_states[request.request_id] = RequestTextState(request, self.tokenizer)
+        self._text_states[request.request_id] = RequestTextState(
+            request, self.tokenizer if self.detokenize else None)
         self._publish()
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import os
 from dataclasses import replace
 
 from ray.exceptions import RayError
@@ -33,7 +32,9 @@ class ReplicaClient:
         model_config = description["model_config"]
         self.num_replicas = num_replicas
         self.threads_per_replica = description["threads"]
-        self._tokenizer = _tokenizer(description["model_path"], model_config)
+        self._tokenizer = Tokenizer.for_served_model(description["model_path"],
+                                                     model_config.eos_token_ids,
+                                                     model_config.bos_token_id)
         self.grammars = GrammarCompiler(self._tokenizer, model_config.vocab_size)
         replica_cache, replica_scheduler = (description["cache_config"],
                                             description["scheduler_config"])
@@ -56,6 +57,7 @@ class ReplicaClient:
         self._streams: dict[str, ReplicaStream] = {}
         self.slots = UserSlots()
         self.dead: str | None = None  # no one replica's death kills the deployment
+        self.restarting: str | None = None  # Ray Serve replaces replicas on its own
         self._stopped = asyncio.Event()
 
     @property
@@ -120,12 +122,6 @@ class ReplicaClient:
 
     def shutdown(self) -> None:
         self.abort_all()
-
-
-def _tokenizer(path: str, model_config) -> Tokenizer:
-    if os.path.isdir(path):
-        return Tokenizer.from_folder(path, model_config.eos_token_ids, model_config.bos_token_id)
-    return Tokenizer.from_model_path(path)
 
 
 class UserSlots:

@@ -70,8 +70,8 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
         if client.dead:
             raise APIError(503, f"the engine is unusable: {client.dead}", None,
                            "engine_dead")
-        if state.draining:  # still listening, so a load balancer hears it and moves on
-            raise APIError(503, "server is shutting down", None, "shutting_down")
+        # Still listening, so a load balancer hears it and moves on.
+        state.check_draining()
         answer = {"status": "ok"}
         # The key file's reloads, for `pagedllm keys` to read back its edit; asked from this
         # machine only (the path in an error is nobody else's business).

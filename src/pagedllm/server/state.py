@@ -47,8 +47,13 @@ class ServerState:
     pool: object | None = None
 
     def check_draining(self) -> None:
+        """New work is refused while the server drains or its engine restarts."""
         if self.draining:
             raise APIError(503, "server is shutting down", None, "shutting_down")
+        restarting = self.client.restarting
+        if restarting:
+            raise APIError(503, f"the engine is restarting: {restarting}; retry shortly", None,
+                           "engine_restarting", {"Retry-After": "2"})
 
     def check_model(self, model: str | None) -> None:
         self.check_draining()

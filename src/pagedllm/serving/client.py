@@ -1,7 +1,8 @@
 """EngineClient: the one interface the HTTP server has to whatever generates tokens.
 
-The local engine (serving/local.py), the Ray replicas' front (replicas/front.py) and the
-model store's pool (serving/model_pool.py) implement it; the server (server/) imports this module and nothing of
+The local engine (serving/local.py), the engine in its own process (serving/process_client.py),
+the Ray replicas' front (replicas/front.py) and the model store's pool (serving/model_pool.py)
+implement it; the server (server/) imports this module and nothing of
 the engine's own. The contract:
 
 - `info` and `tokenizer` say what is served; they never change while serving (a model
@@ -20,7 +21,10 @@ the engine's own. The contract:
   never calls into an engine's state. `snapshot()` asks the engine thread for a full
   picture between steps (the live view), when one engine can give it.
 - `run()` blocks the calling thread until `shutdown()`: the local engine steps there (torch
-  runs faster on the main thread); a front for remote engines just waits.
+  runs faster on the main thread); the engine process's front end reads its outputs and
+  restarts it there (serving/process_client.py); a front for remote engines just waits.
+- `dead` says why the engines are unusable for good (the server exits); `restarting` why
+  they are not taking requests for now (503 with Retry-After meanwhile).
 """
 from __future__ import annotations
 
@@ -84,6 +88,7 @@ RequestStream = AsyncIterable[RequestOutput | QueuePosition]
 class EngineClient(Protocol):
     info: EngineInfo
     dead: str | None  # why the engines are unusable, once they are
+    restarting: str | None  # why no request is taken now, while an engine restarts
 
     @property
     def tokenizer(self): ...

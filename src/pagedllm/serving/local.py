@@ -16,6 +16,8 @@ from pagedllm.structured.spec import GrammarSpec
 
 
 class LocalEngineClient:
+    restarting = None  # an engine in this process is never restarted
+
     def __init__(self, engine: LLMEngine, start_thread: bool = False):
         """start_thread=False: the caller runs the loop with run() (the server's main
         thread, where torch's CPU kernels run fastest: BENCHMARKS.md)."""

@@ -112,6 +112,7 @@ class ModelPool:
         self.num_threads = num_threads or torch.get_num_threads()
         self.events = PoolEvents()
         self.dead: str | None = None  # a store keeps serving when one model fails
+        self.restarting: str | None = None
         self._load, self._estimate = load, estimate
         self._load_embedding, self._estimate_embedding = load_embedding, estimate_embedding
         self._loaded: dict[str, LoadedModel] = {}

@@ -79,6 +79,15 @@ class Tokenizer:
         return cls.from_gguf_metadata(path, tokenizer_metadata(meta))
 
     @classmethod
+    def for_served_model(cls, path: str, eos_token_ids=(), bos_token_id=None) -> Tokenizer:
+        """The tokenizer a front end that holds no weights needs for a model an engine serves
+        elsewhere (a replica, the engine process): a folder's with the model's own EOS and
+        BOS ids, a GGUF file's from its header."""
+        if os.path.isdir(path):
+            return cls.from_folder(path, eos_token_ids, bos_token_id)
+        return cls.from_model_path(path)
+
+    @classmethod
     def from_gguf_metadata(cls, path: str, meta: dict) -> Tokenizer:
         eos = meta.get("tokenizer.ggml.eos_token_id")
         eos_ids = [eos] if eos is not None else []

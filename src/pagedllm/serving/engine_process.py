@@ -1,0 +1,170 @@
+"""One engine-core process and the two ZMQ sockets to it, seen from the front end: started
+(spawned: the server's threads are never forked), waited for until its model is loaded,
+stopped. A restart is a new EngineProcess with sockets of its own, so nothing meant for a
+dead engine reaches the next one. The sockets are ipc:// files in a folder only this user
+can open (mkdtemp's 0700).
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import zmq
+
+from pagedllm.config import EngineConfig
+from pagedllm.engine import wire
+from pagedllm.engine.faults import Faults
+from pagedllm.errors import ModelLoadError
+from pagedllm.serving.client import EngineInfo
+
+logger = logging.getLogger("pagedllm.engine_process")
+
+
+class EngineStartError(RuntimeError):
+    """The engine process could not load its model, or died before it was ready."""
+
+
+def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, ready,
+                     faults: Faults, num_threads: int, load_progress=None) -> None:
+    """The child's entry: load, say ready (or why not) on the `ready` pipe, then serve the
+    sockets until told to stop or the front end is gone. load_progress: a context-manager
+    factory yielding a (done, total) callback (the CLI's progress bar on the terminal)."""
+    # Ctrl-C reaches the whole process group: the front end drains, then stops this one.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parent = os.getppid()
+    torch.set_num_threads(num_threads)  # the front end's count (--threads, or every core)
+    from pagedllm.engine.core_process import EngineCore
+    from pagedllm.engine.engine import LLMEngine
+    from pagedllm.serving.local import engine_info
+
+    try:
+        time.sleep(faults.load_delay)
+        if load_progress is None:
+            engine = LLMEngine(config, faults=faults, detokenize=False)
+        else:
+            with load_progress() as update:
+                engine = LLMEngine(config, faults=faults, detokenize=False,
+                                   load_progress=update)
+    except ModelLoadError as exc:  # said as in-process: the file and the problem
+        ready.send(("load_error", (exc.path, exc.problem)))
+        return
+    except BaseException as exc:  # noqa: BLE001 - the front end says it and decides
+        ready.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    context = zmq.Context()
+    inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    inbox.setsockopt(zmq.RCVHWM, 0)
+    outbox.setsockopt(zmq.SNDHWM, 0)
+    inbox.connect(to_engine)
+    outbox.connect(from_engine)
+    ready.send(("ready", engine_info(engine)))
+    try:
+        code = EngineCore(engine, inbox, outbox, parent).run()
+    finally:
+        inbox.close(linger=0)
+        outbox.close(linger=1000)  # a last message (EngineDead) still goes out
+        context.term()
+    sys.exit(code)
+
+
+class EngineProcess:
+    def __init__(self, config: EngineConfig, faults: Faults, load_progress=None):
+        self.folder = tempfile.mkdtemp(prefix="pagedllm-engine-")
+        self.context = zmq.Context()
+        self.to_engine = self.context.socket(zmq.PUSH)
+        self.from_engine = self.context.socket(zmq.PULL)
+        to_address = f"ipc://{self.folder}/to-engine"
+        from_address = f"ipc://{self.folder}/from-engine"
+        # Never block a sender: nothing queues for a peer that is not (or no longer) there,
+        # and a busy engine's backlog is not capped (it takes it all between two steps).
+        self.to_engine.setsockopt(zmq.IMMEDIATE, 1)
+        self.to_engine.setsockopt(zmq.SNDHWM, 0)
+        self.from_engine.setsockopt(zmq.RCVHWM, 0)
+        self.to_engine.bind(to_address)
+        self.from_engine.bind(from_address)
+        self._send_lock = threading.Lock()  # the event loop and the run() thread both send
+        spawn = multiprocessing.get_context("spawn")
+        self._ready, child_end = spawn.Pipe(duplex=False)
+        self.process = spawn.Process(
+            target=engine_core_main, name="pagedllm-engine-core",
+            args=(config, to_address, from_address, child_end, faults, torch.get_num_threads(),
+                  load_progress))
+        self.process.start()
+        child_end.close()
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def wait_ready(self, should_stop=lambda: False) -> EngineInfo:
+        """The engine's description once its model is loaded; ModelLoadError for a model it
+        cannot load, EngineStartError for any other failure or a death before it was ready."""
+        while not should_stop():
+            if self._ready.poll(0.2):
+                try:
+                    kind, payload = self._ready.recv()
+                except EOFError:
+                    break
+                if kind == "ready":
+                    # Its connection may still be on its way: ready once a send would go.
+                    if self.to_engine.poll(30_000, zmq.POLLOUT):
+                        return payload
+                    break
+                self.process.join(10)
+                if kind == "load_error":
+                    raise ModelLoadError(*payload)
+                raise EngineStartError(payload)
+            if not self.process.is_alive():
+                break
+        raise EngineStartError(f"the engine process {self.exit_reason() or 'was stopped'} "
+                               f"before its model was loaded")
+
+    def send(self, message) -> bool:
+        """False when the engine is not there to take it (dead, or not connected)."""
+        data = wire.encoder.encode(message)
+        with self._send_lock:
+            try:
+                self.to_engine.send(data, zmq.NOBLOCK)
+            except (zmq.Again, zmq.ZMQError):
+                return False
+        return True
+
+    def exit_reason(self) -> str | None:
+        """How the process ended, in words; None while it runs."""
+        code = self.process.exitcode
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"was killed by {name}"
+        return f"exited with code {code}"
+
+    def close(self, grace: float = 5.0) -> None:
+        """Ask the process to stop, then make sure it has; free the sockets and their files."""
+        if self.process.is_alive():
+            self.send(wire.Stop())
+            self.process.join(grace)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(grace)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.to_engine.close(linger=0)
+        self.from_engine.close(linger=0)
+        self.context.term()
+        self._ready.close()
+        shutil.rmtree(self.folder, ignore_errors=True)

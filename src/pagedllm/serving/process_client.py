@@ -1,0 +1,360 @@
+"""The EngineClient (serving/client.py) of an engine in a process of its own (`serve
+--engine-process`): the front end half of vLLM V1's split.
+
+Here, in the server's process: tokenizing and checking requests (request_maker.py, as the
+replicas' ingress does), incremental detokenizing with stop strings (the same
+RequestTextState the in-process engine uses, fed the engine's token ids), the streams.
+There, in the engine-core process (engine/core_process.py): scheduling and model steps,
+never waiting on HTTP. Messages: engine/wire.py.
+
+run() reads the engine's outputs on the calling thread (the server's main thread) and
+watches the process. When it dies (a kernel's segfault, an OOM kill, steps failing in a
+row), every request it held ends with an error saying why, /health and new requests get
+503 while it restarts, and a new one is started: at once the first time, then after a
+doubling pause while it keeps dying (RestartBackoff).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+import zmq
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.output_processor import RequestTextState
+from pagedllm.core.request import (FinishReason, OutputCaps, QueuePosition, Request,
+                                   RequestOutput, RequestStatus, SamplingParams,
+                                   SamplingParamsError)
+from pagedllm.core.snapshot import EngineSnapshot, EngineStats
+from pagedllm.engine import wire
+from pagedllm.engine.async_engine import RequestStream, _Stream
+from pagedllm.engine.faults import Faults
+from pagedllm.engine.request_maker import RequestMaker
+from pagedllm.errors import EngineDeadError
+from pagedllm.serving.client import EngineFigures, EngineInfo
+from pagedllm.serving.engine_process import EngineProcess, EngineStartError
+from pagedllm.structured.compiler import GrammarCompiler
+from pagedllm.structured.spec import GrammarSpec
+from pagedllm.tokenizer import Tokenizer
+
+logger = logging.getLogger("pagedllm.server")
+POLL_MS = 100  # how often an idle front end looks whether its engine process still runs
+
+
+class RestartBackoff:
+    """The pause before the next start: none after a crash of an engine that ran a while,
+    then 1, 2, 4 ... up to `cap` seconds while it keeps dying within `settled` of starting."""
+
+    def __init__(self, cap: float = 30.0, settled: float = 60.0):
+        self.cap, self.settled = cap, settled
+        self.crashes_in_a_row = 0
+
+    def after_crash(self, ran_for: float) -> float:
+        self.crashes_in_a_row = 1 if ran_for >= self.settled else self.crashes_in_a_row + 1
+        if self.crashes_in_a_row == 1:
+            return 0.0
+        return min(self.cap, 2.0 ** (self.crashes_in_a_row - 2))
+
+
+@dataclass
+class _Front:
+    """One request as the front end follows it: the engine's token ids become text here."""
+
+    request: Request
+    text: RequestTextState
+    stream: _Stream
+
+
+class ProcessEngineClient:
+    def __init__(self, config: EngineConfig, faults: Faults | None = None,
+                 load_progress=None, backoff: RestartBackoff | None = None):
+        """Starts the engine process and waits for its model (ModelLoadError, as in-process,
+        when it cannot load). load_progress: see engine_process.engine_core_main."""
+        self._config = config
+        self._faults = faults or Faults()
+        self._backoff = backoff or RestartBackoff()
+        self._stopped = False
+        self._engine: EngineProcess | None = EngineProcess(config, self._faults, load_progress)
+        try:
+            self.info: EngineInfo = self._engine.wait_ready()
+        except BaseException:
+            self._engine.close(grace=0)
+            raise
+        info = self.info
+        model = info.model_config
+        self._tokenizer = Tokenizer.for_served_model(info.model_path, model.eos_token_ids,
+                                                     model.bos_token_id)
+        self.grammars = GrammarCompiler(self._tokenizer, model.vocab_size)
+        self.requests = RequestMaker(self._tokenizer, model.vocab_size, info.max_model_len,
+                                     self.grammars, build_matchers=False)
+        self._fronts: dict[str, _Front] = {}
+        self._asks: dict[int, concurrent.futures.Future] = {}
+        self._ask_ids = itertools.count()
+        self._policies: tuple[dict, dict] | None = None
+        self._stats = EngineStats(0, 0, 0, info.cache_config.num_blocks, 0.0, 0, 0, 0, 0, 0, 0)
+        self._waiting_by_user: dict[str, int] = {}
+        self._dead_reason: str | None = None  # what the engine said before it exited
+        self._restart_at = 0.0
+        self.dead: str | None = None  # never: a dead engine process is restarted
+        self.restarting: str | None = None  # why requests get 503 now, while it restarts
+        self.restarts = 0
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._fronts)
+
+    @property
+    def engine_pid(self) -> int | None:
+        return self._engine.pid if self._engine is not None else None
+
+    # -- the event loop's side --------------------------------------------------------------
+    def make_request(self, request_id: str | None, prompt: str | list[int],
+                     params: SamplingParams, *, user: str | None = None,
+                     cache_salt: str | None = None, caps: OutputCaps | None = None) -> Request:
+        if params is not None and params.speculative == "draft" and \
+                self.info.speculative.method != "draft":
+            raise SamplingParamsError("speculative", "this server has no draft model "
+                                                     "(pagedllm serve --draft-model PATH)")
+        return self.requests.make_request(request_id, prompt, params, user=user,
+                                          cache_salt=cache_salt, caps=caps)
+
+    def compile_grammar(self, spec: GrammarSpec) -> None:
+        self.grammars.compile(spec)
+
+    def submit(self, request: Request, report_position: bool = False) -> RequestStream:
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), report_position)
+        rid = request.request_id
+        self._fronts[rid] = _Front(request, RequestTextState(request, self._tokenizer), stream)
+        sent = self._send(wire.AddRequest(
+            rid, request.prompt_token_ids, request.params, list(request.eos_token_ids),
+            request.max_tokens, request.user, request.cache_salt, request.arrival_time,
+            report_position))
+        if not sent:
+            self._fail(rid, self._unavailable())
+        return RequestStream(self, rid, stream)
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._fronts and not self._send(wire.AbortRequests([request_id])):
+            self._end_here(request_id)
+
+    def abort_all(self) -> None:
+        if not self._send(wire.AbortAll()):
+            for request_id in list(self._fronts):
+                self._end_here(request_id)
+
+    def figures(self) -> list[EngineFigures]:
+        info = self.info
+        return [EngineFigures(self._stats, self._waiting_by_user, info.cache_config, info.cpu,
+                              device=info.device)]
+
+    async def snapshot(self, replica: str | None = None) -> EngineSnapshot:
+        ask_id = next(self._ask_ids)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._asks[ask_id] = future
+        try:
+            if not self._send(wire.AskSnapshot(ask_id)):
+                raise EngineDeadError(self._unavailable())
+            return await asyncio.wait_for(asyncio.wrap_future(future), 30.0)
+        finally:
+            self._asks.pop(ask_id, None)
+
+    def set_user_policies(self, weights: dict[str, float], max_running: dict[str, int]) -> None:
+        self._policies = (dict(weights), dict(max_running))
+        self._send(wire.SetUserPolicies(*self._policies))
+
+    def shutdown(self) -> None:
+        self._stopped = True
+
+    def _send(self, message) -> bool:
+        engine = self._engine
+        return engine is not None and engine.send(message)
+
+    def _unavailable(self) -> str:
+        return self.restarting or "the engine process is not running"
+
+    # -- the run() thread -------------------------------------------------------------------
+    def run(self) -> None:
+        """Read the engine's outputs and keep an engine process running, until shutdown()."""
+        try:
+            while not self._stopped:
+                engine = self._engine
+                if engine is None:
+                    self._restart()
+                    continue
+                if engine.from_engine.poll(POLL_MS):
+                    self._take_messages(engine)
+                elif not engine.process.is_alive():
+                    self._take_messages(engine)  # what it sent before it went
+                    self._on_engine_exit(engine)
+        finally:
+            if self._engine is not None:
+                self._engine.close()
+                self._engine = None
+            for request_id in list(self._fronts):
+                self._end_here(request_id)
+
+    def _take_messages(self, engine: EngineProcess) -> None:
+        while True:
+            try:
+                raw = engine.from_engine.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            message = wire.from_engine.decode(raw)
+            if isinstance(message, wire.StepOutputs):
+                self._on_outputs(message)
+            elif isinstance(message, wire.SnapshotReply):
+                future = self._asks.get(message.ask_id)
+                if future is not None and not future.done():
+                    if message.snapshot is not None:
+                        future.set_result(message.snapshot)
+                    else:
+                        future.set_exception(RuntimeError(message.error))
+            elif isinstance(message, wire.EngineDead):
+                self._dead_reason = message.reason
+
+    def _on_outputs(self, message: wire.StepOutputs) -> None:
+        self._stats, self._waiting_by_user = message.stats, message.waiting_by_user
+        deliveries: dict = defaultdict(list)
+        for delta in message.deltas:
+            front = self._fronts.get(delta.request_id)
+            if front is None:  # ended here already (a stop string, an abort)
+                continue
+            output = self._apply(front, delta)
+            if output.finished:
+                self._fronts.pop(delta.request_id, None)
+            deliveries[front.stream.loop].append((front.stream.queue, output))
+        positions = message.positions
+        if positions is not None:
+            for request_id, position in zip(positions.request_ids, positions.positions):
+                front = self._fronts.get(request_id)
+                if front is not None and front.stream.report_position:
+                    item = QueuePosition(position, positions.queue_length)
+                    deliveries[front.stream.loop].append((front.stream.queue, item))
+        for loop, items in deliveries.items():
+            _deliver(loop, items)
+
+    def _apply(self, front: _Front, delta: wire.TokenDelta) -> RequestOutput:
+        """The engine's new tokens as the in-process engine would have given them: text,
+        held back where a stop string may begin, ended at a stop string (the engine is told
+        to drop the request)."""
+        request, text = front.request, front.text
+        try:
+            accepted, stopped = 0, False
+            for token_id in delta.new_token_ids:
+                request.append_token(token_id)
+                accepted += 1
+                if text.add_token(token_id):
+                    stopped = True
+                    break
+            if delta.new_logprobs:
+                request.logprobs.extend(delta.new_logprobs[:accepted])
+            request.num_cached_tokens = delta.num_cached_tokens
+            if delta.queue_time is not None and request.first_scheduled_time is None:
+                request.first_scheduled_time = request.arrival_time + delta.queue_time
+            # A token-level stop on the same token wins, as in stop_reason().
+            if delta.finish_reason is not None and accepted == len(delta.new_token_ids):
+                reason = FinishReason(delta.finish_reason)
+            else:
+                reason = FinishReason.STOP if stopped else None
+            if reason is not None:
+                request.status, request.finish_reason = RequestStatus.FINISHED, reason
+                if delta.finish_reason is None:
+                    self._send(wire.AbortRequests([request.request_id]))
+            output = text.make_output()
+        except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: this request only
+            self._send(wire.AbortRequests([request.request_id]))
+            return _final(request, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+        return replace(output, error=delta.error) if delta.error else output
+
+    def _fail(self, request_id: str, why: str) -> None:
+        front = self._fronts.pop(request_id, None)
+        if front is not None:
+            _deliver(front.stream.loop, [(front.stream.queue, EngineDeadError(why))])
+
+    def _end_here(self, request_id: str) -> None:
+        """Aborted with no engine to tell: the final output comes from here."""
+        front = self._fronts.pop(request_id, None)
+        if front is not None:
+            output = _final(front.request, FinishReason.ABORT, None, front.text)
+            _deliver(front.stream.loop, [(front.stream.queue, output)])
+
+    def _on_engine_exit(self, engine: EngineProcess) -> None:
+        ran_for = time.monotonic() - engine.started
+        reason = self._dead_reason or f"the engine process (pid {engine.pid}) " \
+                                      f"{engine.exit_reason()}"
+        self._dead_reason = None
+        pause = self._backoff.after_crash(ran_for)
+        logger.critical("%s; %d request(s) fail; restarting it%s (crash %d in a row)", reason,
+                        len(self._fronts), f" in {pause:g} s" if pause else "",
+                        self._backoff.crashes_in_a_row)
+        self.restarting = (f"{reason}; the server is restarting it (crash "
+                           f"{self._backoff.crashes_in_a_row} in a row)")
+        self._engine = None
+        engine.close(grace=0)
+        self._restart_at = time.monotonic() + pause
+        for request_id in list(self._fronts):
+            self._fail(request_id, f"{reason}; the server is restarting it: retry the request")
+        for future in list(self._asks.values()):
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
+
+    def _restart(self) -> None:
+        while time.monotonic() < self._restart_at and not self._stopped:
+            time.sleep(0.05)
+        if self._stopped:
+            return
+        started = time.monotonic()
+        try:
+            engine = EngineProcess(self._config, self._faults)
+        except Exception as exc:  # noqa: BLE001 - no sockets or no process: try again later
+            self._could_not_restart(str(exc), started)
+            return
+        try:
+            engine.wait_ready(lambda: self._stopped)
+        except EngineStartError as exc:
+            engine.close(grace=0)
+            self._could_not_restart(str(exc), started)
+            return
+        self._engine = engine
+        self.restarts += 1
+        if self._policies is not None:
+            engine.send(wire.SetUserPolicies(*self._policies))
+        self.restarting = None
+        logger.warning("engine process restarted (pid %d, restart %d)", engine.pid,
+                       self.restarts)
+
+    def _could_not_restart(self, why: str, started: float) -> None:
+        pause = self._backoff.after_crash(time.monotonic() - started)
+        self._restart_at = time.monotonic() + pause
+        self.restarting = f"the engine process could not start again ({why}); next try in " \
+                          f"{pause:g} s"
+        logger.critical(self.restarting)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, items: list) -> None:
+    """Items onto their streams' queues, one hop onto the event loop for all of them."""
+    def put_all():
+        for queue, item in items:
+            queue.put_nowait(item)
+    try:
+        loop.call_soon_threadsafe(put_all)
+    except RuntimeError:  # the event loop is gone (the server is shutting down)
+        pass
+
+
+def _final(request: Request, reason: FinishReason, error: str | None,
+           text: RequestTextState | None = None) -> RequestOutput:
+    """A last output made here (no engine output to make it from)."""
+    output = RequestOutput(request.request_id, request.prompt_token_ids,
+                           request.output_token_ids, text.text if text else "", [], "", True,
+                           reason.value, error=error)
+    return output
