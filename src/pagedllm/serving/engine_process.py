@@ -26,6 +26,7 @@ from pagedllm.errors import ModelLoadError
 from pagedllm.serving.client import EngineInfo
 
 logger = logging.getLogger("pagedllm.engine_process")
+PROCESS_NAME = "pagedllm-engine"
 
 
 class EngineStartError(RuntimeError):
@@ -39,6 +40,7 @@ def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, rea
     factory yielding a (done, total) callback (the CLI's progress bar on the terminal)."""
     # Ctrl-C reaches the whole process group: the front end drains, then stops this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _name_process(PROCESS_NAME)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parent = os.getppid()
     torch.set_num_threads(num_threads)  # the front end's count (--threads, or every core)
@@ -60,6 +62,7 @@ def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, rea
     except BaseException as exc:  # noqa: BLE001 - the front end says it and decides
         ready.send(("error", f"{type(exc).__name__}: {exc}"))
         return
+    engine.grammars.validate_in_child = False  # the front end did, before it sent them
     context = zmq.Context()
     inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     inbox.setsockopt(zmq.RCVHWM, 0)
@@ -74,6 +77,16 @@ def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, rea
         outbox.close(linger=1000)  # a last message (EngineDead) still goes out
         context.term()
     sys.exit(code)
+
+
+def _name_process(name: str) -> None:
+    """The name `ps`, `top` and psutil show (Linux's prctl PR_SET_NAME; elsewhere none)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 class EngineProcess:

@@ -143,6 +143,9 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._limits = parser_limits(**PARSER_LIMITS)
         self.cache_bytes = cache_bytes
+        # False where a front end already validated every grammar in its own child (the
+        # engine process): compiled here directly, with no second child process.
+        self.validate_in_child = True
         self._templates: OrderedDict[GrammarSpec, tuple[llguidance.LLMatcher, int]] = OrderedDict()
         self.cached_bytes = 0
 
@@ -182,7 +185,7 @@ class GrammarCompiler:
         check_limits(spec)
         grammar = _grammar_text(spec)
         try:
-            problem = self.worker.validate(grammar)
+            problem = self.worker.validate(grammar) if self.validate_in_child else ""
         except CompileFailed as exc:
             raise GrammarError(spec.param, str(exc)) from exc
         if problem:
