@@ -74,10 +74,21 @@ class RequestStream:
         self._stream = stream
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput | QueuePosition]:
+        """Outputs as they come; where several are already waiting (the reader fell behind
+        the engine) they come as one, so a busy server writes fewer, larger chunks."""
         finished = False
+        queue = self._stream.queue
+        pending = None
         try:
             while True:
-                item = await self._stream.queue.get()
+                item = pending if pending is not None else await queue.get()
+                pending = None
+                while isinstance(item, RequestOutput) and not item.finished and not queue.empty():
+                    later = queue.get_nowait()
+                    if not isinstance(later, RequestOutput):
+                        pending = later
+                        break
+                    item = item.followed_by(later)
                 if isinstance(item, BaseException):
                     raise item
                 yield item
@@ -87,7 +98,6 @@ class RequestStream:
         finally:
             if not finished:
                 self._engine.abort(self.request_id)
-
 
     async def batches(self) -> AsyncIterator[list[RequestOutput | QueuePosition]]:
         """As iteration, but everything already delivered comes at once: a reader slower
@@ -110,6 +120,17 @@ class RequestStream:
         finally:
             if not finished:
                 self._engine.abort(self.request_id)
+
+
+def deliver_on(loop: asyncio.AbstractEventLoop, puts: list) -> None:
+    """(asyncio.Queue, item) pairs put on their queues by one callback on `loop`."""
+    def put_all():
+        for queue, item in puts:
+            queue.put_nowait(item)
+    try:
+        loop.call_soon_threadsafe(put_all)
+    except RuntimeError:  # the event loop is gone (the server is shutting down)
+        pass
 
 
 class AsyncEngine:
@@ -175,16 +196,22 @@ class AsyncEngine:
 
     # -- the engine thread ----------------------------------------------------------------
     def _deliver(self, request_id: str, item) -> None:
-        stream = self._streams.get(request_id)
-        if stream is None:
-            return
-        final = isinstance(item, BaseException) or (isinstance(item, RequestOutput) and item.finished)
-        if final:
-            del self._streams[request_id]
-        try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-        except RuntimeError:  # the event loop is gone (server shutting down)
-            pass
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: list) -> None:
+        """(request id, item) pairs onto their streams: one hop onto each event loop for all
+        of a step's outputs, not one a request."""
+        by_loop: dict = {}
+        for request_id, item in items:
+            stream = self._streams.get(request_id)
+            if stream is None:
+                continue
+            if isinstance(item, BaseException) or (isinstance(item, RequestOutput)
+                                                   and item.finished):
+                del self._streams[request_id]
+            by_loop.setdefault(stream.loop, []).append((stream.queue, item))
+        for loop, puts in by_loop.items():
+            deliver_on(loop, puts)
 
     def _apply_commands(self) -> None:
         while True:
@@ -244,8 +271,7 @@ class AsyncEngine:
                 self._on_engine_fault(exc)
                 continue
             self.consecutive_faults = 0
-            for output in outputs:
-                self._deliver(output.request_id, output)
+            self._deliver_all([(output.request_id, output) for output in outputs])
             time.sleep(0)  # let the HTTP thread run between steps
 
     def _on_engine_fault(self, exc: Exception) -> None:

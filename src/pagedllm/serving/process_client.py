@@ -32,7 +32,7 @@ from pagedllm.core.request import (FinishReason, OutputCaps, QueuePosition, Requ
                                    SamplingParamsError)
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 from pagedllm.engine import wire
-from pagedllm.engine.async_engine import RequestStream, _Stream
+from pagedllm.engine.async_engine import RequestStream, _Stream, deliver_on
 from pagedllm.engine.faults import Faults
 from pagedllm.engine.request_maker import RequestMaker
 from pagedllm.errors import EngineDeadError
@@ -240,7 +240,7 @@ class ProcessEngineClient:
                     item = QueuePosition(position, positions.queue_length)
                     deliveries[front.stream.loop].append((front.stream.queue, item))
         for loop, items in deliveries.items():
-            _deliver(loop, items)
+            deliver_on(loop, items)
 
     def _apply(self, front: _Front, delta: wire.TokenDelta) -> RequestOutput:
         """The engine's new tokens as the in-process engine would have given them: text,
@@ -278,14 +278,14 @@ class ProcessEngineClient:
     def _fail(self, request_id: str, why: str) -> None:
         front = self._fronts.pop(request_id, None)
         if front is not None:
-            _deliver(front.stream.loop, [(front.stream.queue, EngineDeadError(why))])
+            deliver_on(front.stream.loop, [(front.stream.queue, EngineDeadError(why))])
 
     def _end_here(self, request_id: str) -> None:
         """Aborted with no engine to tell: the final output comes from here."""
         front = self._fronts.pop(request_id, None)
         if front is not None:
             output = _final(front.request, FinishReason.ABORT, None, front.text)
-            _deliver(front.stream.loop, [(front.stream.queue, output)])
+            deliver_on(front.stream.loop, [(front.stream.queue, output)])
 
     def _on_engine_exit(self, engine: EngineProcess) -> None:
         ran_for = time.monotonic() - engine.started
@@ -338,17 +338,6 @@ class ProcessEngineClient:
         self.restarting = f"the engine process could not start again ({why}); next try in " \
                           f"{pause:g} s"
         logger.critical(self.restarting)
-
-
-def _deliver(loop: asyncio.AbstractEventLoop, items: list) -> None:
-    """Items onto their streams' queues, one hop onto the event loop for all of them."""
-    def put_all():
-        for queue, item in items:
-            queue.put_nowait(item)
-    try:
-        loop.call_soon_threadsafe(put_all)
-    except RuntimeError:  # the event loop is gone (the server is shutting down)
-        pass
 
 
 def _final(request: Request, reason: FinishReason, error: str | None,
