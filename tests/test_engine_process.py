@@ -200,7 +200,7 @@ def test_a_killed_engine_process_fails_its_requests_and_is_restarted(config):
                                           SamplingParams(max_tokens=400, ignore_eos=True))
             with pytest.raises(EngineDeadError, match="killed by SIGKILL"):
                 async for out in client.submit(request):
-                    if len(out.token_ids) == 2:
+                    if psutil.pid_exists(first_pid) and len(out.token_ids) >= 2:
                         os.kill(first_pid, signal.SIGKILL)
             assert client.num_in_flight == 0
         asyncio.run(main())

@@ -1,7 +1,6 @@
 """What a request is: its sampling parameters, its state inside the engine, and its outputs."""
 from __future__ import annotations
 
-import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
@@ -270,17 +269,6 @@ class RequestOutput:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-    def followed_by(self, later: RequestOutput) -> RequestOutput:
-        """One output for this one and the `later` one of the same request: the later's
-        cumulative fields, both deltas (a reader that fell behind takes several steps at
-        once, as a speculative step's several tokens come)."""
-        logprobs = None
-        if self.new_logprobs is not None or later.new_logprobs is not None:
-            logprobs = (self.new_logprobs or []) + (later.new_logprobs or [])
-        return dataclasses.replace(later, new_token_ids=self.new_token_ids + later.new_token_ids,
-                                   new_text=self.new_text + later.new_text,
-                                   new_logprobs=logprobs)
 
 
 @dataclass

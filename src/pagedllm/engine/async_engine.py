@@ -74,21 +74,10 @@ class RequestStream:
         self._stream = stream
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput | QueuePosition]:
-        """Outputs as they come; where several are already waiting (the reader fell behind
-        the engine) they come as one, so a busy server writes fewer, larger chunks."""
         finished = False
-        queue = self._stream.queue
-        pending = None
         try:
             while True:
-                item = pending if pending is not None else await queue.get()
-                pending = None
-                while isinstance(item, RequestOutput) and not item.finished and not queue.empty():
-                    later = queue.get_nowait()
-                    if not isinstance(later, RequestOutput):
-                        pending = later
-                        break
-                    item = item.followed_by(later)
+                item = await self._stream.queue.get()
                 if isinstance(item, BaseException):
                     raise item
                 yield item

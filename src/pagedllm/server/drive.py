@@ -100,36 +100,18 @@ async def outputs(state: ServerState, choices: list[Choice]
 
 async def merged(state: ServerState, choices: list[Choice]
                  ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
-    """Every choice's outputs (and queue positions) as they come, for one stream. Outputs
-    of one choice already waiting together come as one (the writer fell behind: a slow
-    client, a busy server), so the answer is written in fewer, larger chunks."""
+    """Every choice's outputs (and queue positions) as they come, for one stream."""
     sink: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.create_task(_drive(state, c, sink)) for c in choices]
     remaining = len(choices)
     try:
         while remaining:
-            waiting = [await sink.get()]
-            while not sink.empty():
-                waiting.append(sink.get_nowait())
-            for choice, out in _coalesced(waiting):
-                if isinstance(out, BaseException):
-                    raise out
-                if isinstance(out, RequestOutput) and out.finished:
-                    remaining -= 1
-                yield choice, out
+            choice, out = await sink.get()
+            if isinstance(out, BaseException):
+                raise out
+            if isinstance(out, RequestOutput) and out.finished:
+                remaining -= 1
+            yield choice, out
     finally:
         for t in tasks:
             t.cancel()
-
-
-def _coalesced(items: list[tuple]) -> list[tuple]:
-    """(choice, item) pairs in order, each run of one choice's outputs merged into one."""
-    merged_items: list[tuple] = []
-    for choice, out in items:
-        if merged_items and isinstance(out, RequestOutput):
-            last_choice, last = merged_items[-1]
-            if last_choice is choice and isinstance(last, RequestOutput) and not last.finished:
-                merged_items[-1] = (choice, last.followed_by(out))
-                continue
-        merged_items.append((choice, out))
-    return merged_items
