@@ -219,7 +219,7 @@ def cmd_serve(args) -> int:
     try:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
-            client = _load_with_progress(engine_settings, args.engine_process)
+            client = _load_with_progress(engine_settings, args.engine_process, args.threads)
             embeddings = _load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
@@ -237,16 +237,17 @@ MODEL_HINT = ("--model takes a GGUF file (on Hugging Face, search the model's na
 
 
 
-def _load_with_progress(config, engine_process: bool = False):
+def _load_with_progress(config, engine_process: bool = False, threads: int | None = None):
     """One engine, in this process or in one of its own (--engine-process), loaded under a
     progress bar; test faults only where the environment asks for them (engine/faults.py)."""
     from pagedllm.engine.faults import Faults
 
     faults = Faults.from_env()
     if engine_process:
-        from pagedllm.serving.process_client import ProcessEngineClient
+        from pagedllm.serving.process_client import ProcessEngineClient, engine_threads
 
-        return ProcessEngineClient(config, faults, load_progress=load_progress_bar)
+        return ProcessEngineClient(config, faults, load_progress=load_progress_bar,
+                                   num_threads=engine_threads(threads))
     from pagedllm.serving.local import LocalEngineClient
 
     with load_progress_bar() as update:

@@ -69,7 +69,8 @@ def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, rea
     outbox.setsockopt(zmq.SNDHWM, 0)
     inbox.connect(to_engine)
     outbox.connect(from_engine)
-    ready.send(("ready", engine_info(engine)))
+    ready.send(("ready", engine_info(engine, f"{num_threads} compute thread(s) in the "
+                                             f"engine process (--threads)", num_threads)))
     try:
         code = EngineCore(engine, inbox, outbox, parent).run()
     finally:
@@ -90,7 +91,8 @@ def _name_process(name: str) -> None:
 
 
 class EngineProcess:
-    def __init__(self, config: EngineConfig, faults: Faults, load_progress=None):
+    def __init__(self, config: EngineConfig, faults: Faults, num_threads: int,
+                 load_progress=None):
         self.folder = tempfile.mkdtemp(prefix="pagedllm-engine-")
         self.context = zmq.Context()
         self.to_engine = self.context.socket(zmq.PUSH)
@@ -109,7 +111,7 @@ class EngineProcess:
         self._ready, child_end = spawn.Pipe(duplex=False)
         self.process = spawn.Process(
             target=engine_core_main, name="pagedllm-engine-core",
-            args=(config, to_address, from_address, child_end, faults, torch.get_num_threads(),
+            args=(config, to_address, from_address, child_end, faults, num_threads,
                   load_progress))
         self.process.start()
         child_end.close()

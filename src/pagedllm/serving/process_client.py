@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+import torch
 import zmq
 
 from pagedllm.config import EngineConfig
@@ -44,6 +45,14 @@ from pagedllm.tokenizer import Tokenizer
 
 logger = logging.getLogger("pagedllm.server")
 POLL_MS = 100  # how often an idle front end looks whether its engine process still runs
+
+
+def engine_threads(asked: int | None) -> int:
+    """The engine process's compute threads: as asked (--threads), else every core but one,
+    which this process keeps for HTTP, tokenizing and detokenizing: on 2 cores an engine
+    with both ran its threads against the front end's and served 0.6x (BENCHMARKS.md, "The
+    engine in its own process")."""
+    return asked or max(1, torch.get_num_threads() - 1)
 
 
 class RestartBackoff:
@@ -72,14 +81,18 @@ class _Front:
 
 class ProcessEngineClient:
     def __init__(self, config: EngineConfig, faults: Faults | None = None,
-                 load_progress=None, backoff: RestartBackoff | None = None):
+                 load_progress=None, backoff: RestartBackoff | None = None,
+                 num_threads: int | None = None):
         """Starts the engine process and waits for its model (ModelLoadError, as in-process,
-        when it cannot load). load_progress: see engine_process.engine_core_main."""
+        when it cannot load). load_progress: see engine_process.engine_core_main.
+        num_threads: the engine's compute threads (default: this process's torch count)."""
         self._config = config
         self._faults = faults or Faults()
         self._backoff = backoff or RestartBackoff()
+        self._num_threads = num_threads or torch.get_num_threads()
         self._stopped = False
-        self._engine: EngineProcess | None = EngineProcess(config, self._faults, load_progress)
+        self._engine: EngineProcess | None = EngineProcess(config, self._faults,
+                                                           self._num_threads, load_progress)
         try:
             self.info: EngineInfo = self._engine.wait_ready()
         except BaseException:
@@ -314,7 +327,7 @@ class ProcessEngineClient:
             return
         started = time.monotonic()
         try:
-            engine = EngineProcess(self._config, self._faults)
+            engine = EngineProcess(self._config, self._faults, self._num_threads)
         except Exception as exc:  # noqa: BLE001 - no sockets or no process: try again later
             self._could_not_restart(str(exc), started)
             return
