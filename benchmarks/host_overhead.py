@@ -85,7 +85,8 @@ async def _load(port: int, concurrency: int, max_tokens: int) -> float:
     return sum(counts) / (time.perf_counter() - start)
 
 
-def served(model: str, concurrency: int, max_tokens: int, engine_process: bool) -> float:
+def served(model: str, concurrency: int, max_tokens: int, engine_process: bool,
+           threads: int | None = None) -> float:
     from realistic_size import wait_ready
 
     with socket.socket() as s:
@@ -96,6 +97,8 @@ def served(model: str, concurrency: int, max_tokens: int, engine_process: bool) 
                "warning"]
     if engine_process:
         command.append("--engine-process")
+    if threads:
+        command += ["--threads", str(threads)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -113,6 +116,8 @@ def main() -> None:
     parser.add_argument("--one-process-only", action="store_true",
                         help="only the engine alone and the one-process server (an A/B against "
                              "a commit before --engine-process: its `src` first on PYTHONPATH)")
+    parser.add_argument("--engine-threads", type=int, default=None,
+                        help="--threads for the --engine-process server (default: its own)")
     parser.add_argument("--model", default=None,
                         help="a GGUF file or folder, or `default` (default: a tiny random model)")
     args = parser.parse_args()
@@ -136,7 +141,8 @@ def main() -> None:
         line = (f"N={concurrency}: engine alone {alone:,.0f} tok/s; served, one process "
                 f"{one:,.0f} ({one / alone:.2f}x alone)")
         if not args.one_process_only:
-            two = served(model, concurrency, args.max_tokens, engine_process=True)
+            two = served(model, concurrency, args.max_tokens, engine_process=True,
+                         threads=args.engine_threads)
             line += (f"; --engine-process {two:,.0f} ({two / alone:.2f}x alone); two "
                      f"processes / one: {two / one:.2f}x")
         print(line, flush=True)

@@ -244,10 +244,12 @@ def _load_with_progress(config, engine_process: bool = False, threads: int | Non
 
     faults = Faults.from_env()
     if engine_process:
-        from pagedllm.serving.process_client import ProcessEngineClient, engine_threads
+        from pagedllm.serving.process_client import ProcessEngineClient
 
+        # --threads (else every core, as in one process: BENCHMARKS.md, "The engine in its
+        # own process", has what fewer would give).
         return ProcessEngineClient(config, faults, load_progress=load_progress_bar,
-                                   num_threads=engine_threads(threads))
+                                   num_threads=threads)
     from pagedllm.serving.local import LocalEngineClient
 
     with load_progress_bar() as update:

@@ -47,14 +47,6 @@ logger = logging.getLogger("pagedllm.server")
 POLL_MS = 100  # how often an idle front end looks whether its engine process still runs
 
 
-def engine_threads(asked: int | None) -> int:
-    """The engine process's compute threads: as asked (--threads), else every core but one,
-    which this process keeps for HTTP, tokenizing and detokenizing: on 2 cores an engine
-    with both ran its threads against the front end's and served 0.6x (BENCHMARKS.md, "The
-    engine in its own process")."""
-    return asked or max(1, torch.get_num_threads() - 1)
-
-
 class RestartBackoff:
     """The pause before the next start: none after a crash of an engine that ran a while,
     then 1, 2, 4 ... up to `cap` seconds while it keeps dying within `settled` of starting."""
