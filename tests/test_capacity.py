@@ -281,3 +281,98 @@ def test_a_context_cut_by_the_kv_cache_is_said_with_the_flag_that_raises_it(
     assert engine.scheduler_config.max_model_len < longest
     assert f"less than the model's context of {longest}" in caplog.text
     assert "--kv-cache-memory" in caplog.text
+
+
+def test_bench_says_how_a_level_goes_and_repeats_the_servers_command(server, tmp_path):
+    """Progress lines within a level (at each quarter of its requests), and a recommended
+    command that is the server's own start command with --max-num-seqs changed."""
+    out = subprocess.run([sys.executable, "-m", "pagedllm.cli", "bench", "--base-url", server.url,
+                          "--concurrency", "1", "--requests", "8", "--prompt-tokens", "16:32",
+                          "--max-tokens", "4", "--out", str(tmp_path), "--warmup", "0",
+                          "--slo-ttft-p95", "600000", "--slo-tpot-p95", "600000"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for done in (2, 4, 6):
+        assert f"N=1: {done}/8 done, 0 errors" in out.stdout
+    data = json.loads((tmp_path / "bench.json").read_text())
+    command = data["recommendation"]["command"]
+    assert command.startswith("pagedllm serve ") and command.endswith("--max-num-seqs 1")
+    assert "--served-model-name smollm2" in command and "--dtype float32" in command
+    assert command.count("--max-num-seqs") == 1  # the server's own 16 replaced, not repeated
+    assert f"recommended: N = 1" in out.stdout
+
+
+def test_an_interrupted_bench_keeps_the_levels_that_finished(server, tmp_path):
+    import signal
+
+    bench = subprocess.Popen([sys.executable, "-m", "pagedllm.cli", "bench", "--base-url",
+                              server.url, "--concurrency", "1,2", "--requests", "2",
+                              "--prompt-tokens", "16:32", "--max-tokens", "300", "--warmup", "0",
+                              "--out", str(tmp_path)], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in bench.stdout:
+        seen.append(line)
+        if line.startswith("N=2: sending"):  # the first level is done, the second running
+            bench.send_signal(signal.SIGINT)
+            break
+    rest = bench.communicate(timeout=300)[0]
+    assert bench.returncode == 130, "".join(seen) + rest
+    assert "interrupted: writing the 1 level(s) that finished" in rest
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert [lv["concurrency"] for lv in data["levels"]] == [1]
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_recommended_commands_keep_the_servers_options():
+    from pagedllm.tools.bench_report import with_max_num_seqs
+
+    assert with_max_num_seqs(None, 8) == "pagedllm serve --max-num-seqs 8"
+    assert with_max_num_seqs("pagedllm serve --models-dir /srv/my\\ models --max-num-seqs 4 "
+                             "--port 9000", 16) == \
+        "pagedllm serve --models-dir '/srv/my models' --port 9000 --max-num-seqs 16"
+    assert with_max_num_seqs("pagedllm serve --max-num-seqs=4 --model m.gguf", 2) == \
+        "pagedllm serve --model m.gguf --max-num-seqs 2"
+
+
+def test_the_start_command_and_the_connection_cap():
+    from pagedllm.cli.serve import start_command
+    from pagedllm.config import connection_cap
+
+    assert start_command(["serve", "--model", "a b.gguf", "--port", "9000"]) == \
+        "pagedllm serve --model 'a b.gguf' --port 9000"
+    assert start_command(["--config", "x.toml", "serve"]) == "pagedllm serve"
+    assert connection_cap(None, 16) == 128  # at least 128
+    assert connection_cap(None, 256) == 512  # a GPU's 256 requests: room for 256 more waiting
+    assert connection_cap(0, 256) == 0 and connection_cap(10, 256) == 10  # as asked
+
+
+def test_a_gpu_server_is_named_in_the_chart_and_a_refused_level_says_what_to_raise(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    from unittest import mock
+
+    import matplotlib.pyplot as plt
+    from rich.console import Console
+
+    from pagedllm.tools.bench_cli import _connection_cap_hint
+    from pagedllm.tools.bench_report import device_words, write_plot
+
+    gpu = {"device": "cuda", "gpu": "NVIDIA H200, 140 GiB", "cpu_isa": "avx512"}
+    assert device_words(gpu) == (("GPU", "NVIDIA H200, 140 GiB"),)
+    assert device_words({"device": "cuda"}) == (("GPU", "cuda"),)  # a remote card: no name
+    assert device_words({"device": "cpu", "cpu_isa": "avx2"}) == (("CPU", "avx2"),)
+    figures = []
+    with mock.patch.object(plt, "close", side_effect=figures.append):
+        write_plot(str(tmp_path / "g.png"), [level(1, 100, 10)], {"server": gpu},
+                   {"concurrency": 1})
+    title = figures[0]._suptitle.get_text()
+    assert "GPU NVIDIA H200, 140 GiB" in title and "avx512" not in title
+    plt.close(figures[0])
+    refused = level(128, 100, 10)
+    refused.errors = ['HTTP 429: b\'{"error":{"message":"too many open connections","type":'
+                      '"rate_limit_error","param":null,"code":"too_many_connections"}}\'']
+    console = Console(record=True, width=300)
+    _connection_cap_hint(console, [level(8, 100, 10), refused])
+    text = console.export_text()
+    assert "N=128" in text and "--max-connections-per-client 256" in text and "N=8" not in text

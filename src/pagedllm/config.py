@@ -282,6 +282,23 @@ class ServerConfig:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     header_timeout: float = 10.0  # seconds a request's headers may take to arrive
-    max_connections_per_client: int = 128  # open connections per client address; 0: no cap
+    # Open connections per client address; 0: no cap; None: the server's capacity decides
+    # (connection_cap: room for as many waiting requests as run at once).
+    max_connections_per_client: int | None = None
     log_level: str = "info"  # "debug" also logs /health and /metrics polls
     bench_results: str | None = None  # a folder of `pagedllm bench` outputs for the page
+    # How this server was started (`pagedllm serve ...`), for `pagedllm bench`'s recommended
+    # command: it repeats the model or store options and changes --max-num-seqs alone.
+    start_command: str = ""
+
+
+MIN_CONNECTIONS_PER_CLIENT = 128
+
+
+def connection_cap(asked: int | None, max_num_seqs: int) -> int:
+    """Open connections one client address may hold: as asked (0: no cap), else twice the
+    requests that run at once, at least 128, so one client (a benchmark, a gateway) can fill
+    the batch and keep as many waiting."""
+    if asked is not None:
+        return asked
+    return max(MIN_CONNECTIONS_PER_CLIENT, 2 * max_num_seqs)

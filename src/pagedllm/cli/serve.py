@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -63,9 +64,10 @@ def _add_http_args(http) -> None:
     http.add_argument("--header-timeout", type=float, default=10.0,
                       help="seconds a request's headers may take to arrive (slow clients are "
                            "cut off)")
-    http.add_argument("--max-connections-per-client", type=int, default=128,
+    http.add_argument("--max-connections-per-client", type=int, default=None,
                       help="open connections per client address (0: no cap; behind a proxy "
-                           "every client shares its address)")
+                           "every client shares its address; default: twice --max-num-seqs, "
+                           "at least 128)")
     http.add_argument("--ssl-certfile", default=None, help="TLS certificate (PEM), with --ssl-keyfile (default: plain HTTP)")
     http.add_argument("--ssl-keyfile", default=None, help="TLS private key (PEM), with --ssl-certfile (default: plain HTTP)")
     http.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
@@ -153,6 +155,16 @@ def server_config(args) -> ServerConfig:
         bench_results=args.bench_results)
 
 
+def start_command(argv: list[str] | None = None) -> str:
+    """`pagedllm serve` and the options it was given, as one line a shell takes back."""
+    import shlex
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "serve" in argv:
+        argv = argv[argv.index("serve") + 1:]
+    return shlex.join(["pagedllm", "serve", *argv])
+
+
 def _names(text: str | None) -> tuple[str, ...]:
     return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
@@ -184,7 +196,7 @@ def cmd_serve(args) -> int:
     if busy:
         print(f"error: {busy}", file=sys.stderr)
         return 2
-    config = server_config(args)
+    config = dataclasses.replace(server_config(args), start_command=start_command())
     try:
         engine_settings = engine_config(args)
     except ValueError as exc:

@@ -11,7 +11,7 @@ import logging
 import ray
 from ray import serve
 
-from pagedllm.config import ServerConfig
+from pagedllm.config import ServerConfig, connection_cap
 from pagedllm.replicas.board import BOARD_NAME
 from pagedllm.replicas.front import ReplicaClient
 from pagedllm.server.app import create_app
@@ -38,7 +38,8 @@ class Ingress:
         metrics = ServerMetrics(client.figures, name, label_names=("replica",))
         self.fastapi_app = create_app(client, name, config, metrics=metrics)
         # Ray Serve's proxy holds the connections: the per-client cap counts requests here.
-        self.fastapi_app.add_middleware(InFlightPerClient, limit=config.max_connections_per_client)
+        self.fastapi_app.add_middleware(InFlightPerClient, limit=connection_cap(
+            config.max_connections_per_client, client.info.scheduler_config.max_num_seqs))
         self.server_state = self.fastapi_app.state.pagedllm
         self.server_config = config
         self.replicas = num_replicas

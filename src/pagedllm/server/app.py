@@ -47,6 +47,8 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
                         config, keys, int(time.time()), pool=pool)
     if pool is not None:
         state.metrics.registry.register(ModelPoolCollector(pool))
+    if config.start_command:
+        state.metrics.describe_start(config.start_command)
     state.apply_key_policies()
     if embeddings is not None:
         state.embeddings = embeddings

@@ -134,6 +134,13 @@ _COUNTERS = (
 
 
 class ServerMetrics:
+    def describe_start(self, command: str) -> None:
+        """How the server was started, for `pagedllm bench`'s recommended command."""
+        from prometheus_client import Gauge
+
+        Gauge(P + "serve_command_info", "The `pagedllm serve` command this server runs "
+              "(label; value 1).", ["command"], registry=self.registry).labels(command).set(1)
+
     def __init__(self, figures, model_name: str, label_names: tuple[str, ...] = ()):
         """figures: a callable giving every engine's published EngineFigures."""
         self.registry = CollectorRegistry()

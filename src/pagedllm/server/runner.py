@@ -139,6 +139,16 @@ def _model_lines(info: EngineInfo, served_name: str) -> list[str]:
     return lines
 
 
+def _connection_cap(client: EngineClient, config: ServerConfig) -> int:
+    from pagedllm.config import connection_cap
+
+    pool = getattr(client, "catalog", None)  # a store: its base settings' batch
+    seqs = (client.info.scheduler_config.max_num_seqs if client.info is not None else
+            client.base_config.max_num_seqs if pool is not None else 0)
+    return connection_cap(config.max_connections_per_client,
+                          seqs if isinstance(seqs, int) else 0)
+
+
 class PollFilter(logging.Filter):
     """Keeps health checks and metric scrapes (every few seconds, all day) out of the access
     log; --log-level debug shows them."""
@@ -189,7 +199,7 @@ def serve(client: EngineClient, config: ServerConfig, embeddings=None) -> int:
     state = app.state.pagedllm
     http_config = uvicorn.Config(app, host=host, port=port, log_level=config.log_level,
                                  http=guarded_protocol(config.header_timeout,
-                                                       config.max_connections_per_client),
+                                                       _connection_cap(client, config)),
                                  timeout_graceful_shutdown=int(grace_seconds) + 5,
                                  ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
     scheme = "https" if ssl_certfile else "http"

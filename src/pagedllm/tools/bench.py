@@ -81,7 +81,7 @@ def spec_during(before: dict[str, float], after: dict[str, float]) -> dict | Non
 
 
 async def stream_completion(client: httpx.AsyncClient, model: str, prompt: str, num_prompt: int,
-                            max_tokens: int, headers: dict) -> RequestRecord:
+                            max_tokens: int, headers: dict, on_chunk=None) -> RequestRecord:
     record = RequestRecord(prompt_tokens=num_prompt)
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -108,6 +108,8 @@ async def stream_completion(client: httpx.AsyncClient, model: str, prompt: str, 
                     record.itls.append(now - last)
                 last = now
                 chunks += 1
+                if on_chunk is not None:
+                    on_chunk()
     except httpx.HTTPError as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.e2e = time.perf_counter() - start
@@ -175,9 +177,14 @@ async def watch_memory(client: httpx.AsyncClient, process, peaks: MemoryPeaks, h
             pass
 
 
+PROGRESS_EVERY_S = 5.0
+
+
 async def run_level(base_url: str, model: str, concurrency: int, prompts: list[tuple[str, int]],
-                    max_tokens: int, headers: dict, on_done=None):
-    """Closed loop: `concurrency` workers, each sending its next request when the last ends."""
+                    max_tokens: int, headers: dict, on_done=None, progress=None):
+    """Closed loop: `concurrency` workers, each sending its next request when the last ends.
+    progress: told of each streamed chunk (.chunk()), each finished request (.done(record))
+    and every PROGRESS_EVERY_S seconds (.tick()), so a long level says how it goes."""
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(600.0), limits=limits,
                                  verify=False) as client:
@@ -191,12 +198,26 @@ async def run_level(base_url: str, model: str, concurrency: int, prompts: list[t
         async def worker():
             while todo:
                 text, num = todo.pop(0)
-                records.append(await stream_completion(client, model, text, num, max_tokens, headers))
+                record = await stream_completion(client, model, text, num, max_tokens, headers,
+                                                 progress.chunk if progress else None)
+                records.append(record)
                 if on_done:
                     on_done()
+                if progress is not None:
+                    progress.done(record)
+
+        async def ticker():
+            while True:
+                await asyncio.sleep(PROGRESS_EVERY_S)
+                progress.tick()
 
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        ticking = asyncio.create_task(ticker()) if progress is not None else None
+        try:
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            if ticking is not None:
+                ticking.cancel()
         duration = time.perf_counter() - start
         stop.set()
         await watcher
@@ -220,9 +241,30 @@ def server_settings(base_url: str, headers: dict) -> dict:
                                      ("block_size", "cache_dtype", "num_blocks") if k in sample.labels})
                 elif sample.name == "pagedllm:cpu_info":
                     settings["cpu_isa"] = sample.labels.get("isa")
+                elif sample.name == "pagedllm:device_info":
+                    settings["device"] = sample.labels.get("device")
+                elif sample.name == "pagedllm:serve_command_info":
+                    settings["command"] = sample.labels.get("command")
     except Exception:  # noqa: BLE001 - another server, or no /metrics access: report less
         pass
+    if settings.get("device") == "cuda" and find_server_process(base_url) is not None:
+        settings["gpu"] = gpu_name()  # the server runs here: the card is this machine's
     return settings
+
+
+def gpu_name() -> str | None:
+    """This machine's first GPU as "NAME, N GiB" (nvidia-smi), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = out.stdout.strip().splitlines()[:1]
+    if out.returncode != 0 or not first or "," not in first[0]:
+        return None
+    name, mib = first[0].rsplit(",", 1)
+    return f"{name.strip()}, {float(mib) / 1024:.0f} GiB"
 
 
 def host_busy_percent(seconds: float = 1.0) -> float:

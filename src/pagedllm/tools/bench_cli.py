@@ -108,6 +108,13 @@ class LevelProgress:
         if self.bar is not None:
             self.bar.advance(self.task)
 
+    def level_progress(self, n: int, total: int) -> LevelTally:
+        return LevelTally(self, n, total)
+
+    def line(self, text: str) -> None:
+        """A progress line: above the bar on a terminal, a plain line in a log."""
+        (self.bar.console if self.bar is not None else self.console).print(text)
+
     def end_level(self, level) -> None:
         if self.bar is None:
             p95 = level.ttft_ms.p95
@@ -117,6 +124,38 @@ class LevelProgress:
 
     def warn(self, message: str) -> None:
         (self.bar.console if self.bar is not None else self.console).print(f"[yellow]warning:[/] {message}")
+
+
+class LevelTally:
+    """One level's progress, said while it runs: a line at each quarter of its requests and
+    at least every few seconds (run_level's tick), with requests done, errors and the
+    output tokens/s so far, so a long level is never silent."""
+
+    def __init__(self, progress: LevelProgress, n: int, total: int):
+        self.progress, self.n, self.total = progress, n, total
+        self.num_done = self.num_errors = self.num_chunks = 0
+        self.start = time.perf_counter()
+        self.quarters_said = 0
+
+    def chunk(self) -> None:
+        self.num_chunks += 1
+
+    def done(self, record) -> None:
+        self.num_done += 1
+        self.num_errors += record.error is not None
+        quarter = 4 * self.num_done // self.total
+        if quarter > self.quarters_said and self.num_done < self.total:
+            self.quarters_said = quarter
+            self.say()
+
+    def tick(self) -> None:
+        self.say()
+
+    def say(self) -> None:
+        elapsed = time.perf_counter() - self.start
+        self.progress.line(f"N={self.n}: {self.num_done}/{self.total} done, {self.num_errors} "
+                           f"errors, {self.num_chunks / max(elapsed, 1e-9):,.1f} output tok/s "
+                           f"so far ({elapsed:.0f} s)")
 
 
 def _run(args, console, levels, lengths, base_url, headers) -> int:
@@ -133,23 +172,35 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
     if args.warmup:
         console.print(f"warming up with {args.warmup} short request(s)...")
         asyncio.run(warm_up(base_url, model, args.warmup, headers))
+    interrupted = False
     with LevelProgress(console, sum(per_level.values())) as progress:
-        for index, n in enumerate(levels):
-            busy[n] = host_busy_percent()
-            if busy[n] > BUSY_PERCENT:
-                progress.warn(f"this machine's CPU was {busy[n]:.0f}% busy before N={n} with the "
-                              f"server idle: other work is running, and its figures will look "
-                              f"worse than they are")
-            progress.start_level(n, per_level[n])
-            prompts = make_prompts(tokenizer, per_level[n], lengths, args.shared_prefix_tokens,
-                                   seed=args.seed * 1000 + index, load=args.load)
-            counted = spec_counters(base_url, headers)
-            records, duration, peaks = asyncio.run(run_level(
-                base_url, model, n, prompts, args.max_tokens, headers, on_done=progress.advance))
-            results.append(summarize_level(n, records, duration, peaks))
-            results[-1].speculative = spec_during(counted, spec_counters(base_url, headers))
-            progress.end_level(results[-1])
-    recommendation = recommend(results, args.slo_ttft_p95, args.slo_tpot_p95)
+        try:
+            for index, n in enumerate(levels):
+                busy[n] = host_busy_percent()
+                if busy[n] > BUSY_PERCENT:
+                    progress.warn(f"this machine's CPU was {busy[n]:.0f}% busy before N={n} "
+                                  f"with the server idle: other work is running, and its "
+                                  f"figures will look worse than they are")
+                progress.start_level(n, per_level[n])
+                prompts = make_prompts(tokenizer, per_level[n], lengths,
+                                       args.shared_prefix_tokens,
+                                       seed=args.seed * 1000 + index, load=args.load)
+                counted = spec_counters(base_url, headers)
+                records, duration, peaks = asyncio.run(run_level(
+                    base_url, model, n, prompts, args.max_tokens, headers,
+                    on_done=progress.advance, progress=progress.level_progress(n, per_level[n])))
+                results.append(summarize_level(n, records, duration, peaks))
+                results[-1].speculative = spec_during(counted, spec_counters(base_url, headers))
+                progress.end_level(results[-1])
+        except KeyboardInterrupt:  # what finished is still worth its files
+            interrupted = True
+            progress.line(f"interrupted: writing the {len(results)} level(s) that finished")
+    if not results:
+        console.print("[yellow]interrupted before any level finished: nothing written[/]")
+        return 130
+    _connection_cap_hint(console, results)
+    recommendation = recommend(results, args.slo_ttft_p95, args.slo_tpot_p95,
+                               server.get("command"))
     console.print(render_table(results))
     for level in results:
         for error in level.errors or []:
@@ -171,4 +222,14 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
     else:
         console.print(f"[yellow]no recommendation:[/] {recommendation['reason']}")
     console.print(f"wrote {json_path} and {png_path}")
-    return 0
+    return 130 if interrupted else 0
+
+
+def _connection_cap_hint(console, results) -> None:
+    """A level refused for the per-client connection cap says which option to raise."""
+    for level in results:
+        if any("too_many_connections" in error for error in level.errors or []):
+            console.print(f"[yellow]N={level.concurrency}:[/] the server caps the connections "
+                          f"one client may open below {level.concurrency}: start it with "
+                          f"--max-connections-per-client {2 * level.concurrency} (or 0: no cap) "
+                          f"to measure this level")

@@ -82,8 +82,9 @@ def meets_slo(level: LevelResult, slo_ttft_p95_ms: float | None, slo_tpot_p95_ms
 
 
 def recommend(levels: list[LevelResult], slo_ttft_p95_ms: float | None,
-              slo_tpot_p95_ms: float | None) -> dict:
-    """The highest N whose p95 latencies meet the targets (and had no errors)."""
+              slo_tpot_p95_ms: float | None, start_command: str | None = None) -> dict:
+    """The highest N whose p95 latencies meet the targets (and had no errors); its command
+    is the server's own (`start_command`, as it says it was started) with that N."""
     for level in levels:
         level.meets_slo = meets_slo(level, slo_ttft_p95_ms, slo_tpot_p95_ms)
     passing = [lv.concurrency for lv in levels if lv.meets_slo]
@@ -92,8 +93,28 @@ def recommend(levels: list[LevelResult], slo_ttft_p95_ms: float | None,
         return {"concurrency": None, "command": None,
                 "reason": f"no level met the targets ({targets}); lower the load or relax them"}
     best = max(passing)
-    return {"concurrency": best, "command": f"pagedllm serve --max-num-seqs {best}",
+    return {"concurrency": best, "command": with_max_num_seqs(start_command, best),
             "reason": f"highest N meeting {targets}"}
+
+
+def with_max_num_seqs(start_command: str | None, n: int) -> str:
+    """`start_command` (default: a bare `pagedllm serve`) with --max-num-seqs set to n and
+    every other option kept."""
+    import shlex
+
+    words = shlex.split(start_command) if start_command else ["pagedllm", "serve"]
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if word == "--max-num-seqs":
+            skip = True
+            continue
+        if word.startswith("--max-num-seqs="):
+            continue
+        kept.append(word)
+    return shlex.join([*kept, "--max-num-seqs", str(n)])
 
 
 def write_json(path: str, settings: dict, levels: list[LevelResult], recommendation: dict) -> None:
@@ -161,7 +182,7 @@ def write_plot(path: str, levels: list[LevelResult], settings: dict, recommendat
     setup = ", ".join(f"{k} {v}" for k, v in (
         ("max_model_len", server.get("max_model_len")), ("KV blocks", server.get("num_blocks")),
         ("block size", server.get("block_size")), ("KV dtype", server.get("cache_dtype")),
-        ("CPU", server.get("cpu_isa"))) if v is not None)
+        *device_words(server)) if v is not None)
     load = (f"prompts {settings.get('prompt_tokens')} tokens, {settings.get('max_tokens')} out"
             if settings.get("prompt_tokens") else "")
     fig.suptitle(f"{settings.get('model', '')} at {settings.get('base_url', '')}\n"
@@ -169,6 +190,14 @@ def write_plot(path: str, levels: list[LevelResult], settings: dict, recommendat
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def device_words(server: dict) -> tuple[tuple[str, str | None], ...]:
+    """Where the server's model runs, for the chart's header: the GPU by name and memory
+    where it says it runs on one, else the CPU's kernel level."""
+    if server.get("device") == "cuda":
+        return (("GPU", server.get("gpu") or "cuda"),)
+    return (("CPU", server.get("cpu_isa")),)
 
 
 def render_table(levels: list[LevelResult]):
