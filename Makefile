@@ -65,8 +65,9 @@ test: $(TEST_INSTALLED)
 test-busy: $(TEST_INSTALLED)
 	$(PY) -m pytest -q --durations=15 --cpu-hogs 2 $(ARGS)
 
+# ARGS: any `pagedllm serve` options (make serve ARGS="--port 9000 --model my.gguf").
 serve: install
-	$(VENV)/bin/pagedllm serve
+	$(VENV)/bin/pagedllm serve $(ARGS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -166,9 +166,42 @@ def test_bad_requests_get_ollamas_error_shape(server, method, path, body, status
 def test_malformed_json_and_the_load_request(server):
     r = httpx.post(server.url + "/api/chat", content=b'{"model": "smollm2", "messages": [',
                    headers={"Content-Type": "application/json"}, timeout=60)
-    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+    assert r.status_code == 400 and "not valid JSON at character 34" in r.json()["error"]
     loaded = httpx.post(server.url + "/api/generate", json={"model": "smollm2"}, timeout=60)
     assert loaded.json()["done_reason"] == "load" and loaded.json()["done"]
+
+
+def test_a_body_without_a_json_content_type_is_read_as_json_as_ollama_does(server):
+    """Ollama's own curl examples send `-d '{...}'`: curl calls that form-encoded."""
+    body = json.dumps({"model": "smollm2", "prompt": "Hi", "stream": False,
+                       "options": {"num_predict": 3, "temperature": 0}})
+    for headers in ({}, {"Content-Type": "application/x-www-form-urlencoded"},
+                    {"Content-Type": "text/plain"}):
+        r = httpx.post(server.url + "/api/generate", content=body, headers=headers, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["eval_count"] == 3
+    chat = httpx.post(server.url + "/api/chat", content=json.dumps(
+        {"model": "smollm2", "messages": HI, "stream": False, "options": GREEDY}), timeout=120)
+    assert chat.status_code == 200 and chat.json()["done"]
+    # The OpenAI routes keep asking for JSON's type, as OpenAI's do.
+    openai = httpx.post(server.url + "/v1/completions", content=json.dumps(
+        {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}), timeout=60,
+        headers={"Content-Type": "text/plain"})
+    assert openai.status_code == 400
+
+
+def test_ollama_errors_name_ollamas_fields(server):
+    r = httpx.post(server.url + "/api/generate", timeout=60, json={
+        "model": "smollm2", "prompt": "Hi", "stream": False,
+        "options": {"num_predict": 10_000_000}})
+    assert r.status_code == 400 and r.json()["error"].startswith("options.num_predict: ")
+    assert "max_tokens" not in r.json()["error"]
+    r = httpx.post(server.url + "/api/chat", timeout=60, json={
+        "model": "smollm2", "messages": HI, "stream": False, "options": {"top_p": 7}})
+    assert r.status_code == 400 and "options.top_p" in r.json()["error"], r.json()
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "model": "smollm2", "prompt": "Hi", "max_tokens": 10_000_000})
+    assert r.json()["error"]["param"] == "max_tokens"  # OpenAI's routes keep OpenAI's names
 
 
 def test_ollama_routes_need_the_api_key_like_the_openai_routes(tmp_path):

@@ -1,6 +1,6 @@
 """The several-machines recipe on one machine: a two-node Ray cluster (Ray's own
-cluster_utils: a head with 2 CPUs and a worker with 1, each its own raylet, sharing this
-machine's token), `pagedllm serve --replicas 2 --ray-address` joining it. Each replica
+cluster_utils: a head with 2 CPUs and a worker with 1, each its own raylet, sharing a token
+made for the test), `pagedllm serve --replicas 2 --ray-address` joining it. Each replica
 reserves its thread as a Ray CPU, so they land on different nodes; stopping the worker node
 replaces its replica on the head while requests keep being answered, and a stream that was
 running ends (completed or with an error chunk), never hangs."""
@@ -43,6 +43,16 @@ def two_nodes(tmp_path, monkeypatch):
 
     for name, value in SERVE_PATIENCE.items():  # the raylets started here pass it on
         monkeypatch.setenv(name, value)
+    # A cluster with a token of its own (serve refuses one without), in a HOME of its own:
+    # nothing read from or left in the machine's ~/.ray.
+    import secrets
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    from ray._raylet import Config
+
+    Config.initialize("")  # Ray reads the mode once per process: this one checks the GCS
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     worker = cluster.add_node(num_cpus=1)
@@ -50,6 +60,8 @@ def two_nodes(tmp_path, monkeypatch):
         yield cluster, worker
     finally:
         cluster.shutdown()
+        monkeypatch.undo()
+        Config.initialize("")
 
 
 def test_replicas_spread_over_nodes_and_survive_losing_one(two_nodes, tmp_path):
@@ -92,40 +104,55 @@ def test_replicas_spread_over_nodes_and_survive_losing_one(two_nodes, tmp_path):
         server.stop()
 
 
-def test_the_readme_recipe_with_ray_start(tmp_path):
-    """README's "Several machines", as an admin runs it (both nodes on this machine):
-    `ray start --head`, then `ray start --address` for the other node (which the pinned
-    Ray's token authentication refuses without RAY_AUTH_MODE=token), then `pagedllm serve
-    --replicas 2 --ray-address` with nothing more: it finds the token itself."""
+def _ray_cli(home, **env_extra):
+    """Runs Ray's CLI as a machine whose HOME is `home` (nothing left by other tests: no
+    ~/.ray/auth_token), with no RAY_AUTH_* from the environment."""
     import os
     import shutil
     import subprocess
     import sys
 
-    from server_process import free_port
-
-    ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable))
-    port = free_port()
     from pagedllm.replicas.launch import SERVE_PATIENCE
 
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}, **SERVE_PATIENCE}
-    head = f"127.0.0.1:{port}"
+    ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},
+           **SERVE_PATIENCE, "HOME": str(home)}
 
     def ray(*args, **extra):
         return subprocess.run([ray_cli, *args], capture_output=True, text=True, timeout=180,
-                              env={**env, **extra})
+                              env={**env, **env_extra, **extra})
+    return ray
 
+
+def test_the_readme_recipe_with_ray_start(tmp_path):
+    """README's "Several machines" on a fresh machine, as an admin runs it (both nodes here,
+    each with a HOME of its own): the head makes its token and starts with it; a node that
+    joins without the token is refused, one that joins with it is taken; `pagedllm serve
+    --replicas 2 --ray-address` on the head finds the token itself."""
+    from server_process import free_port
+
+    head_home, node_home = tmp_path / "head", tmp_path / "node"
+    head_home.mkdir()
+    node_home.mkdir()
+    port = free_port()
+    head = f"127.0.0.1:{port}"
+    ray, node_ray = _ray_cli(head_home), _ray_cli(node_home)
     try:
+        made = ray("get-auth-token", "--generate")  # README step 1
+        token = made.stdout.strip()
+        assert made.returncode == 0 and len(token) >= 32, made.stderr[-2000:]
+        assert (head_home / ".ray" / "auth_token").read_text().strip() == token
         started = ray("start", "--head", "--port", str(port), "--num-cpus", "1",
                       "--include-dashboard=false", "--disable-usage-stats")
         assert started.returncode == 0, started.stderr[-2000:]
-        refused = ray("start", "--address", head, "--num-cpus", "1")
+        refused = node_ray("start", "--address", head, "--num-cpus", "1")  # no token
         assert refused.returncode != 0 and "InvalidAuthToken" in refused.stdout + refused.stderr
-        joined = ray("start", "--address", head, "--num-cpus", "1", RAY_AUTH_MODE="token")
+        joined = node_ray("start", "--address", head, "--num-cpus", "1", RAY_AUTH_MODE="token",
+                          RAY_AUTH_TOKEN=token)  # README step 2
         assert joined.returncode == 0, joined.stderr[-2000:]
         server = ServerProcess("--replicas", "2", "--ray-address", head, "--kv-cache-memory",
                                "64MiB", log_path=str(tmp_path / "serve.log"), wait_ready=False,
-                               env={"RAY_AUTH_MODE": ""})
+                               env={"RAY_AUTH_MODE": "", "HOME": str(head_home)})
         try:
             server.wait_ready(timeout=240)
             nodes = wait_for(lambda: (n := replica_nodes(server)) and len(n) == 2 and n, 60)
@@ -136,4 +163,41 @@ def test_the_readme_recipe_with_ray_start(tmp_path):
         finally:
             server.stop()
     finally:
+        node_ray("stop", "--force")
         ray("stop", "--force")
+        assert not (node_home / ".ray" / "auth_token").exists()  # the token came by variable
+
+
+def test_a_cluster_without_authentication_is_refused(tmp_path):
+    """A fresh head's `ray start --head` with no token runs without authentication: serve
+    refuses to join it, saying how to fix it, and starts nothing."""
+    from server_process import free_port
+
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    ray = _ray_cli(home)
+    try:
+        started = ray("start", "--head", "--port", str(port), "--num-cpus", "1",
+                      "--include-dashboard=false", "--disable-usage-stats")
+        assert started.returncode == 0, started.stderr[-2000:]
+        assert not (home / ".ray" / "auth_token").exists()
+        server = ServerProcess("--replicas", "1", "--ray-address", f"127.0.0.1:{port}",
+                               "--kv-cache-memory", "64MiB", log_path=str(tmp_path / "serve.log"),
+                               wait_ready=False, env={"RAY_AUTH_MODE": "", "HOME": str(home)})
+        assert server.proc.wait(240) == 2
+        output = server.output()
+        assert "runs without token authentication" in output
+        assert "ray get-auth-token --generate" in output and "--insecure-ray-cluster" in output
+        server.stop()
+    finally:
+        ray("stop", "--force")
+
+
+def test_the_open_cluster_rule():
+    from pagedllm.replicas.launch import open_cluster_refusal
+
+    assert open_cluster_refusal(None, False, False) is None  # a local cluster: this process's
+    assert open_cluster_refusal("10.0.0.1:6379", True, False) is None  # with a token
+    assert "without token authentication" in open_cluster_refusal("10.0.0.1:6379", False, False)
+    assert open_cluster_refusal("10.0.0.1:6379", False, True) is None  # --insecure-ray-cluster

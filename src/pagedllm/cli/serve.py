@@ -127,6 +127,10 @@ def _add_replica_args(scale) -> None:
     scale.add_argument("--ray-address", default=None, metavar="ADDRESS",
                        help="join this Ray cluster (`ray start --head` prints it) instead of "
                             "starting a local one (default: a local one)")
+    scale.add_argument("--insecure-ray-cluster", action="store_true",
+                       help="join a --ray-address cluster that runs without token "
+                            "authentication (anyone who reaches its port can run code on its "
+                            "nodes): only on a private network you trust (default: refused)")
     scale.add_argument("--threads-per-replica", type=positive_int, default=None,
                        help="compute threads of each replica (default: this machine's cores "
                             "divided among the replicas)")
@@ -213,6 +217,7 @@ def cmd_serve(args) -> int:
         print(f"error: no model at {args.model}: no such file or folder; {MODEL_HINT}",
               file=sys.stderr)
         return 2
+    from pagedllm.cli.embedding_model import EmbeddingModelError, load_embeddings
     from pagedllm.cli.serve_store import store_table
 
     if args.models_dir is not None or store_table(args):
@@ -232,7 +237,7 @@ def cmd_serve(args) -> int:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
             client = _load_with_progress(engine_settings, args.engine_process, args.threads)
-            embeddings = _load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
+            embeddings = load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
         return 2
@@ -286,48 +291,6 @@ def load_progress_bar():
         yield update
 
 
-class EmbeddingModelError(Exception):
-    """--embedding-model names nothing servable (the message says what was looked for)."""
-
-
-def _load_embeddings(name: str | None, pooling: str | None = None, dtype: str = "auto"):
-    """The embedding model's service, or None without --embedding-model: the bundled
-    all-minilm, a sentence-transformers folder (its own pooling), or a decoder model (a GGUF
-    file or Hugging Face folder) pooled by --pooling."""
-    if not name:
-        if pooling:
-            raise EmbeddingModelError("--pooling goes with --embedding-model (a decoder model)")
-        return None
-    from pagedllm.embeddings.packaged import NAME, is_packaged_name, packaged_folder
-    from pagedllm.embeddings.service import EmbeddingService
-    from pagedllm.errors import ModelLoadError
-
-    try:
-        if is_packaged_name(name):
-            folder, served = packaged_folder(), NAME
-        elif os.path.exists(name):
-            folder, served = name, None  # named after its file or folder
-        else:
-            raise EmbeddingModelError(
-                f"--embedding-model {name}: no such file or folder; it takes all-minilm "
-                f"(bundled), a sentence-transformers folder (config.json, model.safetensors, "
-                f"tokenizer.json, modules.json) or a decoder model's GGUF file or folder "
-                f"(with --pooling last|mean)")
-        if os.path.isfile(os.path.join(folder, "modules.json")):
-            from pagedllm.embeddings.sentence_model import SentenceModel
-
-            if pooling:
-                raise EmbeddingModelError(
-                    f"--pooling: {name} is a sentence-transformers model, whose pooling is its "
-                    f"own (1_Pooling/config.json); --pooling is for decoder models")
-            return EmbeddingService(SentenceModel(folder, served, dtype))
-        from pagedllm.embeddings.decoder_model import DecoderEmbeddingModel
-
-        return EmbeddingService(DecoderEmbeddingModel(folder, pooling, served))
-    except ModelLoadError as exc:
-        raise EmbeddingModelError(f"--embedding-model: {exc}") from exc
-
-
 def _serve_replicas(args, engine_settings, config) -> int:
     if args.threads:
         print("error: with --replicas, give --threads-per-replica instead of --threads",
@@ -340,4 +303,5 @@ def _serve_replicas(args, engine_settings, config) -> int:
               f"`pip install 'pagedllm[ray]'`", file=sys.stderr)
         return 2
     return serve_replicas(engine_settings, config, args.replicas, args.threads_per_replica,
-                          args.ray_address, args.router, args.replicas_per_node)
+                          args.ray_address, args.router, args.replicas_per_node,
+                          args.insecure_ray_cluster)

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from pagedllm.cli.serve import EmbeddingModelError, _load_embeddings
+from pagedllm.cli.embedding_model import EmbeddingModelError, load_embeddings
 
 
 def store_table(args) -> dict:
@@ -58,7 +58,7 @@ def serve_store(args, engine_settings, config) -> int:
 
     try:
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
-            embeddings = _load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
+            embeddings = load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
             if first is not None:
                 pool.preload(first)
     except (EmbeddingModelError, ModelLoadError, RuntimeError) as exc:

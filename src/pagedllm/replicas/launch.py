@@ -97,9 +97,36 @@ def connect_to_ray(ray_address: str | None) -> None:
         os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
+class OpenClusterError(RuntimeError):
+    """A --ray-address cluster without token authentication (the message says how to fix it)."""
+
+
+def open_cluster_refusal(ray_address: str | None, token_mode: bool, allow: bool) -> str | None:
+    """Why joining this cluster is refused, or None. A cluster started with `ray start` listens
+    on its node's network address: without a token anyone who reaches that port can run code
+    on every node (Ray's own warning), so it is refused unless the admin says otherwise."""
+    if ray_address is None or token_mode or allow:
+        return None
+    return (f"the Ray cluster at {ray_address} runs without token authentication: anyone who "
+            f"can reach its port can run any code on its nodes. Start it with a token (README, "
+            f"\"Several machines\"): on the head `ray get-auth-token --generate`, then `ray "
+            f"start --head ...`; on each other node `RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<that "
+            f"token> ray start --address ...`. On a private network you trust, "
+            f"--insecure-ray-cluster joins it as it is.")
+
+
+def cluster_uses_tokens() -> bool:
+    """Whether this process joined its cluster with token authentication (connected: the
+    cluster asks for the token exactly when this process's mode is token)."""
+    from ray._raylet import AuthenticationMode, get_authentication_mode
+
+    return get_authentication_mode() == AuthenticationMode.TOKEN
+
+
 def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
           threads_per_replica: int | None = None, ray_address: str | None = None,
-          router: str = "prefix", per_node: int | None = None):
+          router: str = "prefix", per_node: int | None = None,
+          insecure_cluster: bool = False):
     """Start Ray (or join ray_address), the board and the application; returns the ingress
     handle once every replica is ready, and the board's (the board lives while it is held)."""
     import ray
@@ -113,6 +140,13 @@ def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
         # service (a cluster joined with --ray-address keeps what its `ray start` set).
         os.environ.setdefault("RAY_worker_niceness", "0")
     connect_to_ray(ray_address)
+    refusal = open_cluster_refusal(ray_address, cluster_uses_tokens(), insecure_cluster)
+    if refusal is not None:
+        ray.shutdown()
+        raise OpenClusterError(refusal)
+    if ray_address is not None and not cluster_uses_tokens():
+        logger.warning("the Ray cluster at %s runs without token authentication "
+                       "(--insecure-ray-cluster)", ray_address)
     try:
         check_placement(ray_nodes(), replicas, threads, per_node)
     except PlacementError:
@@ -134,15 +168,16 @@ def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
 
 def serve_replicas(engine_config: EngineConfig, config: ServerConfig, replicas: int,
                    threads_per_replica: int | None = None, ray_address: str | None = None,
-                   router: str = "prefix", per_node: int | None = None) -> int:
+                   router: str = "prefix", per_node: int | None = None,
+                   insecure_cluster: bool = False) -> int:
     import ray
     from ray import serve
     from rich.console import Console
 
     try:
         handle, _board = start(engine_config, config, replicas, threads_per_replica, ray_address,
-                               router, per_node)
-    except PlacementError as exc:
+                               router, per_node, insecure_cluster)
+    except (PlacementError, OpenClusterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     Console(highlight=False).print(handle.ready_message.remote().result(), soft_wrap=True)

@@ -71,7 +71,10 @@ async def validation_error_handler(request: Request, exc: RequestValidationError
     first = (telling or errors or [{}])[0]
     param = _field_name(tuple(first.get("loc", ())))
     if first.get("type") == "json_invalid":
-        return error_response(400, f"request body is not valid JSON: {first.get('msg')}", None,
+        loc = first.get("loc", ())
+        at = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        why = (first.get("ctx") or {}).get("error") or first.get("msg")
+        return error_response(400, f"request body is not valid JSON{at}: {why}", None,
                               "invalid_json", path=request.url.path)
     message = first.get("msg", "invalid request")
     if first.get("type") == "extra_forbidden":  # refused, never silently ignored
@@ -88,10 +91,28 @@ async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
                           request.url.path)
 
 
+# The sampling fields as Ollama's clients name them (its `options`), for its routes' errors.
+OLLAMA_FIELDS = {
+    "max_tokens": "options.num_predict", "temperature": "options.temperature",
+    "top_p": "options.top_p", "top_k": "options.top_k", "min_p": "options.min_p",
+    "presence_penalty": "options.presence_penalty",
+    "frequency_penalty": "options.frequency_penalty",
+    "repetition_penalty": "options.repeat_penalty", "seed": "options.seed",
+    "stop": "options.stop", "response_format": "format",
+}
+
+
 async def field_error_handler(request: Request, exc: FieldError) -> JSONResponse:
     """Every FieldError (errors.py) the core, the engine or a parse step raises: a 400 naming
-    the field, in the called API's shape. No route translates them by hand."""
-    return error_response(400, str(exc), exc.param, exc.code, path=request.url.path)
+    the field, in the called API's shape (on Ollama's routes, by Ollama's name for it). No
+    route translates them by hand."""
+    path, message, param = request.url.path, str(exc), exc.param
+    if path.startswith(OLLAMA_PREFIX) and param in OLLAMA_FIELDS:
+        ollama_name = OLLAMA_FIELDS[param]
+        if message.startswith(f"{param}: "):
+            message = ollama_name + message[len(param):]
+        param = ollama_name
+    return error_response(400, message, param, exc.code, path=path)
 
 
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:

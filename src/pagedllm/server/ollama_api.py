@@ -21,7 +21,7 @@ from pagedllm.errors import FieldError
 from pagedllm.server.chat_prompt import prepare_chat, render_chat, tool_use
 from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import merged
-from pagedllm.server.errors import APIError
+from pagedllm.server.errors import OLLAMA_PREFIX, APIError
 from pagedllm.server.pipeline import Job, run
 from pagedllm.server.ollama_models import (EXPIRES_NEVER, ModelInfo, embedding_listing,
                                           expires_at, model_infos)
@@ -38,8 +38,23 @@ NOT_A_MODEL_MANAGER = {
 _NO_IMAGES = "images are not supported: this server's model reads text only"
 
 
+class JsonWhateverItsType:
+    """Ollama reads its routes' bodies as JSON whatever their Content-Type (its own curl
+    examples send none, so curl says form-encoded): so do these routes. Pure ASGI."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(OLLAMA_PREFIX):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
     infos = model_infos(state)
+    app.add_middleware(JsonWhateverItsType)
 
     @app.post("/api/chat")
     async def chat(body: OllamaChatRequest, request: HTTPRequest):
