@@ -135,6 +135,61 @@ def test_errors_come_in_anthropics_shape(server, claude):
         assert field in error["error"]["message"]
 
 
+def test_extended_thinking_is_taken_as_claude_code_sends_it(server, claude):
+    """thinking enabled, and an earlier turn's thinking blocks in the history: accepted; on
+    a model whose template has no thinking switch (SmolLM2) the answer is what it would be
+    without, and the history's thinking is not in the prompt."""
+    question = [{"role": "user", "content": "Name a colour."}]
+    plain = claude.messages.create(model=MODEL, max_tokens=24, messages=question, **GREEDY)
+    thinking = claude.messages.create(model=MODEL, max_tokens=24, messages=question,
+                                      thinking={"type": "enabled", "budget_tokens": 16},
+                                      **GREEDY)
+    assert thinking.content[0].text == plain.content[0].text
+    assert thinking.id.startswith("msg_")  # Anthropic's spelling of a message id
+    history = [question[0], {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "The user wants a colour.", "signature": "c2ln"},
+        {"type": "redacted_thinking", "data": "b3BhcXVl"},
+        {"type": "text", "text": "Blue."}]}, {"role": "user", "content": "Another?"}]
+    without = [history[0], {"role": "assistant", "content": "Blue."}, history[2]]
+    assert claude.messages.count_tokens(model=MODEL, messages=history).input_tokens == \
+        claude.messages.count_tokens(model=MODEL, messages=without).input_tokens
+    answer = claude.messages.create(model=MODEL, max_tokens=8, messages=history,
+                                    thinking={"type": "enabled", "budget_tokens": 4})
+    assert answer.usage.output_tokens >= 1
+    for body, words in [
+        ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens: is required"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 8}}, "less than max_tokens (8)"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "thinking", "thinking": "x", "signature": "y"}]}]},
+         "thinking blocks come from the assistant"),
+    ]:
+        r = httpx.post(server.url + "/v1/messages", timeout=600, json={
+            "model": MODEL, "max_tokens": 8, "messages": question, **body})
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_a_template_with_a_thinking_switch_is_given_it():
+    """Qwen3's templates read enable_thinking: set from the request's thinking."""
+    from tokenizers import Tokenizer as HFTokenizer, models
+
+    from pagedllm.server.anthropic_protocol import Thinking
+    from pagedllm.tokenizer import Tokenizer
+
+    template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                "{% if enable_thinking is defined and not enable_thinking %}<think></think>"
+                "{% endif %}")
+    tok = Tokenizer(HFTokenizer(models.BPE({"a": 0}, [])), bos_token_id=None, add_bos=False,
+                    eos_token_ids=[0], chat_template=template)
+    assert tok.has_thinking_switch
+    off = Thinking(type="disabled").template_options(tok.has_thinking_switch)
+    on = Thinking(type="enabled", budget_tokens=10).template_options(tok.has_thinking_switch)
+    assert off == {"enable_thinking": False} and on == {"enable_thinking": True}
+    messages = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(messages, **off) == "hi<think></think>"
+    assert tok.apply_chat_template(messages, **on) == "hi"
+    assert Thinking(type="enabled", budget_tokens=10).template_options(False) == {}
+
+
 def test_requests_are_counted_per_api(server, claude):
     def count() -> float:
         for line in httpx.get(server.url + "/metrics").text.splitlines():

@@ -20,6 +20,8 @@ def test_text_in_text_out_whole_and_streamed(client):
                   temperature=0)
     whole = client.responses.create(**kwargs)
     assert whole.object == "response" and whole.status in ("completed", "incomplete")
+    # OpenAI's spelling of the ids (clients and tools check the prefixes).
+    assert whole.id.startswith("resp_") and whole.output[0].id.startswith("msg_")
     assert "Paris" in whole.output_text
     assert whole.usage.output_tokens <= 12 and whole.usage.input_tokens > 0
     events = list(client.responses.create(stream=True, **kwargs))

@@ -28,7 +28,8 @@ def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
             prompt, params = await prepare_chat(
                 served, body.conversation(), body.sampling_params(), tools=body.openai_tools(),
                 tool_choice=body.openai_tool_choice(), continue_final=body.prefill(),
-                parallel_tool_calls=body.parallel_tool_calls())
+                parallel_tool_calls=body.parallel_tool_calls(),
+                template_options=_thinking_options(served, body.thinking))
             job = Job([prompt.token_ids], params, body.stream, body.user(),
                       api="anthropic.messages")
             return await run(served, request, job, MessageShape(body.model, prompt.tools))
@@ -37,8 +38,15 @@ def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
     async def count_tokens(body: CountTokensRequest):
         async with state.serving(body.model) as served:
             use = tool_use(served, body.openai_tools(), body.openai_tool_choice())
-            prompt = render_chat(served, body.conversation(), use, continue_final=body.prefill())
+            prompt = render_chat(served, body.conversation(), use, continue_final=body.prefill(),
+                                 template_options=_thinking_options(served, body.thinking))
             return {"input_tokens": len(prompt.token_ids)}
+
+
+def _thinking_options(served: ServerState, thinking) -> dict:
+    if thinking is None:
+        return {}
+    return thinking.template_options(served.client.tokenizer.has_thinking_switch)
 
 
 class MessageShape:
@@ -47,7 +55,7 @@ class MessageShape:
     def __init__(self, model: str, tools: ToolUse | None):
         self.model = model  # Anthropic's answer names the model as asked
         self.tools = tools
-        self.message_id = random_id("msg")
+        self.message_id = random_id("msg", "_")
 
     def whole(self, state: ServerState, choices: list[Choice]) -> Response:
         choice = choices[0]
@@ -55,7 +63,7 @@ class MessageShape:
         cut = final.finish_reason == "length"
         text, calls = self.tools.parse(final.text, cut) if self.tools else (final.text, [])
         content = ([{"type": "text", "text": text}] if text else []) + [
-            {"type": "tool_use", "id": call.id, "name": call.name,
+            {"type": "tool_use", "id": tool_use_id(call), "name": call.name,
              "input": tool_input(call.arguments)} for call in calls]
         reason, error = _stop_reason(state, choice, final.finish_reason, final.stop_string, calls)
         body = {**self._head(choice), "content": content, "stop_reason": reason,
@@ -131,7 +139,7 @@ class _Blocks:
             events += self._close_text()
             events += [
                 {"type": "content_block_start", "index": self.index,
-                 "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
+                 "content_block": {"type": "tool_use", "id": tool_use_id(call), "name": call.name,
                                    "input": {}}},
                 {"type": "content_block_delta", "index": self.index,
                  "delta": {"type": "input_json_delta",
@@ -170,3 +178,8 @@ def _usage(choice: Choice, output_tokens: int) -> dict:
 
 
 _event = named_sse_event
+
+
+def tool_use_id(call) -> str:
+    """A tool call's id as Anthropic spells them (toolu_...)."""
+    return "toolu_" + call.id.removeprefix("call_")

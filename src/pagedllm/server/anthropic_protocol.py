@@ -53,8 +53,20 @@ class ToolResultBlock(Block):
         return f"Error: {body}" if self.is_error else body
 
 
-ContentBlock = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock],
-                         Field(discriminator="type")]
+class ThinkingBlock(Block):
+    """An earlier answer's thinking, sent back in the history (Claude Code does)."""
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(Block):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+ContentBlock = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock,
+                               RedactedThinkingBlock], Field(discriminator="type")]
 
 
 class Message(RequestModel):
@@ -86,7 +98,17 @@ class Metadata(RequestModel):
 
 
 class Thinking(RequestModel):
-    type: Literal["disabled"]  # extended thinking is not something these models do
+    """Extended thinking. Where the model's chat template has a thinking switch (Qwen3's
+    enable_thinking) it is set by this; elsewhere it changes nothing (the model thinks as it
+    always does). budget_tokens is checked as Anthropic checks it; the whole answer,
+    thinking included, is bounded by max_tokens."""
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=1)
+
+    def template_options(self, has_switch: bool) -> dict:
+        if not has_switch:
+            return {}
+        return {"enable_thinking": self.type != "disabled"}
 
 
 class OutputFormat(RequestModel):
@@ -127,6 +149,11 @@ class MessagesFields(RequestModel):
                     if block.citations:
                         raise FieldError(f"{where}.citations", "citations are not supported")
                     text.append(block.text)
+                elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
+                    # An earlier turn's thinking: not part of the next prompt, as Anthropic's
+                    # API leaves it out (and Qwen3's template drops past reasoning).
+                    if message.role != "assistant":
+                        raise FieldError(where, f"{block.type} blocks come from the assistant")
                 elif isinstance(block, ToolUseBlock):
                     if message.role != "assistant":
                         raise FieldError(where, "tool_use blocks come from the assistant")
@@ -194,6 +221,14 @@ class MessagesRequest(MessagesFields):
     workspace_id: str | None = None
 
     def sampling_params(self) -> SamplingParams:
+        thinking = self.thinking
+        if thinking is not None and thinking.type == "enabled":
+            budget = thinking.budget_tokens
+            if budget is None:
+                raise FieldError("thinking.budget_tokens", "is required when thinking is enabled")
+            if budget >= self.max_tokens:
+                raise FieldError("thinking.budget_tokens", f"must be less than max_tokens "
+                                                           f"({self.max_tokens}), got {budget}")
         return SamplingParams(
             max_tokens=self.max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,

@@ -54,14 +54,16 @@ def tool_use(state: ServerState, tools: Any, tool_choice: Any = None, tools_para
 
 
 def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
-                add_generation_prompt: bool = True, continue_final: bool = False) -> ChatPrompt:
+                add_generation_prompt: bool = True, continue_final: bool = False,
+                template_options: dict | None = None) -> ChatPrompt:
     """continue_final: the last message is the assistant's start (prefill); the prompt ends
-    with its text, so the answer continues it."""
+    with its text, so the answer continues it. template_options: more variables for the
+    template (enable_thinking)."""
     tok = state.client.tokenizer
     template_messages, tools = template_inputs(messages, use.functions, use.choice, use.template)
     try:
         text = tok.apply_chat_template(template_messages, add_generation_prompt and not
-                                       continue_final, tools=tools)
+                                       continue_final, tools=tools, **(template_options or {}))
     except ChatTemplateError as exc:
         raise FieldError("messages", str(exc)) from exc
     if continue_final:
@@ -99,14 +101,14 @@ def cut_after_final(text: str, messages: list[dict]) -> str:
 
 async def prepare_chat(state: ServerState, messages: list[dict], params: SamplingParams, *,
                        tools=None, tool_choice=None, add_generation_prompt: bool = True,
-                       continue_final: bool = False,
-                       parallel_tool_calls: bool = True) -> tuple[ChatPrompt, SamplingParams]:
+                       continue_final: bool = False, parallel_tool_calls: bool = True,
+                       template_options: dict | None = None) -> tuple[ChatPrompt, SamplingParams]:
     """A chat request's prompt and final sampling parameters, for every chat API: its tools
     read (ToolError names a bad one), the conversation rendered through the model's
     template, the offered functions' schemas compiled (cached; on a worker thread; tools
     that will not be used, tool_choice "none", are not), a forced call made a grammar."""
     prompt = render_chat(state, messages, tool_use(state, tools, tool_choice),
-                         add_generation_prompt, continue_final)
+                         add_generation_prompt, continue_final, template_options)
     use = prompt.tools
     for i, function in enumerate(use.functions if use is not None else ()):
         spec = json_schema_spec(function.parameters, f"{use.tools_param}[{i}].function.parameters")

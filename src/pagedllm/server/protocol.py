@@ -19,8 +19,11 @@ from pagedllm.structured.spec import GrammarSpec, spec_from_request
 from pagedllm.tool_calls.spec import ToolError
 
 
-def random_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+def random_id(prefix: str, separator: str = "-") -> str:
+    """An id the way the API it belongs to spells them (clients check the prefix): OpenAI's
+    chat and completion ids with "-" (chatcmpl-...), the Responses API's and Anthropic's
+    with "_" (resp_..., msg_...)."""
+    return f"{prefix}{separator}{uuid.uuid4().hex}"
 
 
 # The bounds SamplingParams holds every request to (core/request.py), published in the schema.

@@ -83,7 +83,7 @@ class ResponseShape:
         self.tools = tools
         self.conversation = conversation
         self.owner = owner
-        self.response_id = random_id("resp")
+        self.response_id = random_id("resp", "_")
         self.created_at = int(time.time())
 
     def whole(self, state: ServerState, choices: list[Choice]) -> Response:
@@ -91,7 +91,7 @@ class ResponseShape:
         final = choice.final
         cut = final.finish_reason == "length"
         text, calls = self.tools.parse(final.text, cut) if self.tools else (final.text, [])
-        output = ([_message_item(random_id("msg"), text, "completed")] if text else []) + [
+        output = ([_message_item(random_id("msg", "_"), text, "completed")] if text else []) + [
             _call_item(call, "completed") for call in calls]
         return JSONResponse(self._finish(state, choice, output, text, calls))
 
@@ -209,7 +209,7 @@ class _Items:
         events = []
         if text:
             if self.message_id is None:
-                self.message_id = random_id("msg")
+                self.message_id = random_id("msg", "_")
                 self.message_text = ""
                 where = self._where()
                 events.append(self.event("response.output_item.added",

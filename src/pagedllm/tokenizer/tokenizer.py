@@ -196,17 +196,24 @@ class Tokenizer:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
     # -- chat -----------------------------------------------------------------------------
+    @property
+    def has_thinking_switch(self) -> bool:
+        """Whether the chat template turns the model's thinking on and off (Qwen3's
+        `enable_thinking`)."""
+        return bool(self.chat_template) and "enable_thinking" in self.chat_template
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, **options) -> str:
         """`tools`: OpenAI tool dicts, for templates that render them (Hugging Face's
-        convention); templates that do not are given none (tool_calls/prompt.py)."""
+        convention); templates that do not are given none (tool_calls/prompt.py). `options`:
+        more variables the template reads (enable_thinking)."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
         bos = self._tok.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self._tok.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=bos, eos_token=eos, tools=tools)
+                                         bos_token=bos, eos_token=eos, tools=tools, **options)
         except (TemplateError, TypeError) as exc:  # TypeError: a template adding None to text
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
 
