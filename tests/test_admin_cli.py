@@ -262,8 +262,28 @@ def test_keys_add_list_revoke(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     gone = _keys(path, "revoke", "alice")
     assert gone.returncode == 2 and "no key named alice" in gone.stderr
+    # The last key, with a server reading the file: refused (it would keep its old keys).
+    server = subprocess.Popen(["/bin/bash", "-c", "trap '' HUP; sleep 60; true  # pagedllm",
+                               "serve", "--api-key-file", str(path)])
+    try:
+        last = _keys(path, "revoke", "bob")
+        assert last.returncode == 2 and "last key" in last.stderr
+        assert f"running server(s) {server.pid}" in last.stderr
+    finally:
+        server.kill()
+        server.wait()
+    # With none: done, saying what a server would make of the empty file.
     last = _keys(path, "revoke", "bob")
-    assert last.returncode == 2 and "last key" in last.stderr
+    assert last.returncode == 0 and "holds no keys now" in last.stdout, last.stderr
+    assert "no running server reads this file" in last.stdout
+    # An empty file (made by hand, or emptied so) takes a first key.
+    assert _keys(path, "add", "carol").returncode == 0
+    assert [k.name for k in parse_key_file(str(path))] == ["carol"]
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    first = _keys(empty, "add", "alice")
+    assert first.returncode == 0, first.stderr
+    assert [k.name for k in parse_key_file(str(empty))] == ["alice"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -250,3 +250,18 @@ def test_a_model_that_cannot_load_is_said_as_in_process(tmp_path):
                if p.pid not in before and p.name() == PROCESS_NAME and p.is_running()
                and p.status() != psutil.STATUS_ZOMBIE]
     assert engines == []
+
+
+def test_the_ready_line_says_where_the_engine_runs(process_client):
+    import dataclasses
+
+    from pagedllm.server.runner import ready_message
+
+    info = process_client.info
+    assert info.compute.endswith("in the engine process (--threads)")
+    cpu_line = ready_message(info, "127.0.0.1", 8000, "tiny").splitlines()[-1]
+    assert cpu_line.startswith("  device: cpu; CPU: ") and "engine process" in cpu_line
+    gpu = dataclasses.replace(info, device="cuda", device_name="NVIDIA H200, 140 GiB")
+    gpu_line = ready_message(gpu, "127.0.0.1", 8000, "tiny").splitlines()[-1]
+    assert gpu_line.startswith("  device: cuda (NVIDIA H200, 140 GiB); host: ")
+    assert "kernels" not in gpu_line  # a GPU server's CPU level is not what it serves with

@@ -89,9 +89,15 @@ def _list(path: str) -> int:
 def _read_lines(path: str) -> list[str]:
     if not os.path.exists(path):
         return []
-    parse_key_file(path)  # never edit a file the server would refuse
     with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
+        lines = f.read().splitlines()
+    if any(_is_key_line(line) for line in lines):
+        parse_key_file(path)  # never edit a file the server would refuse
+    return lines  # no key yet (a new, empty file): the first `add` fills it
+
+
+def _is_key_line(line: str) -> bool:
+    return bool(line.strip()) and not line.lstrip().startswith("#")
 
 
 def _add(path: str, name: str, weight, max_concurrent, tokens_per_minute) -> str:
@@ -113,9 +119,15 @@ def _revoke(path: str, name: str) -> str:
     kept = [line for line in lines if line.split()[:1] != [name]]
     if len(kept) == len(lines):
         raise KeyFileError(f"{path} has no key named {name}")
-    if not any(line.strip() and not line.lstrip().startswith("#") for line in kept):
-        raise KeyFileError(f"{name} holds the last key of {path}; a server needs at least one "
-                           f"(stop the server, or add another key first)")
+    if not any(_is_key_line(line) for line in kept):
+        serving = server_pids(path)
+        if serving:  # it would keep the old keys: a server never runs with none
+            raise KeyFileError(f"{name} holds the last key of {path}, which the running "
+                               f"server(s) {', '.join(map(str, serving))} read; a server needs "
+                               f"at least one key (add another first, or stop the server)")
+        _write(path, kept)
+        return (f"revoked {name} in {path}; it holds no keys now, and a server refuses to "
+                f"start with it until `pagedllm keys add` puts one back")
     _write(path, kept)
     return f"revoked {name} in {path}"
 

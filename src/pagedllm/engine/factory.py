@@ -214,12 +214,13 @@ def _log_loaded(parts: EngineParts, window_blocks: int | None, seconds: float) -
                 "; PAGEDLLM_CPU_ISA chose a lower level" if cpu.level != cpu.best else "")
     capacity = cache.num_blocks * cache.block_size
     logger.info(
-        "loaded %s (%s) in %.1fs, %.2f GiB resident; KV cache (%s): %d blocks x %d tokens = "
-        "%d tokens (%.2f GiB); maximum concurrency for %d-token requests: %.2fx; "
+        "loaded %s (%s) in %.1fs, %s MiB resident; KV cache (%s): %d blocks x %d tokens = "
+        "%d tokens (%s MiB); maximum concurrency for %d-token requests: %.2fx; "
         "max_num_seqs=%d",
         model_config.name, parts.config.dtype, seconds,
-        psutil.Process().memory_info().rss / 2**30, cache.cache_dtype, cache.num_blocks,
-        cache.block_size, capacity, parts.kv_memory_bytes / 2**30, scheduler.max_model_len,
+        f"{psutil.Process().memory_info().rss / 2**20:,.0f}", cache.cache_dtype,
+        cache.num_blocks, cache.block_size, capacity, f"{parts.kv_memory_bytes / 2**20:,.0f}",
+        scheduler.max_model_len,
         capacity / scheduler.max_model_len, scheduler.max_num_seqs)
 
 

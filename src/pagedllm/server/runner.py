@@ -99,7 +99,10 @@ def ready_message(info: EngineInfo | None, host: str, port: int, served_name: st
         source = f"draft model {spec.draft_model}" if spec.method == "draft" else spec.method
         lines.append(f"  speculative decoding: {source}, up to {spec.num_speculative_tokens} "
                      f"proposed tokens a step (a request may say \"speculative\": \"off\")")
-    if info is not None:
+    if info is not None and info.device == "cuda":
+        lines.append(f"  device: cuda ({info.device_name or 'GPU'}); host: {info.compute} of "
+                     f"{os.cpu_count()} cores")
+    elif info is not None:
         lines.append(f"  device: {info.device}; CPU: {info.cpu.level} kernels, {info.compute} of "
                      f"{os.cpu_count()} cores")
     else:

@@ -54,6 +54,7 @@ class EngineInfo:
     num_threads: int
     speculative: SpeculativeConfig = SpeculativeConfig()
     device: str = "cpu"  # where the model runs (--device)
+    device_name: str = ""  # the GPU as its driver names it, with its memory ("" on a CPU)
 
     @property
     def max_model_len(self) -> int:

@@ -84,4 +84,13 @@ def engine_info(engine: LLMEngine, compute: str | None = None, num_threads: int 
     return EngineInfo(engine.model_config, engine.model_path, engine.dtype, engine.cache_config,
                       engine.scheduler_config, engine.kv_memory_bytes, engine.cpu,
                       compute or f"{threads} compute thread(s) (--threads)", threads,
-                      engine.speculator.config, engine.backend.device)
+                      engine.speculator.config, engine.backend.device,
+                      gpu_name(engine.backend.device))
+
+
+def gpu_name(device: str) -> str:
+    """The card an engine on `device` runs on, as "NAME, N GiB" ("" for the CPU)."""
+    if device != "cuda":
+        return ""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
