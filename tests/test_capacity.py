@@ -376,3 +376,30 @@ def test_a_gpu_server_is_named_in_the_chart_and_a_refused_level_says_what_to_rai
     _connection_cap_hint(console, [level(8, 100, 10), refused])
     text = console.export_text()
     assert "N=128" in text and "--max-connections-per-client 256" in text and "N=8" not in text
+
+
+def test_plan_uses_serves_defaults_leaves_room_and_prints_one_command_line():
+    """`plan | grep 'pagedllm serve'` finds the whole command: one line off a terminal,
+    sizes in units, serve's own context, a memory that leaves the machine room."""
+    import shlex
+
+    from pagedllm.cli import build_parser
+    from pagedllm.tools.plan import shared_machine_memory
+    from pagedllm.units import parse_bytes
+
+    done = subprocess.run(f"{sys.executable} -m pagedllm.cli plan | grep 'pagedllm serve'",
+                          shell=True, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    words = shlex.split(line)
+    assert words[:2] == ["pagedllm", "serve"]
+    args = build_parser().parse_args(words[1:])
+    assert args.max_model_len == 8192  # serve's default: the model's context
+    kv = words[words.index("--kv-cache-memory") + 1]
+    assert kv.endswith(("MiB", "GiB")) and parse_bytes(kv) % (1 << 20) == 0
+    whole = subprocess.run([sys.executable, "-m", "pagedllm.cli", "plan"], capture_output=True,
+                           text=True, timeout=120).stdout
+    assert "context 8192 tokens" in whole and "half of what this machine has available" in whole
+    gib = 1 << 30
+    assert shared_machine_memory(2 * gib, 22 * gib) == 12 * gib  # weights + half the rest
+    assert shared_machine_memory(30 * gib, 22 * gib) == 30 * gib  # nothing left to halve

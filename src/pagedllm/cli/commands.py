@@ -81,13 +81,15 @@ def add_plan(sub, formatter) -> None:
                           formatter_class=formatter)
     plan.add_argument("--model", default=None,
                       help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)")
-    plan.add_argument("--context", type=positive_int, default=4096,
-                      help="tokens per request (prompt + answer); at most the model's context")
+    plan.add_argument("--context", type=positive_int, default=None,
+                      help="tokens per request (prompt + answer); at most the model's context "
+                           "(default: the model's context, as serve serves it)")
     plan.add_argument("--parallel", default="1,2,4,8,16,32",
                       help="comma-separated counts of parallel requests to size")
     plan.add_argument("--memory", type=size, default=None,
-                      help="memory to plan for, e.g. 8GiB (default: this machine's available "
-                           "memory; with --device cuda the GPU's share by "
+                      help="memory to plan for, e.g. 8GiB (default: the weights and half of "
+                           "this machine's available memory after them, leaving the rest to "
+                           "its other users; with --device cuda the GPU's share by "
                            "--gpu-memory-utilization)")
     plan.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                       help="where the server will run the model (cuda: weights dense in "

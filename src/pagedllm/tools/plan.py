@@ -11,7 +11,9 @@ from rich.table import Table
 
 from pagedllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from pagedllm.core import sizing
-from pagedllm.units import gib
+from pagedllm.units import byte_text, gib
+
+MIB = 1 << 20
 from pagedllm.weights.inspect import summarize_checkpoint
 
 
@@ -46,6 +48,8 @@ class CapacityPlan:
     model_path: str | None = None  # as given to plan (None: the bundled default model)
     device: str = "cpu"  # where the server will run it (serve --device)
     gpu_4bit_weights: bool = False  # serve --gpu-4bit-weights: 4-bit projections stay 4-bit
+    # How memory_bytes was chosen, said with the plan ("" when --memory gave it).
+    memory_rule: str = ""
 
 
 def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
@@ -82,7 +86,17 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
                         warnings)
 
 
-def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[int],
+SHARED_MACHINE_SHARE = 0.5  # of what is available after the weights, when --memory is not given
+
+
+def shared_machine_memory(weight_bytes: int, available: int) -> int:
+    """What a plan may use on a machine it does not own: the weights and half of what is left
+    (the same half serve's own default KV sizing never passes), so the other users and the
+    OS keep the rest."""
+    return weight_bytes + int(max(0, available - weight_bytes) * SHARED_MACHINE_SHARE)
+
+
+def make_plan(model: str | None, *, dtype: str, context: int | None, parallels: list[int],
               memory: int | None, block_size: int = DEFAULT_BLOCK_SIZE,
               kv_cache_dtype: str = "auto", device: str = "cpu",
               gpu_memory_utilization: float = 0.9, gpu_4bit_weights: bool = False
@@ -94,18 +108,28 @@ def make_plan(model: str | None, *, dtype: str, context: int, parallels: list[in
     if gpu_4bit_weights and device != "cuda":
         raise ValueError("--gpu-4bit-weights plans a GPU: give --device cuda")
     summary = summarize_checkpoint(model)
+    if context is None:  # serve's own default: the model's whole context
+        context = summary.config.max_position_embeddings
+    rule = ""
     if memory is not None:
         memory_bytes = memory
     elif device == "cuda":
         memory_bytes = gpu_memory_share(gpu_memory_utilization)
+        rule = (f"the card's share by --gpu-memory-utilization {gpu_memory_utilization:g} "
+                f"(--memory plans another amount)")
     else:
-        memory_bytes = sizing.available_memory_bytes()
+        available = sizing.available_memory_bytes()
+        element = sizing.ELEMENT_SIZES[dtype]
+        memory_bytes = shared_machine_memory(summary.weight_bytes(element, False), available)
+        rule = (f"the weights and half of what this machine has available after them "
+                f"({gib(available)} available), leaving the rest to its other users "
+                f"(--memory plans another amount)")
     plan = plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
                          context=context, parallels=parallels, memory_bytes=memory_bytes,
                          block_size=block_size, kv_cache_dtype=kv_cache_dtype,
                          four_bit_on_device=gpu_4bit_weights)
     return dataclasses.replace(plan, model_path=model, device=device,
-                               gpu_4bit_weights=gpu_4bit_weights)
+                               gpu_4bit_weights=gpu_4bit_weights, memory_rule=rule)
 
 
 class NoGPUError(ValueError):
@@ -140,13 +164,17 @@ def print_plan(plan: CapacityPlan, as_json: bool, console: Console | None = None
                       f"(counted above), plus {g(plan.kv_bytes_per_step)} for a step's prefill chunks")
     console.print(f"weights: {g(plan.weight_bytes)}; memory: {g(plan.memory_bytes)}; "
                   f"left for KV: {g(plan.kv_budget_bytes)}")
+    if plan.memory_rule:
+        console.print(f"memory planned: {plan.memory_rule}")
     table = Table("parallel", "KV memory", "weights + KV", "fits")
     for row in plan.rows:
         table.add_row(str(row.parallel), g(row.kv_bytes), g(row.total_bytes),
                       "yes" if row.fits else "[red]no[/]")
     console.print(table)
-    console.print(f"largest parallel count that fits: [bold]{plan.max_parallel}[/] "
-                  f"({serve_command(plan)})")
+    console.print(f"largest parallel count that fits: [bold]{plan.max_parallel}[/]; serve it "
+                  f"with:")
+    # One line whatever the terminal (rich would wrap it): to paste, or to grep from a pipe.
+    console.print(serve_command(plan), soft_wrap=True, highlight=False, markup=False)
     for warning in plan.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
 
@@ -160,9 +188,10 @@ def serve_command(plan: CapacityPlan) -> str:
         words.append(f"--device {plan.device}")
     if plan.gpu_4bit_weights:
         words.append("--gpu-4bit-weights")
+    kv_bytes = max(plan.max_parallel, 1) * plan.kv_bytes_per_request + plan.kv_bytes_per_step
     words += [f"--max-num-seqs {max(plan.max_parallel, 1)}",
              f"--max-model-len {plan.context}",
-             f"--kv-cache-memory {max(plan.max_parallel, 1) * plan.kv_bytes_per_request + plan.kv_bytes_per_step}"]
+             f"--kv-cache-memory {byte_text(-(-kv_bytes // MIB) * MIB)}"]  # whole MiB, up
     if plan.dtype != DEFAULT_DTYPE:
         words.append(f"--dtype {plan.dtype}")
     if plan.kv_cache_dtype != "auto":
