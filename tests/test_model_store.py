@@ -243,6 +243,12 @@ def test_keep_alive_unloads_an_idle_model_and_restarts_while_busy():
     assert pool.reap(now=start + 500) == []
     assert pool.reap(now=start + 600) == ["a"]
     assert pool.events.unloads == {("a", "expired"): 1} and pool.loaded() == []
+    # A reader that took the model from the table just before (a listing, the page, a
+    # scrape) finds an idle client with nothing to publish, not a missing attribute (/api/ps
+    # answered 500 AttributeError in that window).
+    assert not model.busy and model.expires_in(start + 600) == 0.0
+    assert model.client.figures() == [] and model.client.info is clients["a"].info
+    model.client.abort("any")
     pool.shutdown()
 
 

@@ -42,7 +42,10 @@ def store(models_dir, tmp_path_factory):
 
 
 def loaded(proc) -> list[str]:
-    return sorted(m["name"] for m in httpx.get(proc.url + "/api/ps", timeout=30).json()["models"])
+    answer = httpx.get(proc.url + "/api/ps", timeout=30)
+    assert answer.status_code == 200 and "models" in answer.json(), (answer.status_code,
+                                                                    answer.text)
+    return sorted(m["name"] for m in answer.json()["models"])
 
 
 def metric(proc, name: str, **labels) -> float:
@@ -124,6 +127,8 @@ def test_keep_alive_zero_unloads_after_the_answer(store):
     import ollama
 
     client = ollama.Client(host=store.url)
+    # The other model loaded here, not by an earlier test (this one runs alone too).
+    client.chat(model="smollm2", messages=HI, keep_alive="1h", options={"num_predict": 1})
     answer = client.chat(model="tiny-hf", messages=HI, keep_alive=0, options={"num_predict": 4})
     assert answer.message.content is not None
     wait_for(lambda: "tiny-hf:latest" not in loaded(store), "tiny-hf unloaded")

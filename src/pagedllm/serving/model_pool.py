@@ -49,6 +49,32 @@ class ModelLoadFailed(RuntimeError):
     """Loading the model failed (its file, its options); the message says why."""
 
 
+class UnloadedClient:
+    """A model's client once its engine is unloaded: idle, publishing nothing."""
+
+    dead = None
+    restarting = None
+    num_in_flight = 0
+
+    def __init__(self, info):
+        self.info = info
+
+    def figures(self) -> list:
+        return []
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+    def abort_all(self) -> None:
+        pass
+
+    def set_user_policies(self, weights, max_running) -> None:
+        pass
+
+    async def snapshot(self, replica: str | None = None):
+        raise RuntimeError("the model was unloaded")
+
+
 @dataclass
 class LoadedModel:
     entry: StoreEntry
@@ -245,7 +271,10 @@ class ModelPool:
         logger.info("model %s unloaded (%s)", loaded.name, {
             "room": "to make room for another model", "expired": "its keep_alive ran out",
             "failed": "its engine failed", "shutdown": "server shutting down"}.get(reason, reason))
-        del loaded.client  # the engine's tensors go with the last reference
+        # The engine's tensors go with the last reference; a reader that took this model from
+        # the table just before it left (a listing, the page, a scrape) finds an idle,
+        # empty client in its place, never a missing one.
+        loaded.client = UnloadedClient(loaded.client.info)
         gc.collect()
         from pagedllm.engine.factory import _return_freed_memory
         _return_freed_memory()
