@@ -72,12 +72,17 @@ serve: install
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
 
-# The two packages the GPU machine lacks (Python 3.12 there), for scripts/gpu_check.sh: carry
-# the folder (ignored by git) to it.
+# The packages the GPU machine lacks (Python 3.12 there), at this venv's versions, for
+# scripts/gpu_check.sh: its tests' (gguf, llguidance) and `pagedllm serve`'s (the engine
+# process's pyzmq and msgspec, the HTTP stack). Carry the folder (ignored by git) to it.
+GPU_WHEELS := llguidance gguf pyzmq msgspec fastapi starlette pydantic pydantic_core uvicorn \
+	fastapi-offline annotated-types typing-inspection opentelemetry-api typing_extensions \
+	annotated-doc h11 anyio sniffio idna click prometheus_client rich markdown-it-py mdurl \
+	pygments jinja2 markupsafe psutil httpx httpcore certifi importlib_metadata zipp
 gpu-wheels: $(INSTALLED)
 	$(VENV)/bin/pip download --only-binary=:all: --no-deps --python-version 3.12 \
 	    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
-	    --platform manylinux2014_x86_64 "llguidance==$$($(VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("llguidance"))')" \
-	    "gguf==$$($(VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("gguf"))')" -d gpu-wheels
+	    --platform manylinux2014_x86_64 -d gpu-wheels \
+	    $$($(PY) scripts/gpu_wheel_pins.py $(GPU_WHEELS))
 	# The default model's tokenizer alone (~1 MB): its package (98 MB) cannot travel there.
 	$(PY) -c "import sys; sys.path.insert(0, 'benchmarks'); import realistic_size as r; r.write_tokenizer_only('gpu-wheels/tokenizer.gguf')"

@@ -9,14 +9,16 @@
 #      test_launch_count.py, test_moe_triton.py): float32 logits equal transformers' for each family, bf16
 #      close, no leaked blocks, graph replay equal to eager, sampling on the card as on the
 #      host, the Triton kernels' results (int8 caches too), kernels per decode layer;
-#   2. benchmarks/gpu_decode.py with CUDA graphs: the default model's shape (random weights:
-#      its package cannot travel; the tokenizer from gpu-wheels/tokenizer.gguf) and the 1.7B
-#      shape at N = 1, 8, 32, 128 (TTFT, TPOT, tokens/s, GPU memory, decode against the
-#      copy-bandwidth floor; transformers' generate on the same shapes, batch 1 and 8, the
-#      baseline in the same run); a Q4_0 file of the 1.7B shape dense (bf16) against
-#      --gpu-4bit-weights;
-#   3. scripts/gpu_profile_decode.py: eager decode steps kernel by kernel;
-#   4. the 1.7B shape eager at N = 1, 8, for comparison.
+#   2. benchmarks/gpu_decode.py with CUDA graphs on the 1.7B shape (random weights, the
+#      default model's tokenizer from gpu-wheels/tokenizer.gguf) at N = 1, 8, 32, 128 (TTFT,
+#      TPOT, tokens/s, GPU memory, decode against the copy-bandwidth floor): the engine alone;
+#   3. benchmarks/host_overhead.py on the same file (issue 45): `pagedllm serve` in one
+#      process and with --engine-process under a streamed load at N = 1, 8, 32, 128, 256,
+#      512-token answers (tokens/s, TTFT, TPOT, the server's CPU per 1,000 tokens) beside
+#      the engine alone, in one run;
+#   4. scripts/gpu_profile_decode.py: eager decode steps kernel by kernel.
+# (Measured in earlier runs and left out for time: transformers' generate as a baseline,
+# dense against --gpu-4bit-weights, eager steps; `benchmarks/gpu_decode.py --help`.)
 # (scripts/gpu_probe_gemma2.py, the module-by-module Gemma 2 probe, is run by hand.)
 #
 # A rehearsal on a machine without a GPU (`DRY=1 PYTHON=.venv/bin/python scripts/gpu_check.sh`)
@@ -31,12 +33,19 @@ if [ "${DRY:-0}" = 1 ]; then
     DEVICE=torch-cpu
     BENCH_ARGS=(--device torch-cpu --levels 1,2 --tokens 4 --prompt-tokens 16 --models default
                 --random-default --work "$OUT/models")
+    SERVED_ARGS=(--concurrency 1,2 --max-tokens 8)  # the tiny model, on this CPU
 else
     DEVICE=cuda
-    BENCH_ARGS=()
+    BENCH_ARGS=(--work /tmp/pagedllm-gpu)
+    SERVED_ARGS=(--model /tmp/pagedllm-gpu/smollm2-1.7b-random-F16.gguf --concurrency 1,8,32,128,256
+                 --max-tokens 512 --serve-args "--device cuda")
     export PAGEDLLM_NO_KERNELS=1  # the GPU path needs no C++ CPU kernels: none compiled there
-    if [ -d gpu-wheels ]; then
-        "$PYTHON" -m pip install --no-index --no-deps gpu-wheels/*.whl > "$OUT/pip.log" 2>&1
+    if [ -d gpu-wheels ]; then  # only what the machine lacks: its own torch stack stays
+        for wheel in gpu-wheels/*.whl; do
+            name=$(basename "$wheel" | cut -d- -f1)
+            "$PYTHON" -c "import importlib.metadata as m; m.version('$name')" 2>/dev/null \
+                || "$PYTHON" -m pip install --no-index --no-deps "$wheel" >> "$OUT/pip.log" 2>&1
+        done
     fi
 fi
 export PAGEDLLM_TEST_DEVICE=$DEVICE
@@ -52,35 +61,28 @@ PY
 # Most wanted first (a run cut short by its limit keeps what is done): the GPU tests (the
 # Triton kernels compiled there for the first time), the benchmark as served (CUDA graphs,
 # the default), the 4-bit A/B, the profile, eager for comparison.
-timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+timeout 140 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     tests/test_int4_triton.py tests/test_triton_layer_ops.py tests/test_triton_attention.py \
     tests/test_launch_count.py tests/test_moe_triton.py --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/gpu_tests.log"
 if [ "$DEVICE" = cuda ]; then  # graphs are captured on a GPU only
-    timeout 160 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \
-        --transformers-baseline --json "$OUT/gpu_decode_graphs.json" \
-        > "$OUT/gpu_decode_graphs.log" 2>&1
+    timeout 100 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \
+        --models 1.7b --json "$OUT/gpu_decode_graphs.json" > "$OUT/gpu_decode_graphs.log" 2>&1
     echo "exit: $?" >> "$OUT/gpu_decode_graphs.log"
-    # 4-bit weights on the GPU against the same Q4_0 file dequantized to bf16, graphs both.
-    for mode in dense 4bit; do
-        flag=(); [ "$mode" = 4bit ] && flag=(--gpu-4bit-weights)
-        timeout 70 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \
-            --models 1.7b-q4 --levels 1,8,32 "${flag[@]}" --json "$OUT/gpu_decode_q4_$mode.json" \
-            > "$OUT/gpu_decode_q4_$mode.log" 2>&1
-        echo "exit: $?" >> "$OUT/gpu_decode_q4_$mode.log"
-    done
-    # the 1.7B file the benchmark wrote, eager decode steps kernel by kernel
-    timeout 40 "$PYTHON" scripts/gpu_profile_decode.py > "$OUT/decode_profile.log" 2>&1
-    echo "exit: $?" >> "$OUT/decode_profile.log"
-    EAGER_ARGS=(--models 1.7b --levels 1,8)
 else
-    echo "a rehearsal: no graphs without a GPU" > "$OUT/gpu_decode_graphs.log"
-    EAGER_ARGS=()
+    timeout 50 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" \
+        --json "$OUT/gpu_decode.json" > "$OUT/gpu_decode.log" 2>&1
+    echo "exit: $?" >> "$OUT/gpu_decode.log"
 fi
-timeout 50 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" "${EAGER_ARGS[@]}" \
-    --json "$OUT/gpu_decode.json" > "$OUT/gpu_decode.log" 2>&1
-echo "exit: $?" >> "$OUT/gpu_decode.log"
+# As a user runs it: the server (one process, and the engine in its own) under streamed load.
+timeout 190 "$PYTHON" benchmarks/host_overhead.py "${SERVED_ARGS[@]}" --json "$OUT/served.json" \
+    > "$OUT/served.log" 2>&1
+echo "exit: $?" >> "$OUT/served.log"
+if [ "$DEVICE" = cuda ]; then  # the 1.7B file the benchmark wrote, eager steps kernel by kernel
+    timeout 30 "$PYTHON" scripts/gpu_profile_decode.py > "$OUT/decode_profile.log" 2>&1
+    echo "exit: $?" >> "$OUT/decode_profile.log"
+fi
 cat "$OUT"/environment.json
-grep -E "N=|copy|wrote|exit|Error|transformers" "$OUT"/gpu_decode*.log
+grep -E "N=|copy|wrote|exit|Error|transformers" "$OUT"/gpu_decode*.log "$OUT"/served.log
 tail -n 3 "$OUT/gpu_tests.log"
 [ -f "$OUT/decode_profile.log" ] && cut -c1-600 "$OUT/decode_profile.log"
