@@ -126,7 +126,7 @@ NON_DEFAULTS = {
     "threads-per-replica": 1, "router": "pow2", "models-dir": "/srv/models",
     "max-loaded-models": 2, "keep-alive": "10m", "embedding-dtype": "float32",
     "pooling": "mean", "gpu-memory-utilization": 0.8, "cuda-graphs": True, "gpu-4bit-weights": True,
-    "engine-process": True,
+    "engine-process": True, "insecure-ray-cluster": True,
 }
 
 
