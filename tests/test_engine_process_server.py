@@ -154,3 +154,32 @@ def test_an_engine_whose_steps_keep_failing_is_restarted_not_fatal(tmp_path):
         proc.wait_ready()
     finally:
         assert proc.stop() == 0
+
+
+def test_the_engine_process_ends_when_its_server_is_killed(tmp_path):
+    """A front end killed outright (no drain, no Stop message) leaves no engine behind, even
+    one busy with a long answer."""
+    import threading
+
+    proc = ServerProcess("--engine-process", "--kv-cache-memory", str(256 << 20),
+                         log_path=str(tmp_path / "server.log"))
+    [engine] = _engines(proc)
+    started = threading.Event()
+
+    def stream():
+        try:
+            body = {"prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", proc.url + "/v1/completions", json=body,
+                              timeout=60) as answer:
+                for _ in answer.iter_lines():
+                    started.set()
+        except httpx.HTTPError:
+            pass
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert started.wait(300)
+    proc.proc.kill()
+    proc.proc.wait()
+    gone, alive = psutil.wait_procs([engine], timeout=120)
+    assert alive == [] and gone
+    proc.stop()

@@ -77,3 +77,9 @@ def test_while_the_model_loads_the_port_answers_503_loading(tmp_path):
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     finally:
         server.stop()
+
+
+def test_the_engine_process_is_refused_with_a_store_or_replicas(tmp_path, port):
+    for extra in (["--models-dir", str(tmp_path)], ["--replicas", "2"]):
+        line = one_error_line(serve("--engine-process", "--port", str(port), *extra))
+        assert "--engine-process serves one model" in line

@@ -220,6 +220,12 @@ def cmd_serve(args) -> int:
     from pagedllm.cli.embedding_model import EmbeddingModelError, load_embeddings
     from pagedllm.cli.serve_store import store_table
 
+    if args.engine_process and (args.models_dir is not None or store_table(args)
+                                or args.replicas is not None):
+        print("error: --engine-process serves one model; a model store (--models-dir, "
+              "[models]) and --replicas run their engines their own way (threads of this "
+              "process, Ray's processes): leave it out", file=sys.stderr)
+        return 2
     if args.models_dir is not None or store_table(args):
         from pagedllm.cli.serve_store import serve_store
 

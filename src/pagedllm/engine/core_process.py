@@ -44,6 +44,9 @@ class EngineCore:
                         logger.warning("the front end is gone: the engine process ends")
                         return 0
                     continue
+            elif os.getppid() != self.parent_pid:  # busy, but nobody to answer any more
+                logger.warning("the front end is gone: the engine process ends")
+                return 0
             self._take_messages(deltas)
             if engine.has_unfinished_requests() and not self.stopped:
                 try:
