@@ -265,3 +265,10 @@ def test_the_ready_line_says_where_the_engine_runs(process_client):
     gpu_line = ready_message(gpu, "127.0.0.1", 8000, "tiny").splitlines()[-1]
     assert gpu_line.startswith("  device: cuda (NVIDIA H200, 140 GiB); host: ")
     assert "kernels" not in gpu_line  # a GPU server's CPU level is not what it serves with
+
+
+def test_a_draft_request_without_a_draft_model_is_refused_in_the_front_end(process_client):
+    from pagedllm.core.request import SamplingParamsError
+
+    with pytest.raises(SamplingParamsError, match="no draft model"):
+        process_client.make_request(None, [1, 2], SamplingParams(speculative="draft"))

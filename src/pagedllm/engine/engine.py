@@ -7,8 +7,7 @@ import logging
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.output_processor import RequestTextState, stop_reason
-from pagedllm.core.request import (FinishReason, OutputCaps, Request, RequestOutput, SamplingParams,
-                                   SamplingParamsError)
+from pagedllm.core.request import FinishReason, OutputCaps, Request, RequestOutput, SamplingParams
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.speculation import Speculator
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats, take_snapshot
@@ -42,7 +41,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.kv_manager)
         self.speculator = Speculator(parts.speculative, parts.draft)
         self.requests = RequestMaker(self.tokenizer, self.model_config.vocab_size,
-                                     self.scheduler_config.max_model_len, self.grammars)
+                                     self.scheduler_config.max_model_len, self.grammars,
+                                     has_draft_model=self.speculator.draft is not None)
         self.faults = faults or Faults()
         self.runner.fault_injector = self.faults.sampling_fault()
         self.memory_guard = MemoryGuard(config.max_memory)
@@ -69,9 +69,6 @@ class LLMEngine:
                      params: SamplingParams | None = None, *, user: str | None = None,
                      cache_salt: str | None = None, caps: OutputCaps | None = None) -> Request:
         """A checked request, not yet added (request_maker.py); safe from any thread."""
-        if params is not None and params.speculative == "draft" and self.speculator.draft is None:
-            raise SamplingParamsError("speculative", "this server has no draft model "
-                                                     "(pagedllm serve --draft-model PATH)")
         return self.requests.make_request(request_id, prompt, params, user=user,
                                           cache_salt=cache_salt, caps=caps)
 

@@ -16,14 +16,17 @@ class RequestMaker:
     _ids = itertools.count()
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
-                 grammars: GrammarCompiler, build_matchers: bool = True):
+                 grammars: GrammarCompiler, build_matchers: bool = True,
+                 has_draft_model: bool = False):
         """build_matchers=False: grammars are compiled (so a bad one is refused here) but each
-        request's matcher is built where it runs (a replica)."""
+        request's matcher is built where it runs (a replica, the engine process).
+        has_draft_model: whether `"speculative": "draft"` can be honoured."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.grammars = grammars
         self.build_matchers = build_matchers
+        self.has_draft_model = has_draft_model
 
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         """Raises TokenLimitError for a text past the context (not tokenized whole)."""
@@ -49,6 +52,9 @@ class RequestMaker:
         Raises a FieldError naming the field: a bad prompt, SamplingParamsError (max_tokens
         over a cap), PromptTooLongError, GrammarError (a grammar that cannot compile)."""
         params = params or SamplingParams()
+        if params.speculative == "draft" and not self.has_draft_model:
+            raise SamplingParamsError("speculative", "this server has no draft model "
+                                                     "(pagedllm serve --draft-model PATH)")
         vocab = self.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be in [0, {vocab})")

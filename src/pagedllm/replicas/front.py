@@ -50,7 +50,8 @@ class ReplicaClient:
         # the request runs.
         self.requests = RequestMaker(self._tokenizer, model_config.vocab_size,
                                      replica_scheduler.max_model_len, self.grammars,
-                                     build_matchers=False)
+                                     build_matchers=False,
+                                     has_draft_model=description["speculative"].method == "draft")
         self.posted: list = []  # every live replica's ReplicaFigures (the ingress polls)
         self._handle = handle.options(stream=True)
         self._board = board

@@ -29,8 +29,7 @@ import zmq
 from pagedllm.config import EngineConfig
 from pagedllm.core.output_processor import RequestTextState
 from pagedllm.core.request import (FinishReason, OutputCaps, QueuePosition, Request,
-                                   RequestOutput, RequestStatus, SamplingParams,
-                                   SamplingParamsError)
+                                   RequestOutput, RequestStatus, SamplingParams)
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 from pagedllm.engine import wire
 from pagedllm.engine.async_engine import RequestStream, _Stream, deliver_on
@@ -96,7 +95,8 @@ class ProcessEngineClient:
                                                      model.bos_token_id)
         self.grammars = GrammarCompiler(self._tokenizer, model.vocab_size)
         self.requests = RequestMaker(self._tokenizer, model.vocab_size, info.max_model_len,
-                                     self.grammars, build_matchers=False)
+                                     self.grammars, build_matchers=False,
+                                     has_draft_model=info.speculative.method == "draft")
         self._fronts: dict[str, _Front] = {}
         self._asks: dict[int, concurrent.futures.Future] = {}
         self._ask_ids = itertools.count()
@@ -125,10 +125,6 @@ class ProcessEngineClient:
     def make_request(self, request_id: str | None, prompt: str | list[int],
                      params: SamplingParams, *, user: str | None = None,
                      cache_salt: str | None = None, caps: OutputCaps | None = None) -> Request:
-        if params is not None and params.speculative == "draft" and \
-                self.info.speculative.method != "draft":
-            raise SamplingParamsError("speculative", "this server has no draft model "
-                                                     "(pagedllm serve --draft-model PATH)")
         return self.requests.make_request(request_id, prompt, params, user=user,
                                           cache_salt=cache_salt, caps=caps)
 
