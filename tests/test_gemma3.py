@@ -112,8 +112,10 @@ def test_plan_counts_the_window_and_its_serve_command_fits(gemma3):
     plan = make_plan(folder, dtype="float32", context=512, parallels=[1, 4],
                      memory=probe.weight_bytes + 6 * probe.kv_bytes_per_request + probe.kv_bytes_per_step)
     assert plan.max_parallel == 6
+    from pagedllm.units import parse_bytes
+
     flags = serve_command(plan).split()
-    value = {name: int(flags[flags.index(name) + 1])
+    value = {name: parse_bytes(flags[flags.index(name) + 1])  # 12 or 3MiB, as serve takes them
              for name in ("--max-num-seqs", "--max-model-len", "--kv-cache-memory")}
     engine = LLM(folder, dtype="float32", max_num_seqs=value["--max-num-seqs"],
                  max_model_len=value["--max-model-len"],
