@@ -13,11 +13,11 @@ import psutil
 import pytest
 
 from pagedllm.config import EngineConfig
-from pagedllm.core.request import QueuePosition, SamplingParams, TokenLogprob
+from pagedllm.core.request import FinishReason, QueuePosition, SamplingParams, TokenLogprob
 from pagedllm.engine import wire
 from pagedllm.errors import EngineDeadError, ModelLoadError
-from pagedllm.serving.engine_process import PROCESS_NAME
-from pagedllm.serving.process_client import ProcessEngineClient, RestartBackoff
+from pagedllm.serving.engine_process import PROCESS_NAME, RestartBackoff
+from pagedllm.serving.process_client import ProcessEngineClient
 from pagedllm.structured.spec import GrammarSpec
 
 
@@ -272,3 +272,35 @@ def test_a_draft_request_without_a_draft_model_is_refused_in_the_front_end(proce
 
     with pytest.raises(SamplingParamsError, match="no draft model"):
         process_client.make_request(None, [1, 2], SamplingParams(speculative="draft"))
+
+
+def test_the_front_end_text_follows_the_engines_tokens(tiny_llama_folder):
+    """RequestTextState.follow, without processes: text and stop strings from token ids,
+    a stop string ending the request before the engine knows (True: tell it), a token-level
+    finish on the same token winning, logprobs kept only for the tokens taken."""
+    from pagedllm.core.output_processor import RequestTextState
+    from pagedllm.core.request import Request
+    from pagedllm.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_folder(tiny_llama_folder)
+    ids = tok.encode("ab|cd", add_special_tokens=False)
+
+    def state(stop):
+        request = Request("r", [1], SamplingParams(stop=stop, logprobs=0), max_model_len=64,
+                          arrival_time=5.0)
+        return request, RequestTextState(request, tok)
+
+    request, text = state(["|"])
+    logprobs = [TokenLogprob(t, -1.0, []) for t in ids]
+    assert text.follow(ids, None, 3, logprobs, 0.5) is True  # "|" ends it here
+    out = text.make_output()
+    assert out.finished and out.finish_reason == "stop" and out.text == "ab"
+    assert out.stop_string == "|" and len(out.logprobs) == len(out.token_ids) == 3
+    assert out.num_cached_tokens == 3 and out.queue_time == 0.5
+    request, text = state(["|"])
+    assert text.follow(ids[:3], "length", 0) is False  # the engine's own finish wins
+    assert text.make_output().finish_reason == "length"
+    request, text = state([])
+    assert text.follow(ids[:2], None) is False and not text.make_output().finished
+    last = text.last_output(FinishReason.ABORT)
+    assert last.finished and last.finish_reason == "abort" and last.text == "ab"

@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import signal
 import sys
-import time
 
 from pagedllm.cli.options import add_engine_args, engine_config, positive_int, size
 from pagedllm.config import ServerConfig
@@ -218,6 +216,7 @@ def cmd_serve(args) -> int:
               file=sys.stderr)
         return 2
     from pagedllm.cli.embedding_model import EmbeddingModelError, load_embeddings
+    from pagedllm.cli.engine_loading import load_with_progress
     from pagedllm.cli.serve_store import store_table
 
     if args.engine_process and (args.models_dir is not None or store_table(args)
@@ -242,7 +241,7 @@ def cmd_serve(args) -> int:
     try:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
-            client = _load_with_progress(engine_settings, args.engine_process, args.threads)
+            client = load_with_progress(engine_settings, args.engine_process, args.threads)
             embeddings = load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
@@ -258,43 +257,6 @@ MODEL_HINT = ("--model takes a GGUF file (on Hugging Face, search the model's na
               "folder (config.json, *.safetensors, tokenizer.json); without --model the "
               "bundled SmolLM2-135M-Instruct is served")
 
-
-
-def _load_with_progress(config, engine_process: bool = False, threads: int | None = None):
-    """One engine, in this process or in one of its own (--engine-process), loaded under a
-    progress bar; test faults only where the environment asks for them (engine/faults.py)."""
-    from pagedllm.engine.faults import Faults
-
-    faults = Faults.from_env()
-    if engine_process:
-        from pagedllm.serving.process_client import ProcessEngineClient
-
-        # --threads (else every core, as in one process: BENCHMARKS.md, "The engine in its
-        # own process", has what fewer would give).
-        return ProcessEngineClient(config, faults, load_progress=load_progress_bar,
-                                   num_threads=threads)
-    from pagedllm.serving.local import LocalEngineClient
-
-    with load_progress_bar() as update:
-        time.sleep(faults.load_delay)
-        return LocalEngineClient.load(config, update, faults)
-
-
-@contextlib.contextmanager
-def load_progress_bar():
-    """A progress bar on stderr while a model loads; yields its (done, total) callback. A
-    module-level function, so the engine process (spawned) draws it too."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    with Progress(TextColumn("loading model"), BarColumn(), MofNCompleteColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("load", total=None)
-
-        def update(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-
-        yield update
 
 
 def _serve_replicas(args, engine_settings, config) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pagedllm.core.request import FinishReason, Request, RequestOutput
+from pagedllm.core.request import FinishReason, Request, RequestOutput, RequestStatus
 
 if TYPE_CHECKING:
     from pagedllm.tokenizer import Tokenizer
@@ -72,6 +72,43 @@ class RequestTextState:
                 self.text = self.text[:at]
                 self.stopped_by_string = True
         return self.stopped_by_string
+
+    def follow(self, new_token_ids: list[int], finish_reason: str | None,
+               num_cached_tokens: int = 0, new_logprobs: list | None = None,
+               queue_time: float | None = None) -> bool:
+        """What an engine elsewhere did for this request since its last word (the engine
+        process, which sends token ids only): its tokens appended and detokenized, as the
+        in-process engine would have, stopping at a stop string; its finish taken. True when
+        a stop string ended the request here, before that engine knew (tell it to drop it)."""
+        request = self.request
+        accepted, stopped = 0, False
+        for token_id in new_token_ids:
+            request.append_token(token_id)
+            accepted += 1
+            if self.add_token(token_id):
+                stopped = True
+                break
+        if new_logprobs:
+            request.logprobs.extend(new_logprobs[:accepted])
+        request.num_cached_tokens = num_cached_tokens
+        if queue_time is not None and request.first_scheduled_time is None:
+            request.first_scheduled_time = request.arrival_time + queue_time
+        # A token-level stop on the same token wins, as in stop_reason().
+        if finish_reason is not None and accepted == len(new_token_ids):
+            reason = FinishReason(finish_reason)
+        else:
+            reason = FinishReason.STOP if stopped else None
+        if reason is not None:
+            request.status, request.finish_reason = RequestStatus.FINISHED, reason
+        return reason is not None and finish_reason is None
+
+    def last_output(self, reason: FinishReason, error: str | None = None) -> RequestOutput:
+        """The final output when there is no engine output to make it from (an abort with
+        the engine gone, a failure here): the text so far, nothing new."""
+        request = self.request
+        return RequestOutput(request.request_id, request.prompt_token_ids,
+                             request.output_token_ids, self.text, [], "", True, reason.value,
+                             error=error)
 
     def make_output(self) -> RequestOutput:
         """The request's output after a step, with only what is new since the last one."""

@@ -114,8 +114,8 @@ class RequestStream:
 def deliver_on(loop: asyncio.AbstractEventLoop, puts: list) -> None:
     """(asyncio.Queue, item) pairs put on their queues by one callback on `loop`."""
     def put_all():
-        for queue, item in puts:
-            queue.put_nowait(item)
+        for target, item in puts:
+            target.put_nowait(item)
     try:
         loop.call_soon_threadsafe(put_all)
     except RuntimeError:  # the event loop is gone (the server is shutting down)

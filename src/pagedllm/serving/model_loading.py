@@ -110,3 +110,29 @@ def thread_governor(threads: int, others_busy: Callable[[], bool]) -> Callable[[
             torch.set_num_threads(wanted)
             current[0] = wanted
     return before_step
+
+
+class UnloadedClient:
+    """A model's client once its engine is unloaded: idle, publishing nothing."""
+
+    dead = None
+    restarting = None
+    num_in_flight = 0
+
+    def __init__(self, info):
+        self.info = info
+
+    def figures(self) -> list:
+        return []
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+    def abort_all(self) -> None:
+        pass
+
+    def set_user_policies(self, weights, max_running) -> None:
+        pass
+
+    async def snapshot(self, replica: str | None = None):
+        raise RuntimeError("the model was unloaded")

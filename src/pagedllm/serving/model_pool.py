@@ -27,7 +27,7 @@ from pagedllm.core.snapshot import EngineSnapshot
 from pagedllm.serving.client import EngineFigures
 from pagedllm.serving.model_loading import (embedding_bytes, estimate_resident_bytes,
                                             load_embedding, load_engine, start_on_own_thread,
-                                            thread_governor)
+                                            thread_governor, UnloadedClient)
 from pagedllm.serving.model_store import ModelCatalog, StoreEntry
 
 __all__ = ["ModelPool", "ModelsBusy", "ModelTooLarge", "ModelLoadFailed",
@@ -47,32 +47,6 @@ class ModelTooLarge(RuntimeError):
 
 class ModelLoadFailed(RuntimeError):
     """Loading the model failed (its file, its options); the message says why."""
-
-
-class UnloadedClient:
-    """A model's client once its engine is unloaded: idle, publishing nothing."""
-
-    dead = None
-    restarting = None
-    num_in_flight = 0
-
-    def __init__(self, info):
-        self.info = info
-
-    def figures(self) -> list:
-        return []
-
-    def abort(self, request_id: str) -> None:
-        pass
-
-    def abort_all(self) -> None:
-        pass
-
-    def set_user_policies(self, weights, max_running) -> None:
-        pass
-
-    async def snapshot(self, replica: str | None = None):
-        raise RuntimeError("the model was unloaded")
 
 
 @dataclass

@@ -29,7 +29,7 @@ import zmq
 from pagedllm.config import EngineConfig
 from pagedllm.core.output_processor import RequestTextState
 from pagedllm.core.request import (FinishReason, OutputCaps, QueuePosition, Request,
-                                   RequestOutput, RequestStatus, SamplingParams)
+                                   RequestOutput, SamplingParams)
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 from pagedllm.engine import wire
 from pagedllm.engine.async_engine import RequestStream, _Stream, deliver_on
@@ -37,28 +37,13 @@ from pagedllm.engine.faults import Faults
 from pagedllm.engine.request_maker import RequestMaker
 from pagedllm.errors import EngineDeadError
 from pagedllm.serving.client import EngineFigures, EngineInfo
-from pagedllm.serving.engine_process import EngineProcess, EngineStartError
+from pagedllm.serving.engine_process import EngineProcess, EngineStartError, RestartBackoff
 from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.structured.spec import GrammarSpec
 from pagedllm.tokenizer import Tokenizer
 
 logger = logging.getLogger("pagedllm.server")
 POLL_MS = 100  # how often an idle front end looks whether its engine process still runs
-
-
-class RestartBackoff:
-    """The pause before the next start: none after a crash of an engine that ran a while,
-    then 1, 2, 4 ... up to `cap` seconds while it keeps dying within `settled` of starting."""
-
-    def __init__(self, cap: float = 30.0, settled: float = 60.0):
-        self.cap, self.settled = cap, settled
-        self.crashes_in_a_row = 0
-
-    def after_crash(self, ran_for: float) -> float:
-        self.crashes_in_a_row = 1 if ran_for >= self.settled else self.crashes_in_a_row + 1
-        if self.crashes_in_a_row == 1:
-            return 0.0
-        return min(self.cap, 2.0 ** (self.crashes_in_a_row - 2))
 
 
 @dataclass
@@ -245,35 +230,17 @@ class ProcessEngineClient:
 
     def _apply(self, front: _Front, delta: wire.TokenDelta) -> RequestOutput:
         """The engine's new tokens as the in-process engine would have given them: text,
-        held back where a stop string may begin, ended at a stop string (the engine is told
-        to drop the request)."""
-        request, text = front.request, front.text
+        held back where a stop string may begin, ended at a stop string (and the engine is
+        told to drop the request)."""
+        text = front.text
         try:
-            accepted, stopped = 0, False
-            for token_id in delta.new_token_ids:
-                request.append_token(token_id)
-                accepted += 1
-                if text.add_token(token_id):
-                    stopped = True
-                    break
-            if delta.new_logprobs:
-                request.logprobs.extend(delta.new_logprobs[:accepted])
-            request.num_cached_tokens = delta.num_cached_tokens
-            if delta.queue_time is not None and request.first_scheduled_time is None:
-                request.first_scheduled_time = request.arrival_time + delta.queue_time
-            # A token-level stop on the same token wins, as in stop_reason().
-            if delta.finish_reason is not None and accepted == len(delta.new_token_ids):
-                reason = FinishReason(delta.finish_reason)
-            else:
-                reason = FinishReason.STOP if stopped else None
-            if reason is not None:
-                request.status, request.finish_reason = RequestStatus.FINISHED, reason
-                if delta.finish_reason is None:
-                    self._send(wire.AbortRequests([request.request_id]))
+            if text.follow(delta.new_token_ids, delta.finish_reason, delta.num_cached_tokens,
+                           delta.new_logprobs, delta.queue_time):
+                self._send(wire.AbortRequests([front.request.request_id]))
             output = text.make_output()
         except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: this request only
-            self._send(wire.AbortRequests([request.request_id]))
-            return _final(request, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
+            self._send(wire.AbortRequests([front.request.request_id]))
+            return text.last_output(FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
         return replace(output, error=delta.error) if delta.error else output
 
     def _fail(self, request_id: str, why: str) -> None:
@@ -285,7 +252,7 @@ class ProcessEngineClient:
         """Aborted with no engine to tell: the final output comes from here."""
         front = self._fronts.pop(request_id, None)
         if front is not None:
-            output = _final(front.request, FinishReason.ABORT, None, front.text)
+            output = front.text.last_output(FinishReason.ABORT)
             deliver_on(front.stream.loop, [(front.stream.queue, output)])
 
     def _on_engine_exit(self, engine: EngineProcess) -> None:
@@ -339,12 +306,3 @@ class ProcessEngineClient:
         self.restarting = f"the engine process could not start again ({why}); next try in " \
                           f"{pause:g} s"
         logger.critical(self.restarting)
-
-
-def _final(request: Request, reason: FinishReason, error: str | None,
-           text: RequestTextState | None = None) -> RequestOutput:
-    """A last output made here (no engine output to make it from)."""
-    output = RequestOutput(request.request_id, request.prompt_token_ids,
-                           request.output_token_ids, text.text if text else "", [], "", True,
-                           reason.value, error=error)
-    return output
