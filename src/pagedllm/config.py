@@ -141,6 +141,29 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """LoRA adapters over the served model (lora/): those named at start, and how many may sit
+    in the batch's slots at once (vLLM's --max-loras, --max-lora-rank)."""
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, path) pairs, --lora NAME=PATH
+    enabled: bool = False  # --enable-lora: slots even without adapters (loaded at run time)
+    max_loras: int = 4  # adapters resident in slots at once: a step mixes up to this many
+    max_lora_rank: int = 16  # the slots' rank; a higher-rank adapter is refused
+
+    def __post_init__(self):
+        if not 1 <= self.max_loras <= 64:
+            raise ValueError(f"max_loras must be 1-64, got {self.max_loras}")
+        if not 1 <= self.max_lora_rank <= 512:
+            raise ValueError(f"max_lora_rank must be 1-512, got {self.max_lora_rank}")
+        names = [name for name, _ in self.adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter names must differ, got {names}")
+
+    @property
+    def active(self) -> bool:
+        return self.enabled or bool(self.adapters)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """The engine's settings as asked for; checked here, before anything loads."""
     model: str | None = None  # GGUF file or Hugging Face folder; None: the default model
@@ -172,6 +195,7 @@ class EngineConfig:
     # On the generic backend (a GPU): a GGUF's 4-bit projections stay 4-bit on the device
     # (models/int4_triton.py) instead of dense in dtype. Off until measured on a GPU.
     gpu_4bit_weights: bool = False
+    lora: LoRAConfig = LoRAConfig()  # adapters and their slots (inactive unless asked)
 
     def uses_cuda_graphs(self, device: str, capturable: bool = True) -> bool:
         """Whether decode steps replay as CUDA graphs on `device`: as asked, else on a GPU.

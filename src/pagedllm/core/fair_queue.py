@@ -62,11 +62,13 @@ class FairQueue:
         self._queues[user].remove(request)
         self._forget_if_idle(user)
 
-    def peek(self, can_run: Callable[[str], bool] = lambda user: True) -> Request | None:
-        """The request to admit next: head of the lowest-virtual-time user allowed to run."""
+    def peek(self, can_run: Callable[[str], bool] = lambda user: True,
+             can_admit: Callable[[Request], bool] = lambda request: True) -> Request | None:
+        """The request to admit next: head of the lowest-virtual-time user allowed to run,
+        whose head can be admitted now (its adapter has a slot)."""
         best = None
         for user, queue in self._queues.items():
-            if not queue or not can_run(user):
+            if not queue or not can_run(user) or not can_admit(queue[0]):
                 continue
             key = (self.virtual_time.get(user, 0.0), queue[0].arrival_time)
             if best is None or key < best[0]:

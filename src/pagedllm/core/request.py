@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -48,6 +49,11 @@ class SamplingParams:
     # Speculative decoding for this request ("off", "ngram"); None: the server's default.
     # The output is the same either way (core/speculation.py): only the speed differs.
     speculative: str | None = None
+    # The LoRA adapter this request runs with (its name; None: the base model) and the
+    # weight of its products (llama.cpp's per-request scale). Not sampling proper, but it
+    # travels with every request's knobs to wherever the engine runs.
+    lora: str | None = None
+    lora_scale: float = 1.0
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -67,6 +73,8 @@ class SamplingParams:
         check(isinstance(self.n, int) and 1 <= self.n <= 16, "n", f"must be 1-16, got {self.n}")
         check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
               f"must be at least 1, got {self.max_tokens}")
+        check(math.isfinite(self.lora_scale) and -10.0 <= self.lora_scale <= 10.0, "lora",
+              f"an adapter's scale must be in [-10, 10], got {self.lora_scale}")
         check(0.0 <= self.temperature <= 100.0, "temperature", f"must be 0-100, got {self.temperature}")
         check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(0 <= self.top_k <= MAX_INT32, "top_k",
@@ -209,12 +217,23 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.logprobs: list = []  # one entry per output token when params.logprobs is set
         self.grammar = None  # its GrammarMatcher when params.guided is set (made by the engine)
+        # Its LoRA adapter's key (name + digest; core/lora_slots.py), set by the engine that
+        # runs it: the slot it takes and its prefix cache's key.
+        self.lora_key: str | None = None
         # Tokens proposed to follow it (core/speculation.py), verified in its next step.
         self.draft_token_ids: list[int] = []
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def prefix_cache_key(self) -> str | None:
+        """What its cached blocks are keyed by besides tokens: the user's salt and the
+        adapter (KV computed under one adapter is never another's)."""
+        if self.lora_key is None:
+            return self.cache_salt
+        return f"{self.cache_salt or ''}\x00lora:{self.lora_key}"
 
     @property
     def num_tokens(self) -> int:

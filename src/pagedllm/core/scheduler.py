@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.fair_queue import FairQueue
 from pagedllm.core.kv_cache import KVCacheManager
+from pagedllm.core.lora_slots import LoRASlotTable
 from pagedllm.core.request import FinishReason, Request, RequestStatus
 from pagedllm.core.step_records import (RunnerOutput, SampledToken, ScheduledRequest,
                                          SchedulerOutput)
@@ -28,9 +29,13 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager,
+                 lora_slots: LoRASlotTable | None = None):
+        """lora_slots: the model's adapter slots; a request with an adapter is admitted only
+        when its adapter has (or can take) one."""
         self.config = config
         self.kv = kv_manager
+        self.lora_slots = lora_slots
         self.waiting = FairQueue()
         self.running: list[Request] = []  # in admission order: the newest is last
         self.max_running_per_user: dict[str, int] = {}  # per-key max_concurrent
@@ -53,6 +58,7 @@ class Scheduler:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
             self._count_running(request, -1)
+            self._release_slot(request)
         else:
             self.waiting.remove(request)
         self.kv.free(request)
@@ -94,6 +100,7 @@ class Scheduler:
                 victim = self._pick_victim(index)
                 self.running.remove(victim)
                 self._count_running(victim, -1)
+                self._release_slot(victim)
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
                 if victim is request:
@@ -110,7 +117,7 @@ class Scheduler:
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs
                and not (self.admission_paused and self.running)):
-            request = self.waiting.peek(self._user_may_run)
+            request = self.waiting.peek(self._user_may_run, self._adapter_may_run)
             if request is None:
                 break
             cached_blocks, num_cached = self.kv.get_computed_blocks(request)
@@ -135,11 +142,20 @@ class Scheduler:
             request.request_id, FairQueue.user_of(request), start,
             (*request.all_token_ids[start:end], *drafts),
             tuple(self.kv.block_table(request.request_id)), end == request.num_tokens,
-            None if window_table is None else tuple(window_table), len(drafts))
+            None if window_table is None else tuple(window_table), len(drafts),
+            -1 if request.lora_key is None else self.lora_slots.slot_of[request.lora_key],
+            request.params.lora_scale)
 
     def _user_may_run(self, user: str) -> bool:
         cap = self.max_running_per_user.get(user)
         return cap is None or self.waiting.num_running.get(user, 0) < cap
+
+    def _adapter_may_run(self, request: Request) -> bool:
+        return request.lora_key is None or self.lora_slots.can_acquire(request.lora_key)
+
+    def _release_slot(self, request: Request) -> None:
+        if request.lora_key is not None:
+            self.lora_slots.release(request.lora_key)
 
     def _count_running(self, request: Request, delta: int) -> None:
         self.waiting.count_running(FairQueue.user_of(request), delta)
@@ -163,6 +179,8 @@ class Scheduler:
         self.stats.prefix_cache_hits += num_cached
         request.num_computed_tokens = num_cached
         request.status = RequestStatus.RUNNING
+        if request.lora_key is not None:
+            self.lora_slots.acquire(request.lora_key)
         self.running.append(request)
         self._count_running(request, +1)
 

@@ -29,6 +29,8 @@ class ScheduledRequest:
     # The sliding-window layers' blocks (their own group), where the model has such layers.
     window_block_table: tuple[int, ...] | None = None
     num_draft_tokens: int = 0
+    lora_slot: int = -1  # the slot of its LoRA adapter (core/lora_slots.py); -1: the base
+    lora_scale: float = 1.0
 
     @property
     def num_new_tokens(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pagedllm.engine.engine import LLMEngine
 from pagedllm.errors import EngineDeadError
-from pagedllm.core.request import QueuePosition, Request, RequestOutput
+from pagedllm.core.request import FinishReason, QueuePosition, Request, RequestOutput
 from pagedllm.core.snapshot import EngineSnapshot
 
 logger = logging.getLogger("pagedllm.async")
@@ -210,7 +210,7 @@ class AsyncEngine:
                 return
             if isinstance(command, AddRequest):
                 if command.request.request_id in self._streams:  # not aborted meanwhile
-                    self.engine.add(command.request)
+                    self._add(command.request)
             elif isinstance(command, AbortRequest):
                 self._abort(command.request_id)
             elif isinstance(command, AbortAll):
@@ -227,6 +227,16 @@ class AsyncEngine:
                     command.future.set_result(self.engine.snapshot())
                 except Exception as exc:  # noqa: BLE001 - the asker hears it; the loop goes on
                     command.future.set_exception(exc)
+
+    def _add(self, request: Request) -> None:
+        """Add the request; if the engine refuses it now (its adapter was unloaded since it
+        was made), its stream ends with that error at once."""
+        try:
+            self.engine.add(request)
+        except Exception as exc:  # noqa: BLE001 - this request fails, the rest go on
+            self._deliver(request.request_id, RequestOutput(
+                request.request_id, request.prompt_token_ids, [], "", [], "", True,
+                FinishReason.ERROR.value, error=f"{type(exc).__name__}: {exc}"))
 
     def _abort(self, request_id: str) -> None:
         final = self.engine.abort_request(request_id)

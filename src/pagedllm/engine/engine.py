@@ -8,6 +8,7 @@ import logging
 from pagedllm.config import EngineConfig
 from pagedllm.core.output_processor import RequestTextState, stop_reason
 from pagedllm.core.request import FinishReason, OutputCaps, Request, RequestOutput, SamplingParams
+from pagedllm.core.lora_slots import LoRASlotTable
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.speculation import Speculator
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats, take_snapshot
@@ -16,6 +17,7 @@ from pagedllm.engine.factory import EngineParts, build_parts, engine_config
 from pagedllm.engine.faults import Faults
 from pagedllm.engine.memory_guard import MemoryGuard
 from pagedllm.engine.request_maker import RequestMaker
+from pagedllm.lora.adapter import AdapterError
 
 logger = logging.getLogger("pagedllm")
 
@@ -38,11 +40,15 @@ class LLMEngine:
         self.kv_memory_bytes = parts.kv_memory_bytes
         self.cache_config, self.scheduler_config = parts.cache_config, parts.scheduler_config
         self.kv_manager, self.runner = parts.kv_manager, parts.runner
-        self.scheduler = Scheduler(self.scheduler_config, self.kv_manager)
+        # LoRA adapters, when served: by name (lora/registry.py), and their slots' bookkeeping.
+        self.loras = parts.loras
+        self.scheduler = Scheduler(self.scheduler_config, self.kv_manager, None
+                                   if self.loras is None else LoRASlotTable(config.lora.max_loras))
         self.speculator = Speculator(parts.speculative, parts.draft)
         self.requests = RequestMaker(self.tokenizer, self.model_config.vocab_size,
                                      self.scheduler_config.max_model_len, self.grammars,
-                                     has_draft_model=self.speculator.draft is not None)
+                                     has_draft_model=self.speculator.draft is not None,
+                                     adapters=self.loras)
         self.faults = faults or Faults()
         self.runner.fault_injector = self.faults.sampling_fault()
         self.memory_guard = MemoryGuard(config.max_memory)
@@ -73,9 +79,18 @@ class LLMEngine:
                                           cache_salt=cache_salt, caps=caps)
 
     def add(self, request: Request) -> None:
+        """Raises AdapterError for an adapter not (or no longer) loaded: nothing is added."""
+        adapter = None
+        if request.params.lora is not None:
+            adapter = self.loras.get(request.params.lora) if self.loras is not None else None
+            if adapter is None:
+                raise AdapterError(f"the adapter {request.params.lora} is not loaded")
+            request.lora_key = adapter.key
+            self.loras.requests_served[adapter.name] = (
+                self.loras.requests_served.get(adapter.name, 0) + 1)
         self.scheduler.add_request(request)
         self.runner.add_request(request.request_id, request.params, request.prompt_token_ids,
-                                request.grammar)
+                                request.grammar, adapter)
         self._text_states[request.request_id] = RequestTextState(
             request, self.tokenizer if self.detokenize else None)
         self._publish()
@@ -142,6 +157,9 @@ class LLMEngine:
             logger.warning("memory pressure (%s): new requests wait", self.memory_guard.reason)
         self._paused_logged = paused
         self.faults.before_step()
+        if self.loras is not None:
+            for key in self.loras.take_unloaded():
+                self.scheduler.lora_slots.forget(key)
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []

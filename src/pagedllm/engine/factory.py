@@ -18,6 +18,8 @@ from pagedllm.core import sizing
 from pagedllm.core.kv_cache import KVCacheManager, WindowBlocks
 from pagedllm.engine.draft_proposer import DraftProposer
 from pagedllm.engine.model_runner import ModelRunner
+from pagedllm.lora.registry import LoRARegistry
+from pagedllm.lora.slots import LoRASlots
 from pagedllm.models.build import build_model
 from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.tokenizer import Tokenizer
@@ -43,6 +45,7 @@ class EngineParts:
     runner: ModelRunner
     speculative: SpeculativeConfig  # the config's, its row limit lowered to the model's
     draft: DraftProposer | None = None  # with a draft model
+    loras: LoRARegistry | None = None  # the adapters served, when LoRA is on
 
 
 def engine_config(config: EngineConfig | str | None, settings: dict) -> EngineConfig:
@@ -97,9 +100,11 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
         logger.info("CUDA graphs for decode steps of up to %d requests: this mixture of "
                     "experts routes larger steps' tokens on the host (eagerly)", graph_limit)
         graph_batch = graph_limit
+    loras = _lora(config, model_config, net, torch_dtype, backend.device)
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
                          config.kv_cache_dtype, window_blocks, backend.device,
                          graph_batch if graphs else None, scheduler_config.max_model_len)
+    runner.lora = net.lora
     # A verifying step stays on the fused decode path, which takes up to max_rows rows.
     decode_loop = getattr(net, "decode_loop", None)
     speculative = config.speculative if decode_loop is None else dataclasses.replace(
@@ -112,9 +117,28 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
         backend, config)
     parts = EngineParts(config, backend, model_config, model_path, tokenizer,
                         GrammarCompiler(tokenizer, model_config.vocab_size), kv_memory_bytes,
-                        cache_config, scheduler_config, kv_manager, runner, speculative, draft)
+                        cache_config, scheduler_config, kv_manager, runner, speculative, draft,
+                        loras)
     _log_loaded(parts, window_blocks, time.monotonic() - started)
     return parts
+
+
+def _lora(config: EngineConfig, model_config: ModelConfig, net, dtype: torch.dtype,
+          device: str) -> LoRARegistry | None:
+    """With LoRA on: the model's slots (its projections wrapped) and the adapters named at
+    start, each read and checked now (a bad one stops the start with its one-line reason)."""
+    if not config.lora.active:
+        return None
+    net.lora = LoRASlots(net, model_config, config.lora, dtype, device)
+    registry = LoRARegistry(model_config, config.lora)
+    for name, path in config.lora.adapters:
+        adapter = registry.load(name, path)
+        logger.info("LoRA adapter %s: %s (%s, rank %d, %s), %.1f MiB", name, path,
+                    adapter.source, adapter.rank, ", ".join(adapter.targets),
+                    adapter.num_bytes / 2**20)
+    logger.info("LoRA: %d slots of rank %d (--max-loras, --max-lora-rank), %.1f MiB",
+                config.lora.max_loras, config.lora.max_lora_rank, net.lora.num_bytes / 2**20)
+    return registry
 
 
 def _draft_proposer(path: str, served: ModelConfig, cache: CacheConfig,

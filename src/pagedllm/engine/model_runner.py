@@ -58,6 +58,10 @@ class ModelRunner:
         # The fault-injection seam (engine/faults.py): called with (request id, SamplingRow)
         # before sampling; raising fails that request. None unless a test asks.
         self.fault_injector = None
+        # The model's LoRA slots (lora/slots.py) when adapters are served, and each running
+        # request's adapter by request id (its weights go into its slot before its steps).
+        self.lora = None
+        self.adapters: dict[str, object] = {}
         self.graphs = None
         if graphs:
             from pagedllm.engine.cuda_graphs import DecodeGraphs
@@ -70,8 +74,11 @@ class ModelRunner:
             self.graphs.capture()
 
     def add_request(self, request_id: str, params: SamplingParams, prompt_token_ids: list[int],
-                    grammar=None) -> None:
-        """grammar: the request's GrammarMatcher (structured output), made off this thread."""
+                    grammar=None, adapter=None) -> None:
+        """grammar: the request's GrammarMatcher (structured output), made off this thread;
+        adapter: its LoRAAdapter (lora/adapter.py), None for the base model."""
+        if adapter is not None:
+            self.adapters[request_id] = adapter
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
         self.sequences[request_id] = SamplingRow(params, list(prompt_token_ids), [], generator,
                                                  grammar)
@@ -85,6 +92,7 @@ class ModelRunner:
     def forget(self, request_id: str) -> None:
         """The request finished or was aborted: its sampling state goes."""
         self.sequences.pop(request_id, None)
+        self.adapters.pop(request_id, None)
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         """Run one step of the plan; sample for the requests whose plan says so.
@@ -127,9 +135,12 @@ class ModelRunner:
                 drafts[item.request_id] = item.token_ids[1:]
 
         device = self.device
+        if self.lora is not None:
+            self._set_lora_batch(plan)
         # Every query a single token (decode tokens, and a verifying request's positions,
         # each its own query): the step is a decode step to the model, which a graph replays.
         if (self.graphs is not None and len(input_ids) == len(seq_lens)
+                and (self.lora is None or not self.lora.active)
                 and self.graphs.applies(len(input_ids))
                 and all(len(t) <= self.graphs.width for t in block_tables + window_tables)):
             windows = (zip(window_slots, map(tuple, window_tables)) if window_tables
@@ -148,6 +159,16 @@ class ModelRunner:
                             torch.tensor(positions, dtype=torch.long, device=device),
                             self.kv_caches, meta)
         return self._finish(hidden, sample_indices, sampled_ids, drafts)
+
+    def _set_lora_batch(self, plan: SchedulerOutput) -> None:
+        """Each token's adapter slot for this step; an adapter new to its slot is copied in."""
+        token_slots, token_scales = [], []
+        for item in plan.scheduled:
+            if item.lora_slot >= 0:
+                self.lora.load(item.lora_slot, self.adapters[item.request_id])
+            token_slots += [item.lora_slot] * item.num_new_tokens
+            token_scales += [item.lora_scale] * item.num_new_tokens
+        self.lora.set_batch(token_slots, token_scales)
 
     def _finish(self, hidden: torch.Tensor, sample_indices: list[int], sampled_ids: list[str],
                 drafts: dict[str, tuple[int, ...]]) -> RunnerOutput:

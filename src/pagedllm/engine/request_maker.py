@@ -17,16 +17,18 @@ class RequestMaker:
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
                  grammars: GrammarCompiler, build_matchers: bool = True,
-                 has_draft_model: bool = False):
+                 has_draft_model: bool = False, adapters=None):
         """build_matchers=False: grammars are compiled (so a bad one is refused here) but each
         request's matcher is built where it runs (a replica, the engine process).
-        has_draft_model: whether `"speculative": "draft"` can be honoured."""
+        has_draft_model: whether `"speculative": "draft"` can be honoured. adapters: the
+        LoRA adapters served (lora/registry.py; anything with get(name)), None: none."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.grammars = grammars
         self.build_matchers = build_matchers
         self.has_draft_model = has_draft_model
+        self.adapters = adapters
 
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         """Raises TokenLimitError for a text past the context (not tokenized whole)."""
@@ -55,6 +57,12 @@ class RequestMaker:
         if params.speculative == "draft" and not self.has_draft_model:
             raise SamplingParamsError("speculative", "this server has no draft model "
                                                      "(pagedllm serve --draft-model PATH)")
+        if params.lora is not None:
+            if self.adapters is None:
+                raise FieldError("model", f"this server serves no LoRA adapters, asked for "
+                                          f"{params.lora!r} (pagedllm serve --lora NAME=PATH)")
+            if self.adapters.get(params.lora) is None:
+                raise FieldError("model", f"no LoRA adapter named {params.lora!r} is loaded")
         vocab = self.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise SamplingParamsError("stop_token_ids", f"token ids must be in [0, {vocab})")

@@ -221,6 +221,7 @@ class LlamaForCausalLM(nn.Module):
         self.embedding = embedding
         self.head = head
         self.decode_loop = decode_loop
+        self.lora = None  # its LoRA slots (lora/slots.py), when adapters are served
 
     @property
     def layers(self) -> nn.ModuleList:
@@ -268,7 +269,8 @@ class LlamaForCausalLM(nn.Module):
     def _decoder_layers(self, positions, hidden, kv_caches, meta):
         """Every layer in turn: in one C++ call when the step is all decode tokens and the
         loop applies (bit-identical, without the interpreter between layers), else here."""
-        if self.decode_loop is not None and self.decode_loop.applies(meta, hidden.shape[0]):
+        if (self.decode_loop is not None and self.decode_loop.applies(meta, hidden.shape[0])
+                and (self.lora is None or not self.lora.active)):  # (it knows no adapters)
             return self.decode_loop(hidden, positions, kv_caches, meta)
         residual = None
         for layer, kv_cache in zip(self.stack.layers, kv_caches):

@@ -60,7 +60,7 @@ class KVCacheManager:
             start = len(hashes) * self.block_size
             parent = hashes[-1] if hashes else None
             hashes.append(hash_block_tokens(parent, tokens[start:start + self.block_size],
-                                            request.cache_salt))
+                                            request.prefix_cache_key))
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:

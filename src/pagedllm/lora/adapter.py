@@ -1,0 +1,161 @@
+"""One LoRA adapter in the model's fused layout, whatever file it came from.
+
+A LoRA module adds B @ A to a projection's weight: A [r, in] and B [out, r], scaled by
+alpha / r (alpha / sqrt(r) with rsLoRA). The model multiplies q, k and v as one matrix and
+gate and up as one (weights/fuse.py), so an adapter's parts are fused the same way: their A
+rows stacked, and B block-diagonal over the fused output rows (a part the adapter leaves
+alone is zero there). The scale is folded into B once, so the step multiplies x @ A.T @ B.T
+and nothing else, and parts with different ranks or alphas (PEFT's rank_pattern) need no
+special case.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm.config import ModelConfig
+
+# The fused projections an adapter may touch, with their checkpoint parts in row order.
+FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
+               "gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+PART_TO_FUSED = {part: fused for fused, parts in FUSED_PARTS.items() for part in parts}
+# Where each fused projection sits in a decoder layer.
+MODULE_OWNER = {"qkv_proj": "self_attn", "o_proj": "self_attn", "gate_up_proj": "mlp",
+                "down_proj": "mlp"}
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be served over this model, in one line naming why."""
+
+
+def part_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) of every part an adapter may target, for this base model."""
+    h, q, kv = config.hidden_size, config.num_heads * config.head_dim, \
+        config.num_kv_heads * config.head_dim
+    i = config.intermediate_size
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def fused_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) of each fused projection."""
+    parts = part_shapes(config)
+    return {fused: (parts[names[0]][0], sum(parts[n][1] for n in names))
+            for fused, names in FUSED_PARTS.items()}
+
+
+@dataclass
+class PartWeights:
+    """One checkpoint part's adapter: A [r, in], B [out, r], its scale not yet folded."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: float
+
+
+@dataclass(frozen=True)
+class FusedWeights:
+    """A fused projection's adapter: A [rank, in], B [out, rank] with the scale folded in."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+    @property
+    def rank(self) -> int:
+        return self.a.shape[0]
+
+
+@dataclass
+class LoRAAdapter:
+    name: str
+    path: str
+    source: str  # "peft" or "gguf"
+    rank: int  # the largest rank of any of its parts
+    alpha: float
+    targets: tuple[str, ...]  # the checkpoint parts it changes (q_proj, ...)
+    modules: dict[tuple[int, str], FusedWeights]  # (layer, fused projection) -> weights
+    key: str = ""  # name + digest of its weights: the prefix cache's key, never reused
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(w.a.nbytes + w.b.nbytes for w in self.modules.values())
+
+    @property
+    def max_fused_rank(self) -> dict[str, int]:
+        """Per fused projection, the rank its slot must hold."""
+        ranks: dict[str, int] = {}
+        for (_, fused), weights in self.modules.items():
+            ranks[fused] = max(ranks.get(fused, 0), weights.rank)
+        return ranks
+
+
+def build_adapter(name: str, path: str, source: str, alpha: float,
+                  parts: dict[tuple[int, str], PartWeights], config: ModelConfig,
+                  max_rank: int | None) -> LoRAAdapter:
+    """Parts read from a file -> the fused adapter, checked against the base's shapes."""
+    if not parts:
+        raise AdapterError(f"adapter {name} ({path}) holds no LoRA weights")
+    if config.num_experts and any(PART_TO_FUSED[p] in ("gate_up_proj", "down_proj")
+                                  for _, p in parts):
+        raise AdapterError(f"adapter {name} changes the MLP of a mixture-of-experts model, "
+                           f"which pagedllm does not apply LoRA to yet")
+    if config.rotary_dim:
+        raise AdapterError(f"adapter {name}: LoRA on a partial-rotary model "
+                           f"({config.architecture}) is not supported yet")
+    shapes = part_shapes(config)
+    rank = 0
+    for (layer, part), w in parts.items():
+        where = f"layer {layer} {part}"
+        if not 0 <= layer < config.num_layers:
+            raise AdapterError(f"adapter {name} has weights for layer {layer}; the base model "
+                               f"has {config.num_layers} layers: it was made for another model")
+        fan_in, fan_out = shapes[part]
+        r = w.a.shape[0]
+        if w.a.dim() != 2 or w.b.dim() != 2 or w.b.shape[1] != r:
+            raise AdapterError(f"adapter {name}: {where} has A {tuple(w.a.shape)} and B "
+                               f"{tuple(w.b.shape)}, which do not make a LoRA pair")
+        if w.a.shape[1] != fan_in or w.b.shape[0] != fan_out:
+            raise AdapterError(f"adapter {name}: {where} is {fan_out}x{fan_in} in the adapter "
+                               f"(B {tuple(w.b.shape)}, A {tuple(w.a.shape)}) but "
+                               f"{shapes[part][1]}x{shapes[part][0]} in the base model: it was "
+                               f"made for another model")
+        if not (torch.isfinite(w.a).all() and torch.isfinite(w.b).all()):
+            raise AdapterError(f"adapter {name}: {where} holds values that are not finite")
+        rank = max(rank, r)
+    if max_rank is not None and rank > max_rank:
+        raise AdapterError(f"adapter {name} has rank {rank}, above this server's "
+                           f"--max-lora-rank {max_rank}")
+    modules = {}
+    for layer, fused in sorted({(layer, PART_TO_FUSED[part]) for layer, part in parts}):
+        modules[(layer, fused)] = _fuse(
+            [(parts.get((layer, p)), shapes[p][1]) for p in FUSED_PARTS[fused]])
+    adapter = LoRAAdapter(name, path, source, rank, alpha,
+                          tuple(sorted({part for _, part in parts})), modules)
+    adapter.key = f"{name}@{_digest(modules)}"
+    return adapter
+
+
+def _fuse(parts: list[tuple[PartWeights | None, int]]) -> FusedWeights:
+    """Parts (None where the adapter leaves one alone) -> A stacked, B block-diagonal."""
+    present = [w for w, _ in parts if w is not None]
+    a = torch.cat([w.a.float() for w in present])
+    b = torch.zeros(sum(rows for _, rows in parts), a.shape[0])
+    row = col = 0
+    for w, rows in parts:
+        if w is not None:
+            r = w.a.shape[0]
+            b[row:row + rows, col:col + r] = w.b.float() * w.scale
+            col += r
+        row += rows
+    return FusedWeights(a.contiguous(), b.contiguous())
+
+
+def _digest(modules: dict[tuple[int, str], FusedWeights]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(modules):
+        digest.update(repr(key).encode())
+        digest.update(modules[key].a.numpy().tobytes())
+        digest.update(modules[key].b.numpy().tobytes())
+    return digest.hexdigest()[:16]

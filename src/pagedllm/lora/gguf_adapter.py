@@ -1,0 +1,77 @@
+"""llama.cpp's LoRA files: a GGUF with general.type "adapter", adapter.type "lora",
+adapter.lora.alpha, and per projection `blk.N.attn_q.weight.lora_a` [r, in] and `.lora_b`
+[out, r] (as convert_lora_to_gguf.py writes them). Like the base's q and k rows, llama.cpp
+permutes the rows of q and k's lora_b for Llama-family models; they are put back in the
+canonical order here, as weights/gguf.py does for the base. The scale is llama.cpp's:
+alpha / r, or 1 where alpha is 0."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import torch
+
+from pagedllm.config import ModelConfig
+from pagedllm.lora.adapter import PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter
+from pagedllm.weights.gguf import _permuted_heads, canonical_name
+from pagedllm.weights.gguf_file import GGUFFile, GGUFFormatError
+from pagedllm.weights.permute import unpermute_rows
+
+
+def is_gguf_adapter(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def read_gguf_adapter(name: str, path: str, config: ModelConfig,
+                      max_rank: int | None) -> LoRAAdapter:
+    from gguf import GGMLQuantizationType, quants
+
+    try:
+        reader = GGUFFile(path)
+    except (GGUFFormatError, OSError, ValueError, struct.error) as exc:
+        raise AdapterError(f"adapter {name}: {path} is not a readable GGUF file: {exc}") from exc
+    fields = reader.fields
+    kind, adapter_type = fields.get("general.type"), fields.get("adapter.type")
+    if kind != "adapter" or adapter_type != "lora":
+        raise AdapterError(f"adapter {name}: {path} is a GGUF {kind or 'model'} file, not a LoRA "
+                           f"adapter (general.type = adapter, adapter.type = lora)")
+    arch = fields.get("general.architecture")
+    if not (isinstance(arch, str) and config.architecture.startswith(arch)):
+        raise AdapterError(f"adapter {name} was made for a {arch} model; the base model is "
+                           f"{config.architecture}")
+    alpha = float(fields.get("adapter.lora.alpha", 0.0) or 0.0)
+    halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for tensor in reader.tensors:
+        base_name, _, half = tensor.name.rpartition(".")
+        canonical = canonical_name(base_name) if half in ("lora_a", "lora_b") else None
+        part = None if canonical is None else canonical.split(".")[-2]
+        if part not in PART_TO_FUSED:
+            raise AdapterError(f"adapter {name}: {path} holds `{tensor.name}`, a weight pagedllm "
+                               f"does not apply (LoRA on q/k/v/o and gate/up/down projections "
+                               f"only)")
+        try:
+            array = np.array(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        except (NotImplementedError, ValueError) as exc:
+            raise AdapterError(f"adapter {name}: tensor {tensor.name} of type "
+                               f"{GGMLQuantizationType(tensor.tensor_type).name} cannot be "
+                               f"read: {exc}") from exc
+        array = array.reshape(tuple(int(n) for n in reversed(tensor.shape)))
+        heads = _permuted_heads(config, base_name)
+        if half == "lora_b" and heads:
+            array = unpermute_rows(array, heads)
+        layer = int(canonical.split(".")[1])
+        halves.setdefault((layer, part), {})[half] = torch.from_numpy(np.ascontiguousarray(array))
+    parts = {}
+    for (layer, part), pair in halves.items():
+        if set(pair) != {"lora_a", "lora_b"}:
+            raise AdapterError(f"adapter {name}: layer {layer} {part} has "
+                               f"{' and '.join(pair)} but not its other half")
+        rank = pair["lora_a"].shape[0]
+        parts[(layer, part)] = PartWeights(pair["lora_a"], pair["lora_b"],
+                                           alpha / rank if alpha else 1.0)
+    return build_adapter(name, path, "gguf", alpha, parts, config, max_rank)
+

@@ -1,0 +1,103 @@
+"""PEFT's LoRA folders (adapter_config.json + adapter_model.safetensors), as `peft` saves them.
+
+Every option that changes what the adapter computes is honoured or refused by name: rank,
+lora_alpha, use_rslora, rank_pattern and alpha_pattern are honoured; modules_to_save, DoRA,
+trained biases and Conv1D-style (fan_in_fan_out) weights are refused, never ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+from pagedllm.config import ModelConfig
+from pagedllm.lora.adapter import PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+
+
+def is_peft_folder(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, CONFIG_FILE))
+
+
+def read_peft_folder(name: str, path: str, config: ModelConfig,
+                     max_rank: int | None) -> LoRAAdapter:
+    settings = _read_config(name, path)
+    weights_path = os.path.join(path, WEIGHTS_FILE)
+    if not os.path.isfile(weights_path):
+        if os.path.isfile(os.path.join(path, "adapter_model.bin")):
+            raise AdapterError(f"adapter {name}: {path} holds adapter_model.bin, a pickle file, "
+                               f"which pagedllm does not read; save it with "
+                               f"safe_serialization=True (adapter_model.safetensors)")
+        raise AdapterError(f"adapter {name}: {path} has no {WEIGHTS_FILE}")
+    tensors = _read_safetensors(name, weights_path)
+    halves: dict[tuple[int, str], dict[str, object]] = {}
+    for key, tensor in tensors.items():
+        match = _KEY.search(key)
+        if match is None or match.group(3) not in PART_TO_FUSED:
+            raise AdapterError(f"adapter {name}: {WEIGHTS_FILE} holds `{key}`, a weight "
+                               f"pagedllm does not apply (LoRA on q/k/v/o and gate/up/down "
+                               f"projections only)")
+        layer, part, half = int(match.group(1)), match.group(3), match.group(4)
+        halves.setdefault((layer, part), {})[half] = tensor
+    parts = {}
+    for (layer, part), pair in halves.items():
+        if set(pair) != {"A", "B"}:
+            raise AdapterError(f"adapter {name}: layer {layer} {part} has lora_{''.join(pair)} "
+                               f"but not its other half")
+        rank = pair["A"].shape[0]
+        module = f"model.layers.{layer}.{'self_attn' if part in ('q_proj', 'k_proj', 'v_proj', 'o_proj') else 'mlp'}.{part}"
+        alpha = float(_pattern_value(settings.get("alpha_pattern") or {}, module,
+                                     settings.get("lora_alpha", 8)))
+        scale = alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
+        parts[(layer, part)] = PartWeights(pair["A"], pair["B"], scale)
+    return build_adapter(name, path, "peft", float(settings.get("lora_alpha", 8)), parts, config,
+                         max_rank)
+
+
+def _read_config(name: str, path: str) -> dict:
+    try:
+        with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
+            settings = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise AdapterError(f"adapter {name}: {CONFIG_FILE} cannot be read: {exc}") from exc
+    if not isinstance(settings, dict):
+        raise AdapterError(f"adapter {name}: {CONFIG_FILE} is not a JSON object")
+    kind = settings.get("peft_type", "LORA")
+    if str(kind).upper() != "LORA":
+        raise AdapterError(f"adapter {name} is a {kind} adapter; pagedllm serves LoRA only")
+    refusals = {
+        "modules_to_save": "it trains whole modules besides its LoRA weights",
+        "use_dora": "DoRA scales the weights' magnitudes, which pagedllm does not apply",
+        "fan_in_fan_out": "its weights are stored transposed (Conv1D models)",
+        "lora_bias": "it trains biases beside its LoRA weights",
+    }
+    for field, why in refusals.items():
+        if settings.get(field):
+            raise AdapterError(f"adapter {name}: {CONFIG_FILE} sets {field}: {why}; pagedllm "
+                               f"cannot serve it as the adapter computes")
+    if settings.get("bias", "none") != "none":
+        raise AdapterError(f"adapter {name}: {CONFIG_FILE} sets bias={settings['bias']!r}: it "
+                           f"trains biases, which pagedllm does not apply")
+    return settings
+
+
+def _pattern_value(patterns: dict, module: str, default):
+    """PEFT's rule: the first pattern that matches the module name's end wins."""
+    for pattern, value in patterns.items():
+        if re.match(rf"(.*\.)?({pattern})$", module):
+            return value
+    return default
+
+
+def _read_safetensors(name: str, path: str) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise AdapterError(f"adapter {name}: {path} is not a readable safetensors file: "
+                           f"{exc}") from exc

@@ -1,0 +1,69 @@
+"""The adapters an engine serves, by name: those given at start and those loaded while it
+runs. Loading reads and checks the whole file before the name appears (nothing half-loaded);
+the HTTP thread loads and unloads, the engine thread reads, under one lock. An unloaded
+adapter's requests already running finish with it; its slot is freed after them (the engine
+hears of it through take_unloaded)."""
+from __future__ import annotations
+
+import threading
+
+from pagedllm.config import LoRAConfig, ModelConfig
+from pagedllm.lora.adapter import AdapterError, LoRAAdapter
+from pagedllm.lora.load import load_adapter
+
+MAX_NAME_CHARS = 128
+
+
+class LoRARegistry:
+    def __init__(self, model_config: ModelConfig, config: LoRAConfig):
+        self.model_config, self.config = model_config, config
+        self._adapters: dict[str, LoRAAdapter] = {}
+        self._unloaded: list[str] = []
+        self._lock = threading.Lock()
+        # Requests admitted per adapter name since start (the metrics' counter).
+        self.requests_served: dict[str, int] = {}
+
+    def load(self, name: str, path: str) -> LoRAAdapter:
+        """Read, check and add an adapter; AdapterError (one line) if it cannot be."""
+        check_name(name)
+        with self._lock:
+            if name in self._adapters:
+                raise AdapterError(f"an adapter named {name} is already loaded "
+                                   f"(from {self._adapters[name].path})")
+        adapter = load_adapter(name, path, self.model_config, self.config.max_lora_rank)
+        with self._lock:
+            if name in self._adapters:  # a second load of the same name won the race
+                raise AdapterError(f"an adapter named {name} is already loaded")
+            self._adapters[name] = adapter
+        return adapter
+
+    def unload(self, name: str) -> LoRAAdapter:
+        with self._lock:
+            adapter = self._adapters.pop(name, None)
+            if adapter is None:
+                raise KeyError(name)
+            self._unloaded.append(adapter.key)
+        return adapter
+
+    def get(self, name: str) -> LoRAAdapter | None:
+        with self._lock:
+            return self._adapters.get(name)
+
+    def adapters(self) -> list[LoRAAdapter]:
+        with self._lock:
+            return list(self._adapters.values())
+
+    def take_unloaded(self) -> list[str]:
+        """Keys of adapters unloaded since the last call (engine thread)."""
+        with self._lock:
+            keys, self._unloaded = self._unloaded, []
+        return keys
+
+
+def check_name(name: str) -> None:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS:
+        raise AdapterError(f"an adapter's name must be 1-{MAX_NAME_CHARS} characters, got "
+                           f"{name!r}")
+    if any(c.isspace() or not c.isprintable() for c in name):
+        raise AdapterError(f"an adapter's name may not hold spaces or control characters, got "
+                           f"{name!r}")
