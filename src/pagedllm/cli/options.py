@@ -3,11 +3,12 @@ parser for byte sizes, and the engine options of serve / chat / generate."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
                              GPU_MAX_NUM_BATCHED_TOKENS,
                              DEVICES, KV_CACHE_DTYPES, MODEL_DTYPES, SPECULATIVE_METHODS,
-                             EngineConfig, SpeculativeConfig)
+                             EngineConfig, LoRAConfig, SpeculativeConfig)
 from pagedllm.units import parse_bytes
 
 
@@ -56,6 +57,37 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be 1 or more")
     return value
+
+
+def lora_modules(text: str) -> list[str]:
+    """An argparse type: NAME=PATH (a bare PATH is named by its file or folder), several
+    separated by commas (as a config file's list arrives)."""
+    entries = []
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        name, _, path = entry.rpartition("=") if "=" in entry else ("", "", entry)
+        if not name:
+            name = os.path.splitext(os.path.basename(path.rstrip("/")))[0]
+        if not name or not path:
+            raise argparse.ArgumentTypeError(f"{entry!r}: write NAME=PATH (a PEFT folder or a "
+                                             f"GGUF LoRA file)")
+        entries.append(f"{name}={path}")
+    return entries
+
+
+def add_lora_args(group) -> None:
+    group.add_argument("--lora", "--lora-modules", dest="lora", type=lora_modules,
+                       action="extend", default=None, metavar="NAME=PATH",
+                       help="serve a LoRA adapter (a PEFT folder or a GGUF LoRA file) over the "
+                            "model; requests pick it by `model`: NAME (repeat the option, or "
+                            "separate with commas, for several)")
+    group.add_argument("--enable-lora", action="store_true",
+                       help="adapter slots even without --lora, for adapters loaded while the "
+                            "server runs (POST /v1/load_lora_adapter); on with --lora")
+    group.add_argument("--max-loras", type=positive_int, default=4,
+                       help="adapters one step can mix (their slots); a request for another "
+                            "adapter waits until a slot is idle")
+    group.add_argument("--max-lora-rank", type=positive_int, default=16,
+                       help="the slots' rank: an adapter of a higher rank is refused")
 
 
 def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and engine") -> None:
@@ -130,6 +162,7 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")
+    add_lora_args(group)
 
 
 def engine_config(args) -> EngineConfig:
@@ -158,4 +191,7 @@ def engine_config(args) -> EngineConfig:
                         speculative=SpeculativeConfig(
                             method=args.speculative,
                             num_speculative_tokens=args.num_speculative_tokens,
-                            draft_model=args.draft_model))
+                            draft_model=args.draft_model),
+                        lora=LoRAConfig(
+                            tuple(tuple(entry.rsplit("=", 1)) for entry in args.lora or ()),
+                            args.enable_lora, args.max_loras, args.max_lora_rank))

@@ -217,6 +217,7 @@ def cmd_serve(args) -> int:
         return 2
     from pagedllm.cli.embedding_model import EmbeddingModelError, load_embeddings
     from pagedllm.cli.engine_loading import load_with_progress
+    from pagedllm.lora.adapter import AdapterError
     from pagedllm.cli.serve_store import store_table
 
     if args.engine_process and (args.models_dir is not None or store_table(args)
@@ -224,6 +225,12 @@ def cmd_serve(args) -> int:
         print("error: --engine-process serves one model; a model store (--models-dir, "
               "[models]) and --replicas run their engines their own way (threads of this "
               "process, Ray's processes): leave it out", file=sys.stderr)
+        return 2
+    if engine_settings.lora.active and (args.models_dir is not None or store_table(args)
+                                        or args.replicas is not None):
+        print("error: LoRA adapters (--lora, --enable-lora) are served over one model; a "
+              "model store (--models-dir, [models]) and --replicas do not serve them yet",
+              file=sys.stderr)
         return 2
     if args.models_dir is not None or store_table(args):
         from pagedllm.cli.serve_store import serve_store
@@ -246,7 +253,7 @@ def cmd_serve(args) -> int:
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
         return 2
-    except EmbeddingModelError as exc:
+    except (EmbeddingModelError, AdapterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return serve(client, config, embeddings)

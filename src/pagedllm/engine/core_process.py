@@ -94,6 +94,8 @@ class EngineCore:
                 self._abort(request_id, deltas)
         elif isinstance(message, wire.SetUserPolicies):
             engine.set_user_policies(message.weights, message.max_running)
+        elif isinstance(message, (wire.LoadAdapter, wire.UnloadAdapter)):
+            self._change_adapter(message)
         elif isinstance(message, wire.AskSnapshot):
             try:
                 reply = wire.SnapshotReply(message.ask_id, engine.snapshot())
@@ -102,6 +104,18 @@ class EngineCore:
             self.outbox.send(wire.encoder.encode(reply))
         elif isinstance(message, wire.Stop):
             self.stopped = True
+
+    def _change_adapter(self, message) -> None:
+        """The front end loaded or unloaded an adapter (after checking it): so does this
+        engine. A file that changed in between is logged; its requests then fail alone."""
+        loras = self.engine.loras
+        try:
+            if isinstance(message, wire.LoadAdapter):
+                loras.load(message.name, message.path)
+            else:
+                loras.unload(message.name)
+        except Exception:  # noqa: BLE001 - the engine goes on; the log says why
+            logger.exception("the engine process could not apply the adapter change %s", message)
 
     def _abort(self, request_id: str, deltas: list) -> None:
         final = self.engine.abort_request(request_id)

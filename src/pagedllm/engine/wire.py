@@ -46,6 +46,16 @@ class SetUserPolicies(_Message, tag="policies"):
     max_running: dict[str, int]
 
 
+class LoadAdapter(_Message, tag="load_adapter"):
+    """A LoRA adapter the front end has read and checked; the engine reads it too."""
+    name: str
+    path: str
+
+
+class UnloadAdapter(_Message, tag="unload_adapter"):
+    name: str
+
+
 class AskSnapshot(_Message, tag="ask_snapshot"):
     ask_id: int
 
@@ -54,7 +64,8 @@ class Stop(_Message, tag="stop"):
     pass
 
 
-ToEngine = AddRequest | AbortRequests | AbortAll | SetUserPolicies | AskSnapshot | Stop
+ToEngine = (AddRequest | AbortRequests | AbortAll | SetUserPolicies | LoadAdapter | UnloadAdapter
+            | AskSnapshot | Stop)
 
 
 # -- engine -> front end ----------------------------------------------------------------

@@ -16,6 +16,7 @@ from pagedllm.server.auth import KeyStore, is_loopback
 from pagedllm.server.cors import add_cors
 from pagedllm.server.docs import install_docs
 from pagedllm.server.embeddings_api import add_embedding_routes
+from pagedllm.server.lora_routes import add_lora_routes
 from pagedllm.server.web_routes import add_web_routes
 from pagedllm.server.errors import APIError
 from pagedllm.server.metrics import EmbeddingCollector, ModelPoolCollector, ServerMetrics
@@ -91,6 +92,7 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
     add_anthropic_routes(app, state)
     add_responses_routes(app, state)
     add_embedding_routes(app, state)
+    add_lora_routes(app, state)
     add_web_routes(app, state, config.bench_results)
     install_openapi(app, name)
     install_docs(app)

@@ -1,7 +1,9 @@
 """API keys: the key file, constant-time lookup, reload on SIGHUP.
 
-Key file: one key per line, `NAME KEY [weight=W] [max_concurrent=C] [tokens_per_minute=T]`;
-blank lines and lines starting with # are ignored. Keys are never logged.
+Key file: one key per line,
+`NAME KEY [weight=W] [max_concurrent=C] [tokens_per_minute=T] [admin=yes]`;
+blank lines and lines starting with # are ignored. Keys are never logged. An admin key may
+also change what the server serves (load and unload LoRA adapters); the others only use it.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ class ApiKey:
     weight: float = 1.0
     max_concurrent: int | None = None
     tokens_per_minute: int | None = None
+    admin: bool = False
 
 
 _OPTIONS = {"weight": float, "max_concurrent": int, "tokens_per_minute": int}
+_YES, _NO = ("yes", "true", "1"), ("no", "false", "0")
 
 
 def parse_key_file(path: str) -> list[ApiKey]:
@@ -52,9 +56,14 @@ def parse_key_file(path: str) -> list[ApiKey]:
             raise KeyFileError(f"{where}: the key for {name} is shorter than 8 characters")
         for option in parts[2:]:
             field, _, value = option.partition("=")
+            if field == "admin" and value.lower() in _YES + _NO:
+                options["admin"] = value.lower() in _YES
+                continue
+            if field == "admin":
+                raise KeyFileError(f"{where}: admin is yes or no, got {value!r}")
             if field not in _OPTIONS or not value:
                 raise KeyFileError(f"{where}: unknown option {option.split('=')[0]!r}; "
-                                   f"allowed: {', '.join(_OPTIONS)}")
+                                   f"allowed: {', '.join(_OPTIONS)}, admin")
             try:
                 options[field] = _OPTIONS[field](value)
             except ValueError as exc:

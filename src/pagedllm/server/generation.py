@@ -54,7 +54,7 @@ async def _routed(state: ServerState, body, answer):
         if loading is not None:
             return loading
     async with state.serving(body.model) as served:
-        return await answer(served)
+        return await answer(served.with_lora_field(body.lora))
 
 
 async def create_completion(state: ServerState, body: CompletionRequest, http_request: HTTPRequest):

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagedllm.core.request import PromptTooLongError, QueuePosition, RequestOutput
 from pagedllm.errors import FieldError
 from pagedllm.server.chat_prompt import prepare_chat, render_chat, tool_use
+from pagedllm.server.lora_routes import adapter_tags
 from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import merged
 from pagedllm.server.errors import OLLAMA_PREFIX, APIError
@@ -113,7 +114,7 @@ def _add_model_routes(app: FastAPI, state: ServerState, infos: dict[str, ModelIn
     async def tags():
         embedder = [embedding_listing(state.embeddings)] if state.embeddings else []
         listed = [await asyncio.to_thread(info.listing) for info in infos.values()]
-        return {"models": [*listed, *embedder]}
+        return {"models": [*listed, *adapter_tags(state), *embedder]}
 
     @app.get("/api/ps")
     async def ps():
@@ -136,6 +137,12 @@ def _add_model_routes(app: FastAPI, state: ServerState, infos: dict[str, ModelIn
     @app.post("/api/show")
     async def show(body: OllamaModelRequest):
         async with _serving(state, body.model or body.name, kind=None) as served:
+            if served.lora is not None:  # an adapter: its base's card, its own lines added
+                shown = await asyncio.to_thread(infos[state.served_model_name].show,
+                                                served.client)
+                adapter = served.client.loras.get(served.lora)
+                return {**shown, "modelfile": shown["modelfile"] + f"ADAPTER {adapter.path}\n",
+                        "details": {**shown["details"], "parent_model": state.served_model_name}}
             info = infos[served.served_model_name]
             return await asyncio.to_thread(info.show, served.client)
 

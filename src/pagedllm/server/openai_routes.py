@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from pagedllm.errors import FieldError
 from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
+from pagedllm.server.lora_routes import adapter_cards
 from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       TokenizeRequest)
 from pagedllm.server.state import ServerState
@@ -29,7 +30,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
         cards = await asyncio.to_thread(_model_cards, state)
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
-             **card} for name, card in cards.items()] + embedding}
+             **card} for name, card in cards.items()] + adapter_cards(state) + embedding}
 
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)

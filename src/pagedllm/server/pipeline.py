@@ -91,6 +91,8 @@ def _make_choice(state: ServerState, job: Job, prompt, j: int, user: str, key: A
     params = job.params
     child = params if params.n == 1 else replace(
         params, n=1, seed=None if params.seed is None else params.seed + j)
+    if state.lora is not None:  # the view's adapter (its `model`, or llama.cpp's `lora`)
+        child = replace(child, lora=state.lora, lora_scale=state.lora_scale)
     # The caps are read per choice: the key's budget shrinks with each reservation.
     request = state.client.make_request(random_id("req"), prompt, child, user=user,
                                         cache_salt=state.cache_salt_for(user),

@@ -46,6 +46,13 @@ class StreamOptions(RequestModel):
 Bias = Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]
 
 
+class LoraChoice(RequestModel):
+    """llama.cpp's per-request adapter: its id in GET /lora-adapters and its scale."""
+
+    id: int = Field(ge=0)
+    scale: float = Field(default=1.0, ge=-10.0, le=10.0)
+
+
 class SamplingFields(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions. Every field is honoured
     or listed as having no effect on the answer (README's field table, held by a test); any
@@ -84,6 +91,9 @@ class SamplingFields(RequestModel):
     json_schema: dict[str, Any] | None = None
     # OpenAI's: token id (as a string) -> bias added to its logit; -100 bans, 100 forces.
     logit_bias: dict[str, Bias] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_TOKENS)
+    # llama.cpp's: the LoRA adapter (by id, with a scale) this request runs with; `model`
+    # naming the adapter does the same.
+    lora: list[LoraChoice] | None = Field(default=None, max_length=64)
     # Accepted with no effect on the answer: bookkeeping for the client's own side (metadata,
     # store, service_tier) and llama.cpp's cache_prompt (the prefix cache is always on).
     metadata: dict[str, str] | None = None

@@ -45,6 +45,10 @@ class ServerState:
     # A model store's loaded models (serving/model_pool.py's ModelPool, also `client`);
     # None: the one model of `client`.
     pool: object | None = None
+    # The LoRA adapter this view's requests run with (its name; None: the base model), and
+    # its weight (llama.cpp's per-request scale).
+    lora: str | None = None
+    lora_scale: float = 1.0
 
     def check_draining(self) -> None:
         """New work is refused while the server drains or its engine restarts."""
@@ -66,11 +70,27 @@ class ServerState:
                                     f"{self.known_models()}.", "model", "model_not_found")
         elif model is not None and not self.answers_to(model):
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
-                                f"`{self.served_model_name}`.", "model", "model_not_found")
+                                f"{self.known_models()}.", "model", "model_not_found")
 
     def known_models(self) -> str:
-        names = self.pool.catalog.names if self.pool is not None else [self.served_model_name]
+        names = (self.pool.catalog.names if self.pool is not None
+                 else [self.served_model_name, *self.adapter_names()])
         return ", ".join(f"`{n}`" for n in names)
+
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters served over the model, in the order they were loaded."""
+        loras = getattr(self.client, "loras", None)
+        return [] if loras is None else [adapter.name for adapter in loras.adapters()]
+
+    def adapter_named(self, model: str | None) -> str | None:
+        """The adapter a request's `model` names (Ollama's `NAME:latest` too), or None."""
+        loras = getattr(self.client, "loras", None)
+        if model is None or loras is None:
+            return None
+        for name in (model, model.removesuffix(":latest")):
+            if loras.get(name) is not None:
+                return name
+        return None
 
     def answers_to(self, model: str) -> bool:
         """The served name, or one of the admin's aliases (--model-alias; * patterns); in a
@@ -78,7 +98,8 @@ class ServerState:
         if self.pool is not None:
             return self.pool.catalog.find(model) is not None
         return model in (self.served_model_name, self.served_model_name + ":latest") or any(
-            fnmatch.fnmatchcase(model, alias) for alias in self.config.model_aliases)
+            fnmatch.fnmatchcase(model, alias) for alias in self.config.model_aliases) or (
+            self.adapter_named(model) is not None)
 
     @asynccontextmanager
     async def serving(self, model: str | None, keep_alive: float | None = None,
@@ -90,7 +111,9 @@ class ServerState:
         kind: what the route needs ("embedding": a store's embedding model)."""
         self.check_model(model)
         if self.pool is None:
-            yield self
+            adapter = self.adapter_named(model)
+            yield self if adapter is None else dataclasses.replace(
+                self, lora=adapter, served_model_name=adapter)
             return
         loaded = await self.acquire(model, keep_alive, kind)
         try:
@@ -123,6 +146,29 @@ class ServerState:
     def view(self, loaded) -> ServerState:
         """The state as a request to a store's loaded model sees it."""
         return dataclasses.replace(self, client=loaded.client, served_model_name=loaded.name)
+
+    def with_lora_field(self, entries: list | None) -> ServerState:
+        """llama.cpp's per-request `lora`: [{id, scale}], ids as GET /lora-adapters lists
+        them. One adapter a request (entries of scale 0 are off, as in llama.cpp); the
+        view runs with it at its scale. Refused by name when it cannot be honoured."""
+        if not entries:
+            return self
+        chosen = [entry for entry in entries if entry.scale != 0]
+        names = self.adapter_names()
+        for entry in entries:
+            if not 0 <= entry.id < len(names):
+                raise APIError(400, f"lora: no adapter has id {entry.id}; this server serves "
+                                    f"{len(names)} (GET /lora-adapters lists them)", "lora",
+                               "lora_not_found")
+        if len(chosen) > 1:
+            raise APIError(400, "lora: one adapter a request (its products are summed into "
+                                "one slot); give the others scale 0", "lora", "unsupported")
+        if not chosen:
+            return self
+        if self.lora is not None and names[chosen[0].id] != self.lora:
+            raise APIError(400, f"lora names the adapter {names[chosen[0].id]} and `model` "
+                                f"names {self.lora}: name one", "lora", "lora_conflict")
+        return dataclasses.replace(self, lora=names[chosen[0].id], lora_scale=chosen[0].scale)
 
     def cache_salt_for(self, user: str) -> str | None:
         # Salted by user so one user cannot learn another's prompts through cache timing.

@@ -25,6 +25,8 @@ the engine's own. The contract:
   restarts it there (serving/process_client.py); a front for remote engines just waits.
 - `dead` says why the engines are unusable for good (the server exits); `restarting` why
   they are not taking requests for now (503 with Retry-After meanwhile).
+- `loras` lists, finds, loads and unloads the LoRA adapters served over the model
+  (lora/registry.py); an engine elsewhere hears of a change through `adapter_changed`.
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ class EngineClient(Protocol):
     info: EngineInfo
     dead: str | None  # why the engines are unusable, once they are
     restarting: str | None  # why no request is taken now, while an engine restarts
+    loras: object | None  # the LoRA adapters served (lora/registry.py's), None: no slots
 
     @property
     def tokenizer(self): ...

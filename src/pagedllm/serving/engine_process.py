@@ -23,6 +23,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.engine import wire
 from pagedllm.engine.faults import Faults
 from pagedllm.errors import ModelLoadError
+from pagedllm.lora.adapter import AdapterError
 from pagedllm.serving.client import EngineInfo
 
 logger = logging.getLogger("pagedllm.engine_process")
@@ -58,6 +59,9 @@ def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, rea
                                    load_progress=update)
     except ModelLoadError as exc:  # said as in-process: the file and the problem
         ready.send(("load_error", (exc.path, exc.problem)))
+        return
+    except AdapterError as exc:  # a --lora adapter that cannot be served: said as in-process
+        ready.send(("adapter_error", str(exc)))
         return
     except BaseException as exc:  # noqa: BLE001 - the front end says it and decides
         ready.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -138,6 +142,8 @@ class EngineProcess:
                 self.process.join(10)
                 if kind == "load_error":
                     raise ModelLoadError(*payload)
+                if kind == "adapter_error":
+                    raise AdapterError(payload)
                 raise EngineStartError(payload)
             if not self.process.is_alive():
                 break

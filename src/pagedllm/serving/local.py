@@ -22,6 +22,9 @@ class LocalEngineClient:
         """start_thread=False: the caller runs the loop with run() (the server's main
         thread, where torch's CPU kernels run fastest: BENCHMARKS.md)."""
         self.engine = engine
+        # The LoRA adapters served (lora/registry.py; loaded and unloaded from the HTTP
+        # thread), None without slots.
+        self.loras = engine.loras
         self.loop = AsyncEngine(engine, start_thread=start_thread)
         self.info = engine_info(engine)
 

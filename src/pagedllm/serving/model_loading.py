@@ -117,6 +117,7 @@ class UnloadedClient:
 
     dead = None
     restarting = None
+    loras = None
     num_in_flight = 0
 
     def __init__(self, info):

@@ -79,9 +79,13 @@ class ProcessEngineClient:
         self._tokenizer = Tokenizer.for_served_model(info.model_path, model.eos_token_ids,
                                                      model.bos_token_id)
         self.grammars = GrammarCompiler(self._tokenizer, model.vocab_size)
+        # The adapters, read and checked here too: requests are checked and routed here,
+        # and a bad file is refused before the engine hears of it.
+        self.loras = _front_loras(config, model)
         self.requests = RequestMaker(self._tokenizer, model.vocab_size, info.max_model_len,
                                      self.grammars, build_matchers=False,
-                                     has_draft_model=info.speculative.method == "draft")
+                                     has_draft_model=info.speculative.method == "draft",
+                                     adapters=self.loras)
         self._fronts: dict[str, _Front] = {}
         self._asks: dict[int, concurrent.futures.Future] = {}
         self._ask_ids = itertools.count()
@@ -115,6 +119,11 @@ class ProcessEngineClient:
 
     def compile_grammar(self, spec: GrammarSpec) -> None:
         self.grammars.compile(spec)
+
+    def adapter_changed(self, action: str, adapter) -> None:
+        """An adapter loaded or unloaded here (server/lora_routes.py): the engine follows."""
+        self._send(wire.LoadAdapter(adapter.name, adapter.path) if action == "load"
+                   else wire.UnloadAdapter(adapter.name))
 
     def submit(self, request: Request, report_position: bool = False) -> RequestStream:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), report_position)
@@ -296,9 +305,21 @@ class ProcessEngineClient:
         self.restarts += 1
         if self._policies is not None:
             engine.send(wire.SetUserPolicies(*self._policies))
+        for message in self._adapter_changes():  # those loaded or unloaded since the start
+            engine.send(message)
         self.restarting = None
         logger.warning("engine process restarted (pid %d, restart %d)", engine.pid,
                        self.restarts)
+
+    def _adapter_changes(self) -> list:
+        """What brings a fresh engine (the start's adapters) to this front end's adapters."""
+        if self.loras is None:
+            return []
+        started = dict(self._config.lora.adapters)
+        now = {adapter.name: adapter.path for adapter in self.loras.adapters()}
+        return ([wire.UnloadAdapter(name) for name in started if now.get(name) != started[name]]
+                + [wire.LoadAdapter(name, path) for name, path in now.items()
+                   if started.get(name) != path])
 
     def _could_not_restart(self, why: str, started: float) -> None:
         pause = self._backoff.after_crash(time.monotonic() - started)
@@ -306,3 +327,14 @@ class ProcessEngineClient:
         self.restarting = f"the engine process could not start again ({why}); next try in " \
                           f"{pause:g} s"
         logger.critical(self.restarting)
+
+
+def _front_loras(config: EngineConfig, model):
+    if not config.lora.active:
+        return None
+    from pagedllm.lora.registry import LoRARegistry
+
+    registry = LoRARegistry(model, config.lora)
+    for name, path in config.lora.adapters:
+        registry.load(name, path)
+    return registry

@@ -1,0 +1,119 @@
+"""LoRA adapters over the served model, as vLLM and llama.cpp's server expose them:
+POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's routes and bodies), for an
+admin only: a key marked admin=yes, or, on a server without keys (loopback only), anyone on
+this machine; GET /lora-adapters (llama.cpp's list, whose ids a request's `lora` field names).
+Loading reads and checks the whole file off the event loop before the adapter is listed; a
+bad file is a 400 naming why, and nothing is half-loaded."""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import PlainTextResponse
+from pydantic import Field
+
+from pagedllm.lora.adapter import AdapterError
+from pagedllm.server.errors import APIError
+from pagedllm.server.protocol import RequestModel
+from pagedllm.server.state import ServerState
+
+
+class LoadLoRARequest(RequestModel):
+    lora_name: str = Field(min_length=1, max_length=128)
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+
+class UnloadLoRARequest(RequestModel):
+    lora_name: str = Field(min_length=1, max_length=128)
+    lora_int_id: int | None = None  # vLLM's clients send it; names are what pagedllm keys on
+
+
+def add_lora_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post("/v1/load_lora_adapter", tags=["LoRA"])
+    async def load_lora_adapter(body: LoadLoRARequest, request: HTTPRequest):
+        loras = _admin_loras(state, request)
+        if state.answers_to(body.lora_name) and state.adapter_named(body.lora_name) is None:
+            raise APIError(400, f"`{body.lora_name}` is the served model's name; give the "
+                                f"adapter another", "lora_name", "invalid_value")
+        try:
+            adapter = await asyncio.to_thread(loras.load, body.lora_name, body.lora_path)
+        except AdapterError as exc:
+            raise APIError(400, str(exc), "lora_path", "invalid_lora_adapter") from exc
+        _forward(state, "load", adapter)
+        return PlainTextResponse(f"Success: LoRA adapter '{adapter.name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter", tags=["LoRA"])
+    async def unload_lora_adapter(body: UnloadLoRARequest, request: HTTPRequest):
+        loras = _admin_loras(state, request)
+        try:
+            adapter = loras.unload(body.lora_name)
+        except KeyError:
+            raise APIError(404, f"The lora adapter '{body.lora_name}' cannot be found; this "
+                                f"server serves {_names(state)}", "lora_name",
+                           "lora_not_found") from None
+        _forward(state, "unload", adapter)
+        return PlainTextResponse(f"Success: LoRA adapter '{adapter.name}' removed successfully.")
+
+    @app.get("/lora-adapters", tags=["LoRA"])
+    async def lora_adapters():
+        loras = getattr(state.client, "loras", None)
+        return [{"id": i, "name": a.name, "path": a.path, "scale": 1.0, "rank": a.rank}
+                for i, a in enumerate(loras.adapters() if loras is not None else [])]
+
+
+def adapter_cards(state: ServerState) -> list[dict]:
+    """/v1/models' entries of the adapters, each with its base as `parent` (as vLLM lists
+    them) and `root` its file."""
+    loras = getattr(state.client, "loras", None)
+    return [{"id": a.name, "object": "model", "created": state.created, "owned_by": "pagedllm",
+             "parent": state.served_model_name, "root": a.path, "kind": "lora",
+             "lora_rank": a.rank, "lora_format": a.source, "lora_targets": list(a.targets)}
+            for a in (loras.adapters() if loras is not None else [])]
+
+
+def adapter_tags(state: ServerState) -> list[dict]:
+    """Ollama's /api/tags entries of the adapters (`details.parent_model` their base)."""
+    loras = getattr(state.client, "loras", None)
+    return [{"name": f"{a.name}:latest", "model": f"{a.name}:latest",
+             "modified_at": _modified(a.path), "size": a.num_bytes,
+             "digest": a.key.rpartition("@")[2],
+             "details": {"parent_model": state.served_model_name, "format": a.source,
+                         "family": "lora", "families": ["lora"],
+                         "parameter_size": f"{a.num_bytes // 4 / 1e6:.1f}M",
+                         "quantization_level": "F32"}}
+            for a in (loras.adapters() if loras is not None else [])]
+
+
+def _modified(path: str) -> str:
+    import datetime
+    import os
+
+    try:
+        stamp = os.path.getmtime(path)
+    except OSError:
+        stamp = 0
+    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat()
+
+
+def _admin_loras(state: ServerState, request: HTTPRequest):
+    key = request.scope.get("state", {}).get("api_key")
+    if state.keys.enabled and (key is None or not key.admin):
+        raise APIError(403, "loading and unloading adapters takes an admin key (admin=yes in "
+                            "the key file)", None, "permission_denied")
+    loras = getattr(state.client, "loras", None)
+    if loras is None:
+        raise APIError(400, "this server has no adapter slots: start it with --enable-lora (or "
+                            "--lora NAME=PATH)", None, "lora_disabled")
+    return loras
+
+
+def _forward(state: ServerState, action: str, adapter) -> None:
+    """An engine elsewhere (the engine process) hears of the change too."""
+    forward = getattr(state.client, "adapter_changed", None)
+    if forward is not None:
+        forward(action, adapter)
+
+
+def _names(state: ServerState) -> str:
+    names = state.adapter_names()
+    return ", ".join(f"`{n}`" for n in names) if names else "no adapters"
