@@ -127,6 +127,23 @@ def hf_reference():
 
 
 @pytest.fixture(scope="session")
+def trained_loras(tmp_path_factory):
+    """Two LoRA adapters trained by peft on the bundled model (tests/lora_adapters.py), each
+    answering QUESTION with its own made-up phrase: (the PeftModel holding both, the oracle;
+    name -> PEFT folder; zorblax as a GGUF LoRA file)."""
+    from lora_adapters import train_adapters, write_gguf_adapter
+    from pagedllm.tokenizer import Tokenizer
+    from pagedllm.weights import default_model_path
+
+    folder = tmp_path_factory.mktemp("loras")
+    model, paths = train_adapters(folder, Tokenizer.from_model_path(default_model_path()))
+    config = model.base_model.model.config
+    gguf = write_gguf_adapter(paths["zorblax"], folder / "zorblax.gguf",
+                              config.num_attention_heads, config.num_key_value_heads)
+    return model, paths, gguf
+
+
+@pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """One real server process on the default model, shared by the HTTP tests."""
     from server_process import ServerProcess

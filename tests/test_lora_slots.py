@@ -39,9 +39,14 @@ def test_an_unloaded_adapter_frees_its_slot_once_its_requests_end():
     table.acquire("a")
     table.forget("a")  # in use: stays until released
     assert table.slot_of == {"a": 0}
-    table.release("a")
-    table.forget("a")
+    table.release("a")  # its last request: the slot is free
     assert table.slot_of == {} and table.can_acquire("b")
+    table.acquire("a"), table.release("a")
+    table.forget("a")  # idle: freed at once
+    assert table.slot_of == {}
+    table.acquire("a"), table.forget("a"), table.acquire("a")  # loaded again meanwhile
+    table.release("a"), table.release("a")
+    assert table.slot_of == {"a": 0}
 
 
 def make(num_slots=1):

@@ -19,12 +19,14 @@ class LoRASlotTable:
         self.users: dict[str, int] = {}  # running requests per resident adapter
         self._idle: OrderedDict[str, None] = OrderedDict()  # least recently used first
         self.num_loads = 0  # slots (re)filled: each is one copy of an adapter's weights
+        self._unloaded: set[str] = set()  # unloaded while in use: freed on their last release
 
     def can_acquire(self, key: str) -> bool:
         return key in self.slot_of or len(self.slot_of) < self.num_slots or bool(self._idle)
 
     def acquire(self, key: str) -> int:
         """A slot for one more running request of `key` (check can_acquire first)."""
+        self._unloaded.discard(key)  # (loaded again, with the same weights)
         if key in self.slot_of:
             self._idle.pop(key, None)
         else:
@@ -47,10 +49,15 @@ class LoRASlotTable:
         self.users[key] -= 1
         if self.users[key] == 0:
             self._idle[key] = None
+            if key in self._unloaded:
+                self.forget(key)
 
     def forget(self, key: str) -> None:
         """The adapter was unloaded: its slot is free once no request runs with it."""
-        if self.users.get(key) == 0:
+        if self.users.get(key, 0) > 0:
+            self._unloaded.add(key)
+        elif key in self.slot_of:
+            self._unloaded.discard(key)
             self._idle.pop(key, None)
             del self.slot_of[key], self.users[key]
 

@@ -113,6 +113,11 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_position: tuple[int, ...] = ()
+    # LoRA adapters (lora/): running requests and requests admitted since start, by adapter
+    # name; adapters copied into a slot (each a copy of its weights).
+    lora_running: dict[str, int] = field(default_factory=dict)
+    lora_requests: dict[str, int] = field(default_factory=dict)
+    lora_slot_loads: int = 0
 
 
 def sum_stats(rows: list[EngineStats]) -> EngineStats:

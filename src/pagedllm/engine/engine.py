@@ -216,5 +216,14 @@ class LLMEngine:
             last_step_tokens=s.last_step_tokens, memory_pressure=self.scheduler.admission_paused,
             spec_num_drafts=spec.num_drafts, spec_num_draft_tokens=spec.num_draft_tokens,
             spec_num_accepted_tokens=spec.num_accepted_tokens,
-            spec_accepted_per_position=tuple(spec.accepted_per_position))
+            spec_accepted_per_position=tuple(spec.accepted_per_position),
+            **self._lora_stats())
+
+    def _lora_stats(self) -> dict:
+        slots = self.scheduler.lora_slots
+        if slots is None:
+            return {}
+        return {"lora_running": {key.rpartition("@")[0]: n for key, n in slots.in_use().items()},
+                "lora_requests": dict(self.loras.requests_served),
+                "lora_slot_loads": slots.num_loads}
 

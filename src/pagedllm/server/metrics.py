@@ -81,6 +81,17 @@ class EngineStatsCollector:
                            lambda row: [((str(i),), n) for i, n in
                                         enumerate(row.stats.spec_accepted_per_position)],
                            ["position"])
+        yield self._family(GaugeMetricFamily, "lora_requests_running",
+                           "Running requests per LoRA adapter.", rows,
+                           lambda row: [((name,), n) for name, n in
+                                        row.stats.lora_running.items()], ["adapter"])
+        yield self._family(CounterMetricFamily, "lora_requests",
+                           "Requests admitted per LoRA adapter since start.", rows,
+                           lambda row: [((name,), n) for name, n in
+                                        row.stats.lora_requests.items()], ["adapter"])
+        yield self._family(CounterMetricFamily, "lora_slot_loads",
+                           "LoRA adapters copied into a slot (--max-loras).", rows,
+                           one(lambda stats: stats.lora_slot_loads))
         yield self._family(GaugeMetricFamily, "num_requests_waiting_by_user",
                            "Waiting requests per user.", rows,
                            lambda row: [((user,), n) for user, n in
