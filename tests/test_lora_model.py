@@ -126,8 +126,8 @@ def test_a_gguf_adapter_holds_the_same_weights_as_its_peft_folder(tiny_llama, ti
     assert from_gguf.source == "gguf" and from_peft.source == "peft"
     assert from_gguf.modules.keys() == from_peft.modules.keys()
     for key, weights in from_peft.modules.items():
-        torch.testing.assert_close(from_gguf.modules[key].a, weights.a)
-        torch.testing.assert_close(from_gguf.modules[key].b, weights.b)
+        for got, expected in zip(from_gguf.modules[key].parts, weights.parts):
+            torch.testing.assert_close(got, expected)
     assert from_gguf.key == from_peft.key  # same weights: the same cache key
 
 
@@ -144,31 +144,71 @@ def test_a_gguf_adapter_on_the_gguf_model_matches_peft(tiny_llama, tiny_llama_gg
 
 
 # -- the grouped product --------------------------------------------------------------------
+def stacks(dtype, num_slots=4, rank=6, fan_in=24, part_starts=(0, 16, 24, 32), seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    parts = len(part_starts) - 1
+    a = (torch.randn(num_slots, parts * rank, fan_in, generator=generator) * 0.3).to(dtype)
+    b = (torch.randn(num_slots, rank, part_starts[-1], generator=generator) * 0.3).to(dtype)
+    return a, b
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("token_slots", [
     [0, 1, 2, 1, 0, -1, 3, 3],  # decode-like: every slot a token or two, and the base
     [2] * 40 + [0, 1, -1],  # one long prompt beside single tokens: ungrouped
     [-1, 1, 1, 1, 1, 0, 0, 0, 2, 2, 2, 2],  # segments of similar length: grouped
 ])
-def test_the_grouped_product_equals_the_per_token_reference(dtype, token_slots):
-    generator = torch.Generator().manual_seed(0)
-    num_slots, rank, fan_in, fan_out = 4, 6, 24, 40
-    x = torch.randn(len(token_slots), fan_in, generator=generator).to(dtype)
-    y = torch.randn(len(token_slots), fan_out, generator=generator).to(dtype)
-    a = torch.randn(num_slots, rank, fan_in, generator=generator).to(dtype)
-    b = torch.randn(num_slots, fan_out, rank, generator=generator).to(dtype)
+@pytest.mark.parametrize("part_starts", [(0, 16, 24, 32), (0, 40)])
+def test_the_grouped_product_equals_the_per_token_reference(dtype, token_slots, part_starts):
+    generator = torch.Generator().manual_seed(1)
+    a, b = stacks(dtype, part_starts=part_starts)
+    x = torch.randn(len(token_slots), a.shape[2], generator=generator).to(dtype)
+    y = torch.randn(len(token_slots), part_starts[-1], generator=generator).to(dtype)
     scales = [0.5 + 0.1 * i for i in range(len(token_slots))]
     batch = LoRABatch.build(token_slots, scales, dtype=dtype)
     used = [s for s in token_slots if s >= 0]
     assert batch.grouped == (len(set(used)) * max(used.count(s) for s in used)
                              <= MAX_PADDING_RATIO * len(used))
-    got = add_lora(y.clone(), x, a, b, batch)
-    expected = add_lora_reference(y, x, a, b, token_slots, scales)
+    got = add_lora(y.clone(), x, a, b, part_starts, batch)
+    expected = add_lora_reference(y, x, a, b, part_starts, token_slots, scales)
     tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else \
-        {"atol": 0.5, "rtol": 2e-2}
+        {"atol": 0.1, "rtol": 2e-2}
     torch.testing.assert_close(got, expected, **tolerance)
     base = [t for t, s in enumerate(token_slots) if s < 0]
     assert torch.equal(got[base], y[base])  # the base's tokens are left exactly as they were
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 16, 77])
+def test_the_c_kernel_equals_the_per_token_reference_at_every_level(ops, dtype, tokens):
+    generator = torch.Generator().manual_seed(tokens)
+    part_starts = (0, 576, 768, 960)  # the default model's q/k/v, rank 16
+    a, b = stacks(dtype, num_slots=3, rank=16, fan_in=576, part_starts=part_starts,
+                  seed=tokens)
+    token_slots = [(t % 4) - 1 for t in range(tokens)]  # the base's among them
+    scales = [0.25 + 0.25 * (t % 4) for t in range(tokens)]
+    x = torch.randn(tokens, 576, generator=generator).to(dtype)
+    y = torch.randn(tokens, 960, generator=generator).to(dtype)
+    batch = LoRABatch.build(token_slots, scales, dtype=dtype)
+    expected = add_lora_reference(y, x, a, b, part_starts, token_slots, scales)
+    got = add_lora(y.clone(), x, a, b, part_starts, batch, kernels=ops) if batch else y
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else \
+        {"atol": 0.1, "rtol": 2e-2}
+    torch.testing.assert_close(got, expected, **tolerance)
+    base = [t for t, s in enumerate(token_slots) if s < 0]
+    assert torch.equal(got[base], y[base])
+
+
+def test_the_c_kernel_refuses_mismatched_tensors(ops):
+    x, y = torch.zeros(2, 8), torch.zeros(2, 4)
+    a, b = torch.zeros(1, 2, 8), torch.zeros(1, 2, 4)
+    slots, scales = torch.tensor([0, 5]), torch.ones(2)
+    with pytest.raises(RuntimeError, match="past the stacks"):
+        ops.lora_add(y, x, a, b, slots, scales, [0, 4])
+    with pytest.raises(RuntimeError, match="one dtype"):
+        ops.lora_add(y, x, a.bfloat16(), b, torch.tensor([0, 0]), scales, [0, 4])
+    with pytest.raises(RuntimeError, match="part_starts"):
+        ops.lora_add(y, x, a, b, torch.tensor([0, 0]), scales, [0, 3])
 
 
 def test_a_step_without_adapter_tokens_has_no_batch():

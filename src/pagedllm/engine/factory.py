@@ -100,7 +100,7 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
         logger.info("CUDA graphs for decode steps of up to %d requests: this mixture of "
                     "experts routes larger steps' tokens on the host (eagerly)", graph_limit)
         graph_batch = graph_limit
-    loras = _lora(config, model_config, net, torch_dtype, backend.device)
+    loras = _lora(config, model_config, net, torch_dtype, backend)
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
                          config.kv_cache_dtype, window_blocks, backend.device,
                          graph_batch if graphs else None, scheduler_config.max_model_len)
@@ -124,12 +124,12 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
 
 
 def _lora(config: EngineConfig, model_config: ModelConfig, net, dtype: torch.dtype,
-          device: str) -> LoRARegistry | None:
+          backend: Backend) -> LoRARegistry | None:
     """With LoRA on: the model's slots (its projections wrapped) and the adapters named at
     start, each read and checked now (a bad one stops the start with its one-line reason)."""
     if not config.lora.active:
         return None
-    net.lora = LoRASlots(net, model_config, config.lora, dtype, device)
+    net.lora = LoRASlots(net, model_config, config.lora, dtype, backend.device, backend.kernels)
     registry = LoRARegistry(model_config, config.lora)
     for name, path in config.lora.adapters:
         adapter = registry.load(name, path)

@@ -1,6 +1,8 @@
 // Python bindings of the kernels in this folder (one module, built by pagedllm.kernels): the
 // only translation unit that includes torch's headers. The torch ops it binds (tensor_ops.h,
 // decode_layers.h) check their tensors and call the kernels on raw pointers (kernels.h).
+#include <algorithm>
+
 #include "decode_layers.h"
 #include "tensor_ops.h"
 
@@ -33,6 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("slot_mapping"), arg("num_heads"), arg("key_scales") = pybind11::none(),
         arg("value_scales") = pybind11::none());
   m.def("silu_and_mul", &silu_and_mul, NoGil(), "silu(gate) * up");
+  m.def("lora_add", &lora_add, NoGil(),
+        "y += scale * B[slot] @ (A[slot] @ x) per token with a slot (LoRA, in place)");
   m.def("isa", &pagedllm::kernel::built_isa, "the CPU level this module was built for: portable, avx2 or avx512");
   m.def("q4_pack", &q4_pack, NoGil(), "4-bit codes, d, m -> the tiles q4_gemm reads");
   m.def("q4k_pack", &q4k_pack, NoGil(),

@@ -4,6 +4,7 @@
 // tensors. Nothing here checks shapes: the callers have.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "paged_cache.h"
 #include "plain.h"
@@ -50,6 +51,14 @@ void rope_write_kv(DType dtype, const void* qkv, const int64_t* positions, const
                    const float* sin, const PagedCache& cache, const int64_t* slots, void* q_out,
                    int64_t tokens, int64_t heads);
 void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t width);
+
+// lora_sgmv.cpp. For each token with slots[t] >= 0 and each part p of a fused projection:
+// y[t, cols of p] += scales[t] * (a[slot, p*rank:(p+1)*rank] @ x[t]) @ b[slot, :, cols of p];
+// x [tokens, fan_in], a [slots, parts * rank, fan_in], b [slots, rank, fan_out], all of
+// dtype; part_starts: the parts' first columns, then fan_out.
+void lora_add(DType dtype, void* y, const void* x, const void* a, const void* b,
+              const int64_t* slots, const float* scales, const std::vector<int64_t>& part_starts,
+              int64_t tokens, int64_t fan_in, int64_t fan_out, int64_t rank);
 
 // q4_gemm.cpp. codes [n, k] (0..15); d16, m16 [n, k / 32] float16 -> packed [n / 16, k / 32, 320].
 void q4_pack(const uint8_t* codes, const f16* d, const f16* m, int64_t n, int64_t k, uint8_t* packed);

@@ -204,6 +204,34 @@ inline torch::Tensor silu_and_mul(torch::Tensor x) {
   return out;
 }
 
+// LoRA: y [T, out] += each token's adapter products, part by part, in place (lora_sgmv.cpp).
+inline void lora_add(torch::Tensor y, torch::Tensor x, torch::Tensor a, torch::Tensor b,
+                     torch::Tensor slots, torch::Tensor scales, std::vector<int64_t> part_starts) {
+  check_rows(x, "x");
+  check_rows(y, "y");
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.is_contiguous() && b.is_contiguous(),
+              "a and b must be contiguous [slots, parts * rank, in] and [slots, rank, out]");
+  TORCH_CHECK(x.scalar_type() == y.scalar_type() && a.scalar_type() == x.scalar_type() &&
+              b.scalar_type() == x.scalar_type(), "x, y, a and b must share one dtype");
+  const int64_t tokens = x.size(0), rank = b.size(1);
+  const int64_t parts = static_cast<int64_t>(part_starts.size()) - 1;
+  TORCH_CHECK(parts >= 1 && part_starts.front() == 0 && part_starts.back() == y.size(1) &&
+              std::is_sorted(part_starts.begin(), part_starts.end()),
+              "part_starts must run from 0 to out");
+  TORCH_CHECK(y.size(0) == tokens && a.size(2) == x.size(1) && b.size(2) == y.size(1) &&
+              a.size(1) == parts * rank && b.size(0) == a.size(0),
+              "x, y, a and b shapes disagree");
+  TORCH_CHECK(slots.dim() == 1 && slots.numel() == tokens && slots.scalar_type() == torch::kLong &&
+              slots.is_contiguous(), "slots must be [tokens] int64");
+  TORCH_CHECK(scales.dim() == 1 && scales.numel() == tokens && scales.scalar_type() == torch::kFloat &&
+              scales.is_contiguous(), "scales must be [tokens] float32");
+  const int64_t* s = slots.data_ptr<int64_t>();
+  TORCH_CHECK(std::all_of(s, s + tokens, [&](int64_t v) { return v < a.size(0); }),
+              "a slot is past the stacks' ", a.size(0));
+  kernel::lora_add(dtype_of(x), y.data_ptr(), x.data_ptr(), a.data_ptr(), b.data_ptr(), s,
+                   scales.data_ptr<float>(), part_starts, tokens, x.size(1), y.size(1), rank);
+}
+
 // ---- low-bit weights -------------------------------------------------------------------
 
 // Checks a weight to pack: codes [N, K] of the given dtype, N a whole number of tiles, K of

@@ -2,10 +2,11 @@
 
 A LoRA module adds B @ A to a projection's weight: A [r, in] and B [out, r], scaled by
 alpha / r (alpha / sqrt(r) with rsLoRA). The model multiplies q, k and v as one matrix and
-gate and up as one (weights/fuse.py), so an adapter's parts are fused the same way: their A
-rows stacked, and B block-diagonal over the fused output rows (a part the adapter leaves
-alone is zero there). The scale is folded into B once, so the step multiplies x @ A.T @ B.T
-and nothing else, and parts with different ranks or alphas (PEFT's rank_pattern) need no
+gate and up as one (weights/fuse.py), so an adapter is kept per fused projection, as its
+parts in the fused rows' order (None where it leaves a part alone): the slots (slots.py)
+stack the parts' A rows, one product for them all, and give each part's B its own columns
+of the output. The scale is folded into B once, so the step multiplies x @ A.T @ B.T and
+nothing else, and parts with different ranks or alphas (PEFT's rank_pattern) need no
 special case.
 """
 from __future__ import annotations
@@ -57,14 +58,18 @@ class PartWeights:
 
 @dataclass(frozen=True)
 class FusedWeights:
-    """A fused projection's adapter: A [rank, in], B [out, rank] with the scale folded in."""
+    """A fused projection's adapter: per part, in the fused rows' order, A [r, in] and
+    B [out_part, r] with the scale folded in (float32); None where the adapter leaves it."""
 
-    a: torch.Tensor
-    b: torch.Tensor
+    parts: tuple[tuple[torch.Tensor, torch.Tensor] | None, ...]
 
     @property
     def rank(self) -> int:
-        return self.a.shape[0]
+        return max(a.shape[0] for a, _ in filter(None, self.parts))
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in filter(None, self.parts))
 
 
 @dataclass
@@ -80,15 +85,7 @@ class LoRAAdapter:
 
     @property
     def num_bytes(self) -> int:
-        return sum(w.a.nbytes + w.b.nbytes for w in self.modules.values())
-
-    @property
-    def max_fused_rank(self) -> dict[str, int]:
-        """Per fused projection, the rank its slot must hold."""
-        ranks: dict[str, int] = {}
-        for (_, fused), weights in self.modules.items():
-            ranks[fused] = max(ranks.get(fused, 0), weights.rank)
-        return ranks
+        return sum(w.num_bytes for w in self.modules.values())
 
 
 def build_adapter(name: str, path: str, source: str, alpha: float,
@@ -129,33 +126,22 @@ def build_adapter(name: str, path: str, source: str, alpha: float,
                            f"--max-lora-rank {max_rank}")
     modules = {}
     for layer, fused in sorted({(layer, PART_TO_FUSED[part]) for layer, part in parts}):
-        modules[(layer, fused)] = _fuse(
-            [(parts.get((layer, p)), shapes[p][1]) for p in FUSED_PARTS[fused]])
+        modules[(layer, fused)] = FusedWeights(tuple(
+            None if (w := parts.get((layer, p))) is None
+            else (w.a.float().contiguous(), (w.b.float() * w.scale).contiguous())
+            for p in FUSED_PARTS[fused]))
     adapter = LoRAAdapter(name, path, source, rank, alpha,
                           tuple(sorted({part for _, part in parts})), modules)
     adapter.key = f"{name}@{_digest(modules)}"
     return adapter
 
 
-def _fuse(parts: list[tuple[PartWeights | None, int]]) -> FusedWeights:
-    """Parts (None where the adapter leaves one alone) -> A stacked, B block-diagonal."""
-    present = [w for w, _ in parts if w is not None]
-    a = torch.cat([w.a.float() for w in present])
-    b = torch.zeros(sum(rows for _, rows in parts), a.shape[0])
-    row = col = 0
-    for w, rows in parts:
-        if w is not None:
-            r = w.a.shape[0]
-            b[row:row + rows, col:col + r] = w.b.float() * w.scale
-            col += r
-        row += rows
-    return FusedWeights(a.contiguous(), b.contiguous())
-
-
 def _digest(modules: dict[tuple[int, str], FusedWeights]) -> str:
     digest = hashlib.sha256()
     for key in sorted(modules):
         digest.update(repr(key).encode())
-        digest.update(modules[key].a.numpy().tobytes())
-        digest.update(modules[key].b.numpy().tobytes())
+        for part in modules[key].parts:
+            for tensor in part or ():
+                digest.update(tensor.numpy().tobytes())
+            digest.update(b"|")
     return digest.hexdigest()[:16]
