@@ -61,7 +61,13 @@ def make_adapters(folder: str, merged: bool) -> tuple[list[str], list[str]]:
         adapters.append(adapter)
         if merged:
             out = os.path.join(folder, f"merged{i}")
-            model.merge_and_unload().save_pretrained(out, safe_serialization=True)
+            merged_model = model.merge_and_unload()
+            # transformers marks a model read from a GGUF as "quantized" and will not save
+            # it; the weights are plain float32 here (dequantized on load)
+            merged_model.hf_quantizer = None
+            if hasattr(merged_model.config, "quantization_config"):
+                del merged_model.config.quantization_config
+            merged_model.save_pretrained(out, safe_serialization=True)
             tokenizer.save_pretrained(out)
             models.append(out)
     return adapters, models

@@ -127,6 +127,8 @@ NON_DEFAULTS = {
     "max-loaded-models": 2, "keep-alive": "10m", "embedding-dtype": "float32",
     "pooling": "mean", "gpu-memory-utilization": 0.8, "cuda-graphs": True, "gpu-4bit-weights": True,
     "engine-process": True, "insecure-ray-cluster": True,
+    "lora": "sql=/srv/sql-lora,tone=/srv/tone.gguf", "enable-lora": True, "max-loras": 2,
+    "max-lora-rank": 64,
 }
 
 
@@ -249,11 +251,13 @@ def test_keys_add_list_revoke(tmp_path):
     assert added.returncode == 0, added.stderr
     key = added.stdout.strip().splitlines()[1]
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert _keys(path, "add", "bob").returncode == 0
+    assert _keys(path, "add", "bob", "--admin").returncode == 0
     [alice, bob] = parse_key_file(str(path))
     assert (alice.name, alice.key, alice.weight, alice.tokens_per_minute) == ("alice", key, 2.0, 5000)
+    assert bob.admin and not alice.admin
     listed = _keys(path, "list")
-    assert "alice\tweight=2 tokens_per_minute=5000" in listed.stdout and "bob" in listed.stdout
+    assert "alice\tweight=2 tokens_per_minute=5000" in listed.stdout
+    assert "bob\tweight=1 admin=yes" in listed.stdout
     assert key not in listed.stdout  # keys are shown once, when made
     again = _keys(path, "add", "alice")
     assert again.returncode == 2 and "already has a key named alice" in again.stderr

@@ -55,6 +55,10 @@ def test_adapters_are_listed_with_their_base(lora_server):
     assert tag["details"]["parent_model"] == "smollm2"
     listed = httpx.get(lora_server.url + "/lora-adapters").json()
     assert [(a["id"], a["name"]) for a in listed] == [(0, "zorblax")]
+    complete(lora_server.url, "zorblax")
+    page = httpx.get(lora_server.url + "/v1/server/state").json()["adapters"]
+    assert [(a["name"], a["format"], a["rank"]) for a in page] == [("zorblax", "peft", 8)]
+    assert page[0]["requests"] >= 1 and page[0]["running"] == 0
 
 
 def test_ollama_and_anthropic_clients_reach_the_adapter(lora_server):

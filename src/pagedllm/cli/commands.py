@@ -5,7 +5,8 @@ import argparse
 import os
 import sys
 
-from pagedllm.cli.options import add_engine_args, engine_config, memory_amount, positive_int, size
+from pagedllm.cli.options import (add_engine_args, add_lora_args, engine_config, lora_config,
+                                  memory_amount, positive_int, size)
 from pagedllm.config import (BENCH_MAX_TOKENS, CLI_CHAT_MAX_TOKENS, CLI_GENERATE_MAX_TOKENS,
                              DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, KV_CACHE_DTYPES, MODEL_DTYPES)
 
@@ -106,6 +107,7 @@ def add_plan(sub, formatter) -> None:
     plan.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                       help="as `serve --block-size`")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_lora_args(plan.add_argument_group("LoRA adapters (as serve takes them)"))
     store = plan.add_argument_group("a model store (serve --models-dir)")
     store.add_argument("--models-dir", default=None, metavar="DIR",
                        help="size every model in DIR as the store loads it (weights + the KV "
@@ -138,7 +140,7 @@ def cmd_plan(args) -> int:
                          memory=args.memory, block_size=args.block_size,
                          kv_cache_dtype=args.kv_cache_dtype, device=args.device,
                          gpu_memory_utilization=args.gpu_memory_utilization,
-                         gpu_4bit_weights=args.gpu_4bit_weights)
+                         gpu_4bit_weights=args.gpu_4bit_weights, lora=lora_config(args))
     except (ModelLoadError, ContextTooLongError, NoGPUError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -46,6 +46,9 @@ def add_keys(sub, formatter) -> None:
                      help="requests this key may run at once (default: no cap)")
     add.add_argument("--tokens-per-minute", type=positive_int, default=None,
                      help="prompt + generated tokens a minute (default: no cap)")
+    add.add_argument("--admin", action="store_true",
+                     help="this key may also change what the server serves (load and unload "
+                          "LoRA adapters)")
     actions.add_parser("list", help="the names and limits (never the keys)", formatter_class=formatter,
                        parents=[file_after])
     revoke = actions.add_parser("revoke", help="remove a user's key", formatter_class=formatter,
@@ -59,7 +62,8 @@ def cmd_keys(args) -> int:
         if args.keys_command == "list":
             return _list(args.file)
         if args.keys_command == "add":
-            message = _add(args.file, args.name, args.weight, args.max_concurrent, args.tokens_per_minute)
+            message = _add(args.file, args.name, args.weight, args.max_concurrent,
+                           args.tokens_per_minute, args.admin)
         else:
             message = _revoke(args.file, args.name)
     except KeyFileError as exc:
@@ -82,6 +86,8 @@ def _list(path: str) -> int:
             limits.append(f"max_concurrent={key.max_concurrent}")
         if key.tokens_per_minute:
             limits.append(f"tokens_per_minute={key.tokens_per_minute}")
+        if key.admin:
+            limits.append("admin=yes")
         print(f"{key.name}\t{' '.join(limits)}")
     return 0
 
@@ -100,7 +106,8 @@ def _is_key_line(line: str) -> bool:
     return bool(line.strip()) and not line.lstrip().startswith("#")
 
 
-def _add(path: str, name: str, weight, max_concurrent, tokens_per_minute) -> str:
+def _add(path: str, name: str, weight, max_concurrent, tokens_per_minute,
+         admin: bool = False) -> str:
     if not name or any(c.isspace() for c in name) or name.startswith("#"):
         raise KeyFileError(f"a key name is one word, not starting with #: got {name!r}")
     lines = _read_lines(path)
@@ -110,6 +117,7 @@ def _add(path: str, name: str, weight, max_concurrent, tokens_per_minute) -> str
     options = [f"{field}={value:g}" if isinstance(value, float) else f"{field}={value}"
                for field, value in (("weight", weight), ("max_concurrent", max_concurrent),
                                     ("tokens_per_minute", tokens_per_minute)) if value is not None]
+    options += ["admin=yes"] if admin else []
     _write(path, lines + [" ".join([name, key, *options])])
     return f"added {name} to {path}; the key (shown only now):\n{key}"
 

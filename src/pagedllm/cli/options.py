@@ -192,6 +192,10 @@ def engine_config(args) -> EngineConfig:
                             method=args.speculative,
                             num_speculative_tokens=args.num_speculative_tokens,
                             draft_model=args.draft_model),
-                        lora=LoRAConfig(
-                            tuple(tuple(entry.rsplit("=", 1)) for entry in args.lora or ()),
-                            args.enable_lora, args.max_loras, args.max_lora_rank))
+                        lora=lora_config(args))
+
+
+def lora_config(args) -> LoRAConfig:
+    """The command line's LoRA options (add_lora_args) as serve's LoRAConfig."""
+    return LoRAConfig(tuple(tuple(entry.rsplit("=", 1)) for entry in args.lora or ()),
+                      args.enable_lora, args.max_loras, args.max_lora_rank)

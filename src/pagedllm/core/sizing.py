@@ -171,3 +171,14 @@ def pool_sizes(memory_bytes: int, config: ModelConfig, element_size: int, block_
         full_blocks = ((memory_bytes - window_blocks * window_layers * per_layer_block)
                        // (full_layers * per_layer_block)) if full_layers else num_blocks
     return PoolSizes(full_blocks, window_blocks, seqs)
+
+
+def lora_slot_bytes(config, max_loras: int, max_rank: int, element_size: int) -> int:
+    """The LoRA slots' memory (lora/slots.py): per layer and fused projection of P parts, A
+    [slots, P * rank, in] and B [slots, rank, out]; a mixture of experts' MLP has none."""
+    h, i = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    per_rank = (3 * h + q + 2 * kv) + (q + h)  # qkv_proj, o_proj
+    if not config.num_experts:
+        per_rank += (2 * h + 2 * i) + (i + h)  # gate_up_proj, down_proj
+    return per_rank * max_rank * max_loras * config.num_layers * element_size

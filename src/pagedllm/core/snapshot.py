@@ -131,7 +131,18 @@ def sum_stats(rows: list[EngineStats]) -> EngineStats:
     positions = max((len(r.spec_accepted_per_position) for r in rows), default=0)
     per_position = tuple(sum(r.spec_accepted_per_position[i] for r in rows
                              if i < len(r.spec_accepted_per_position)) for i in range(positions))
+    by_adapter = {name: _sum_dicts([getattr(r, name) for r in rows])
+                  for name in ("lora_running", "lora_requests")}
     return EngineStats(kv_blocks_used=used, kv_blocks_total=total,
+                       lora_slot_loads=sum(r.lora_slot_loads for r in rows), **by_adapter,
                        spec_accepted_per_position=per_position,
                        kv_usage=used / total if total else 0.0,
                        memory_pressure=any(r.memory_pressure for r in rows), **summed)
+
+
+def _sum_dicts(dicts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for counts in dicts:
+        for key, n in counts.items():
+            total[key] = total.get(key, 0) + n
+    return total

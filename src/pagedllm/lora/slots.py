@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from pagedllm.config import LoRAConfig, ModelConfig
-from pagedllm.lora.adapter import FUSED_PARTS, MODULE_OWNER, LoRAAdapter, fused_shapes, part_shapes
+from pagedllm.lora.adapter import FUSED_PARTS, MODULE_OWNER, LoRAAdapter, part_shapes
 from pagedllm.lora.grouped import LoRABatch, add_lora
 
 
@@ -72,16 +72,6 @@ class LoRASlots:
     @property
     def num_bytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b, _ in self.stacks.values())
-
-    @staticmethod
-    def bytes_for(config: ModelConfig, lora: LoRAConfig, element_size: int) -> int:
-        """What the slots take (plan counts it before anything is built)."""
-        total = 0
-        for fused, (fan_in, fan_out) in fused_shapes(config).items():
-            if config.num_experts and MODULE_OWNER[fused] == "mlp":
-                continue
-            total += lora.max_lora_rank * (len(FUSED_PARTS[fused]) * fan_in + fan_out)
-        return total * lora.max_loras * config.num_layers * element_size
 
     def load(self, slot: int, adapter: LoRAAdapter) -> None:
         """The adapter's weights into the slot (the rest of the slot zeroed)."""

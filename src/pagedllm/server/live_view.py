@@ -60,6 +60,12 @@ class LiveView:
                                 for f in replicas]
         if self.state.pool is not None:
             data["models"] = self.models()
+        loras = getattr(self.state.client, "loras", None)
+        if loras is not None:  # the adapters, and how many requests each serves
+            data["adapters"] = [{"name": a.name, "format": a.source, "rank": a.rank,
+                                 "path": a.path, "running": stats.lora_running.get(a.name, 0),
+                                 "requests": stats.lora_requests.get(a.name, 0)}
+                                for a in loras.adapters()]
         now = time.monotonic()
         for view in data["requests"]:
             choice = self.state.live_choices.get(view["request_id"])

@@ -1,7 +1,6 @@
 """LoRA adapters over the served model, as vLLM and llama.cpp's server expose them:
 POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's routes and bodies), for an
-admin only: a key marked admin=yes, or, on a server without keys (loopback only), anyone on
-this machine; GET /lora-adapters (llama.cpp's list, whose ids a request's `lora` field names).
+admin only: a key marked admin=yes, or, on a server without keys, a client on this machine; GET /lora-adapters (llama.cpp's list, whose ids a request's `lora` field names).
 Loading reads and checks the whole file off the event loop before the adapter is listed; a
 bad file is a 400 naming why, and nothing is half-loaded."""
 from __future__ import annotations
@@ -13,6 +12,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
 from pagedllm.lora.adapter import AdapterError
+from pagedllm.server.auth import is_loopback
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import RequestModel
 from pagedllm.server.state import ServerState
@@ -100,6 +100,11 @@ def _admin_loras(state: ServerState, request: HTTPRequest):
     if state.keys.enabled and (key is None or not key.admin):
         raise APIError(403, "loading and unloading adapters takes an admin key (admin=yes in "
                             "the key file)", None, "permission_denied")
+    # Without keys (a loopback server, or one bound wide with --insecure-no-auth) only this
+    # machine may: a path on the server is read, which no one else should choose.
+    if not state.keys.enabled and not (request.client and is_loopback(request.client.host)):
+        raise APIError(403, "without API keys, adapters are loaded and unloaded from this "
+                            "machine only", None, "permission_denied")
     loras = getattr(state.client, "loras", None)
     if loras is None:
         raise APIError(400, "this server has no adapter slots: start it with --enable-lora (or "

@@ -50,13 +50,17 @@ class CapacityPlan:
     gpu_4bit_weights: bool = False  # serve --gpu-4bit-weights: 4-bit projections stay 4-bit
     # How memory_bytes was chosen, said with the plan ("" when --memory gave it).
     memory_rule: str = ""
+    # LoRA (counted in weight_bytes): the slots, the adapters named, and serve's options.
+    lora_bytes: int = 0
+    lora_args: tuple[str, ...] = ()
 
 
 def plan_capacity(summary, *, dtype: str, element_size: int, context: int, parallels: list[int],
                   memory_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE, kv_cache_dtype: str = "auto",
-                  four_bit_on_device: bool = False) -> CapacityPlan:
-    """Memory = weights + parallel x context x KV bytes per token (whole blocks; sliding-window
-    layers of a model that keeps them apart count their window, not the context)."""
+                  four_bit_on_device: bool = False, lora_bytes: int = 0) -> CapacityPlan:
+    """Memory = weights (and LoRA: lora_bytes) + parallel x context x KV bytes per token
+    (whole blocks; sliding-window layers of a model that keeps them apart count their
+    window, not the context)."""
     config = summary.config
     per_token = sizing.kv_bytes_per_token(config, element_size, kv_cache_dtype)
     per_request = sizing.kv_bytes_per_request(config, element_size, kv_cache_dtype, context, block_size)
@@ -64,7 +68,7 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
     if sizing.keeps_window_pool(config):  # the window pool's room for a step's chunks (pool_sizes)
         per_step = (per_token // config.num_layers * len(config.sliding_layers) * block_size
                     * sizing.blocks_for_tokens(DEFAULT_MAX_NUM_BATCHED_TOKENS, block_size))
-    weight_bytes = summary.weight_bytes(element_size, four_bit_on_device)
+    weight_bytes = summary.weight_bytes(element_size, four_bit_on_device) + lora_bytes
     budget = max(0, memory_bytes - weight_bytes)
     rows = [ParallelFit(n, n * per_request + per_step, weight_bytes + n * per_request + per_step,
                         weight_bytes + n * per_request + per_step <= memory_bytes)
@@ -83,7 +87,7 @@ def plan_capacity(summary, *, dtype: str, element_size: int, context: int, paral
     return CapacityPlan(config.name, dtype, kv_cache_dtype, context, block_size, per_token,
                         per_request, per_step, weight_bytes, memory_bytes, budget,
                         max(0, budget - per_step) // per_request if per_request else 0, rows,
-                        warnings)
+                        warnings, lora_bytes=lora_bytes)
 
 
 SHARED_MACHINE_SHARE = 0.5  # of what is available after the weights, when --memory is not given
@@ -99,12 +103,13 @@ def shared_machine_memory(weight_bytes: int, available: int) -> int:
 def make_plan(model: str | None, *, dtype: str, context: int | None, parallels: list[int],
               memory: int | None, block_size: int = DEFAULT_BLOCK_SIZE,
               kv_cache_dtype: str = "auto", device: str = "cpu",
-              gpu_memory_utilization: float = 0.9, gpu_4bit_weights: bool = False
-              ) -> CapacityPlan:
+              gpu_memory_utilization: float = 0.9, gpu_4bit_weights: bool = False,
+              lora=None) -> CapacityPlan:
     """device cuda: the memory is the GPU's share the server may hold (`serve
     --gpu-memory-utilization`) unless `memory` is given (planning a card from elsewhere);
     the weights count dense in the dtype, as the CUDA backend holds them, but for the 4-bit
-    projections with gpu_4bit_weights."""
+    projections with gpu_4bit_weights. lora: serve's LoRAConfig (its slots and adapters
+    counted with the weights)."""
     if gpu_4bit_weights and device != "cuda":
         raise ValueError("--gpu-4bit-weights plans a GPU: give --device cuda")
     summary = summarize_checkpoint(model)
@@ -124,12 +129,31 @@ def make_plan(model: str | None, *, dtype: str, context: int | None, parallels: 
         rule = (f"the weights and half of what this machine has available after them "
                 f"({gib(available)} available), leaving the rest to its other users "
                 f"(--memory plans another amount)")
+    lora_bytes, lora_args = _lora_memory(summary.config, lora, sizing.ELEMENT_SIZES[dtype])
     plan = plan_capacity(summary, dtype=dtype, element_size=sizing.ELEMENT_SIZES[dtype],
                          context=context, parallels=parallels, memory_bytes=memory_bytes,
                          block_size=block_size, kv_cache_dtype=kv_cache_dtype,
-                         four_bit_on_device=gpu_4bit_weights)
+                         four_bit_on_device=gpu_4bit_weights, lora_bytes=lora_bytes)
     return dataclasses.replace(plan, model_path=model, device=device,
-                               gpu_4bit_weights=gpu_4bit_weights, memory_rule=rule)
+                               gpu_4bit_weights=gpu_4bit_weights, memory_rule=rule,
+                               lora_args=lora_args)
+
+
+def _lora_memory(config, lora, element_size: int) -> tuple[int, tuple[str, ...]]:
+    """LoRA's bytes (the slots in the model's dtype; each adapter read and checked, held in
+    float32) and the serve options that give them."""
+    if lora is None or not lora.active:
+        return 0, ()
+    from pagedllm.lora import load_adapter
+
+    total = sizing.lora_slot_bytes(config, lora.max_loras, lora.max_lora_rank, element_size)
+    args = [f"--max-loras {lora.max_loras}", f"--max-lora-rank {lora.max_lora_rank}"]
+    for name, path in lora.adapters:
+        total += load_adapter(name, path, config, lora.max_lora_rank).num_bytes
+        args.append(f"--lora {shlex.quote(f'{name}={path}')}")
+    if lora.enabled and not lora.adapters:
+        args.append("--enable-lora")
+    return total, tuple(args)
 
 
 class NoGPUError(ValueError):
@@ -162,7 +186,8 @@ def print_plan(plan: CapacityPlan, as_json: bool, console: Console | None = None
     if plan.kv_bytes_per_step:
         console.print(f"sliding-window layers hold a request's window, not its context "
                       f"(counted above), plus {g(plan.kv_bytes_per_step)} for a step's prefill chunks")
-    console.print(f"weights: {g(plan.weight_bytes)}; memory: {g(plan.memory_bytes)}; "
+    lora = f" (LoRA slots and adapters: {g(plan.lora_bytes)})" if plan.lora_bytes else ""
+    console.print(f"weights: {g(plan.weight_bytes)}{lora}; memory: {g(plan.memory_bytes)}; "
                   f"left for KV: {g(plan.kv_budget_bytes)}")
     if plan.memory_rule:
         console.print(f"memory planned: {plan.memory_rule}")
@@ -198,4 +223,5 @@ def serve_command(plan: CapacityPlan) -> str:
         words.append(f"--kv-cache-dtype {plan.kv_cache_dtype}")
     if plan.block_size != DEFAULT_BLOCK_SIZE:
         words.append(f"--block-size {plan.block_size}")
+    words += plan.lora_args
     return " ".join(words)

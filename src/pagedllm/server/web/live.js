@@ -86,6 +86,7 @@ function fillTable(id, rows) {
 function showReplicas(snapshot) {
   const store = Boolean(snapshot.models); // a model store: its loaded models take the replicas' place
   if (store) showModels(snapshot.models);
+  if (snapshot.adapters) showAdapters(snapshot.adapters);
   if (!snapshot.replicas) return;
   $("replica-picker").hidden = false;
   $("replica-label").textContent = store ? "Model" : "Replica";
@@ -99,6 +100,11 @@ function showReplicas(snapshot) {
     option.selected = r.replica === snapshot.replica;
     return option;
   }));
+}
+
+function showAdapters(adapters) {
+  $("adapters-card").hidden = false;
+  fillTable("adapters", adapters.map((a) => [a.name, a.format, a.rank, a.running, a.requests, a.path]));
 }
 
 function showModels(models) {

@@ -1,0 +1,84 @@
+"""LoRA's options: --lora's forms, the config, serve's refusals, and plan counting the slots
+and adapters as serve holds them."""
+import pytest
+
+from pagedllm.cli import build_parser
+from pagedllm.cli.options import engine_config, lora_modules
+from pagedllm.config import LoRAConfig
+
+
+def test_lora_takes_names_bare_paths_and_comma_lists():
+    assert lora_modules("sql=/srv/sql,/srv/tone.gguf") == ["sql=/srv/sql", "tone=/srv/tone.gguf"]
+    args = build_parser().parse_args(["serve", "--lora", "a=/x", "--lora-modules", "b=/y,/z/c/"])
+    lora = engine_config(args).lora
+    assert lora == LoRAConfig((("a", "/x"), ("b", "/y"), ("c", "/z/c/")), False, 4, 16)
+    assert lora.active and not LoRAConfig().active and LoRAConfig(enabled=True).active
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--lora", "a="])
+    with pytest.raises(ValueError, match="names must differ"):
+        engine_config(build_parser().parse_args(["serve", "--lora", "a=/x,a=/y"]))
+
+
+@pytest.mark.parametrize("extra", [["--models-dir", "/nowhere"], ["--replicas", "2"]])
+def test_serve_refuses_lora_where_it_cannot_serve_it(extra, capsys):
+    from pagedllm.cli.main import main
+
+    assert main(["serve", "--lora", "a=/x", *extra]) == 2
+    assert "served over one model" in capsys.readouterr().err
+
+
+def test_plan_counts_slots_and_adapters_as_serve_holds_them(tiny_llama, tiny_llama_folder,
+                                                             tmp_path, capsys):
+    import torch
+
+    from pagedllm.cli.main import main
+    from pagedllm.core import sizing
+    from pagedllm.lora import load_adapter
+    from pagedllm.lora.slots import LoRASlots
+    from pagedllm.models.build import build_model
+    from pagedllm.weights import load_checkpoint
+    from test_lora_model import make_peft
+
+    _, adapter = make_peft(tiny_llama, tmp_path / "a")
+    checkpoint = load_checkpoint(tiny_llama_folder)
+    config = checkpoint.config
+    lora = LoRAConfig((("a", adapter),), max_loras=3, max_lora_rank=8)
+    slots = LoRASlots(build_model(config, checkpoint.weights), config, lora, torch.bfloat16)
+    assert sizing.lora_slot_bytes(config, 3, 8, 2) == slots.num_bytes
+    expected = slots.num_bytes + load_adapter("a", adapter, config).num_bytes
+
+    from pagedllm.tools.plan import make_plan
+
+    plain = make_plan(tiny_llama_folder, dtype="bfloat16", context=256, parallels=[1],
+                      memory=1 << 30)
+    with_lora = make_plan(tiny_llama_folder, dtype="bfloat16", context=256, parallels=[1],
+                          memory=1 << 30, lora=lora)
+    assert with_lora.lora_bytes == expected
+    assert with_lora.weight_bytes == plain.weight_bytes + expected
+    assert main(["plan", "--model", tiny_llama_folder, "--context", "256", "--memory", "1GiB",
+                 "--lora", f"a={adapter}", "--max-loras", "3", "--max-lora-rank", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA slots and adapters" in out
+    assert f"--max-loras 3 --max-lora-rank 8 --lora a={adapter}" in out
+
+
+def test_plan_refuses_an_adapter_it_cannot_serve(tiny_llama, tiny_llama_folder, tmp_path,
+                                                 capsys):
+    from pagedllm.cli.main import main
+    from test_lora_model import make_peft
+
+    _, adapter = make_peft(tiny_llama, tmp_path / "a", r=8)
+    assert main(["plan", "--model", tiny_llama_folder, "--lora", f"a={adapter}",
+                 "--max-lora-rank", "4"]) == 2
+    assert "rank 8, above this server's --max-lora-rank 4" in capsys.readouterr().err
+
+
+def test_a_key_file_marks_admins_and_refuses_a_vague_answer(tmp_path):
+    from pagedllm.server.auth import KeyFileError, parse_key_file
+
+    path = tmp_path / "keys.txt"
+    path.write_text("alice sk-alice-0123 admin=yes\nbob sk-bob-012345 admin=no\ncarol sk-carol-0123\n")
+    assert [k.admin for k in parse_key_file(str(path))] == [True, False, False]
+    path.write_text("alice sk-alice-0123 admin=maybe\n")
+    with pytest.raises(KeyFileError, match="admin is yes or no"):
+        parse_key_file(str(path))
