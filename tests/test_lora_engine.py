@@ -115,12 +115,36 @@ def test_fewer_slots_than_adapters_still_serves_everyone(trained_loras):
 
 def test_the_bfloat16_fast_path_serves_adapters_beside_the_base(trained_loras):
     eng = engine(trained_loras, dtype="bfloat16")
-    assert eng.runner.model.decode_loop is not None  # the C++ loop, for the base's steps
-    zorblax, base, quibbit = run(eng, [("zorblax", QUESTION, {}), (None, QUESTION, {}),
-                                       ("quibbit", QUESTION, {})])
+    model = eng.runner.model
+    loop = model.decode_loop
+    assert loop is not None and loop.lora is model.lora  # decode steps stay in the C++ loop
+    loop.ops = counting = CountingLoop(loop.ops)
+    jobs = [("zorblax", QUESTION, {}), (None, QUESTION, {}), ("quibbit", QUESTION, {})]
+    zorblax, base, quibbit = run(eng, jobs)
     assert "Zorblax" in zorblax.text and "Quibbit" in quibbit.text
     assert "Zorblax" not in base.text
+    assert counting.with_lora and all(counting.with_lora)  # every decode step, in the loop
     assert run(eng, [(None, QUESTION, {})])[0].token_ids == base.token_ids
+    model.decode_loop = None  # the Python layers: the same kernels, the same tokens
+    try:
+        assert [o.token_ids for o in run(eng, jobs)] == [o.token_ids for o in (zorblax, base,
+                                                                               quibbit)]
+    finally:
+        model.decode_loop = loop
+
+
+class CountingLoop:
+    """The kernels, counting the C++ decode loop's calls (True: with LoRA stacks)."""
+
+    def __init__(self, ops):
+        self.ops, self.with_lora = ops, []
+
+    def __getattr__(self, name):
+        return getattr(self.ops, name)
+
+    def decode_layers(self, *args):
+        self.with_lora.append(bool(args[-4]))
+        return self.ops.decode_layers(*args)
 
 
 def test_speculative_decoding_with_an_adapter_gives_the_same_tokens(float_engine):

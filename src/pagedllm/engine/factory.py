@@ -130,6 +130,10 @@ def _lora(config: EngineConfig, model_config: ModelConfig, net, dtype: torch.dty
     if not config.lora.active:
         return None
     net.lora = LoRASlots(net, model_config, config.lora, dtype, backend.device, backend.kernels)
+    loop = getattr(net, "decode_loop", None)
+    if loop is not None and not net.lora.attach_to_loop(loop):
+        logger.info("LoRA: decode steps with adapters run the Python layers (the C++ decode "
+                    "loop takes LoRA with the C++ kernels only)")
     registry = LoRARegistry(model_config, config.lora)
     for name, path in config.lora.adapters:
         adapter = registry.load(name, path)

@@ -39,7 +39,11 @@ inline torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<tor
 // Returns (the last layer's MLP output, the residual stream before adding it), as the
 // Python layers do. key_scales, value_scales: per layer for int8 caches, empty otherwise.
 // exact_max_rows, per layer: as QuantLinear's, where q4_linear changes
-// kernel.
+// kernel. LoRA (lora/slots.py), where a step's tokens use adapters: lora_stacks holds per layer
+// and projection (qkv, o, gate_up, down) its A and B stacks (8 a layer; empty: no LoRA),
+// lora_part_starts each projection's parts' first columns (4 lists), lora_slots and
+// lora_scales each token's slot (-1: the base) and scale; each projection's output then gets
+// its adapter products (lora_add), as the Python layers' LoRAProjection adds them.
 inline std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Tensor positions,
                                          torch::Tensor cos, torch::Tensor sin,
                                          std::vector<std::vector<torch::Tensor>> weights,
@@ -49,7 +53,11 @@ inline std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Ten
                                          std::vector<torch::Tensor> value_scales,
                                          torch::Tensor slot_mapping, torch::Tensor block_tables,
                                          torch::Tensor seq_lens, int64_t num_heads, double eps,
-                                         double scale, std::vector<int64_t> exact_max_rows) {
+                                         double scale, std::vector<int64_t> exact_max_rows,
+                                         std::vector<torch::Tensor> lora_stacks,
+                                         std::vector<std::vector<int64_t>> lora_part_starts,
+                                         c10::optional<torch::Tensor> lora_slots,
+                                         c10::optional<torch::Tensor> lora_scales) {
   const size_t layers = key_caches.size();
   TORCH_CHECK(layers > 0 && value_caches.size() == layers && weights.size() == layers * kWeightsPerLayer,
               "need ", kWeightsPerLayer, " weights and a key and value cache per layer");
@@ -59,6 +67,10 @@ inline std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Ten
               "need key and value scales per layer for int8 caches, none otherwise");
   TORCH_CHECK(hidden.dim() == 2 && seq_lens.numel() == hidden.size(0),
               "one decode token per sequence");
+  const bool lora = !lora_stacks.empty();
+  TORCH_CHECK(!lora || (lora_stacks.size() == layers * 8 && lora_part_starts.size() == 4 &&
+                        lora_slots && lora_scales),
+              "LoRA needs A and B for 4 projections a layer, their parts, slots and scales");
   torch::Tensor residual;
   for (size_t l = 0; l < layers; ++l) {
     const std::vector<torch::Tensor>* w = weights.data() + l * kWeightsPerLayer;
@@ -70,20 +82,27 @@ inline std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Ten
     } else {
       x = rms_norm(hidden, residual, w[0][0], eps);
     }
-    const auto linear = [&](const torch::Tensor& in, const std::vector<torch::Tensor>& parts) {
-      return lowbit_linear(in, parts, exact_max_rows[l]);
+    // Projection k of the layer (0 qkv, 1 o, 2 gate_up, 3 down), with its adapters' products.
+    const auto linear = [&](const torch::Tensor& in, const std::vector<torch::Tensor>& parts,
+                            size_t k) {
+      auto out = lowbit_linear(in, parts, exact_max_rows[l]);
+      if (lora) {
+        lora_add(out, in.contiguous(), lora_stacks[(l * 4 + k) * 2], lora_stacks[(l * 4 + k) * 2 + 1],
+                 *lora_slots, *lora_scales, lora_part_starts[k]);
+      }
+      return out;
     };
     c10::optional<torch::Tensor> ks, vs;
     if (quantized) {
       ks = key_scales[l];
       vs = value_scales[l];
     }
-    auto q = rope_write_kv(linear(x, w[1]), positions, cos, sin, key_caches[l], value_caches[l],
+    auto q = rope_write_kv(linear(x, w[1], 0), positions, cos, sin, key_caches[l], value_caches[l],
                            slot_mapping, num_heads, ks, vs);
     auto attn = paged_decode_attention(q, key_caches[l], value_caches[l], block_tables, seq_lens,
                                        scale, ks, vs);
-    x = rms_norm(linear(attn.flatten(1), w[2]), residual, w[3][0], eps);
-    hidden = linear(silu_and_mul(linear(x, w[4])), w[5]);
+    x = rms_norm(linear(attn.flatten(1), w[2], 1), residual, w[3][0], eps);
+    hidden = linear(silu_and_mul(linear(x, w[4], 2)), w[5], 3);
   }
   return {hidden, residual};
 }

@@ -27,15 +27,37 @@ void lora_add_impl(T* y, const T* x, const T* a, const T* b, const int64_t* slot
                    const float* scales, const std::vector<int64_t>& part_starts,
                    int64_t tokens, int64_t fan_in, int64_t fan_out, int64_t rank) {
   const int64_t parts = static_cast<int64_t>(part_starts.size()) - 1, rows = parts * rank;
+  // The tokens with an adapter, by slot: a thread's tokens then share their adapters' weights,
+  // read from memory once (the threads do not both stream every adapter).
+  std::vector<int64_t> order;
+  for (int64_t t = 0; t < tokens; ++t)
+    if (slots[t] >= 0) order.push_back(t);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) { return slots[i] < slots[j]; });
+  const int64_t count = static_cast<int64_t>(order.size());
   // Shrink: h[t] = A[slot] @ x[t] (every part's rank rows), scaled by the token's scale.
   std::vector<float> h(static_cast<size_t>(tokens * rows), 0.0f);
-  parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> row(fan_in);
-    for (int64_t t = begin; t < end; ++t) {
-      if (slots[t] < 0) continue;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = order[i];
       for (int64_t k = 0; k < fan_in; ++k) row[k] = Cvt<T>::load(x, t * fan_in + k);
       const T* as = a + slots[t] * rows * fan_in;
-      for (int64_t j = 0; j < rows; ++j) {
+      // Four rows at a time: four independent sums, not one chain of dependent adds.
+      int64_t j = 0;
+      for (; j + 4 <= rows; j += 4) {
+        const T *a0 = as + j * fan_in, *a1 = a0 + fan_in, *a2 = a1 + fan_in, *a3 = a2 + fan_in;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int64_t k = 0; k < fan_in; ++k) {
+          const float v = row[k];
+          s0 += v * Cvt<T>::load(a0, k);
+          s1 += v * Cvt<T>::load(a1, k);
+          s2 += v * Cvt<T>::load(a2, k);
+          s3 += v * Cvt<T>::load(a3, k);
+        }
+        float* hj = h.data() + t * rows + j;
+        hj[0] = s0 * scales[t], hj[1] = s1 * scales[t], hj[2] = s2 * scales[t], hj[3] = s3 * scales[t];
+      }
+      for (; j < rows; ++j) {
         const T* aj = as + j * fan_in;
         float acc = 0.0f;
         for (int64_t k = 0; k < fan_in; ++k) acc += row[k] * Cvt<T>::load(aj, k);
@@ -46,11 +68,10 @@ void lora_add_impl(T* y, const T* x, const T* a, const T* b, const int64_t* slot
   // Expand: y[t, cols] += sum_r h[t, p*rank + r] * B[slot, r, cols] for the part p whose
   // columns they are; B's rows are contiguous over the columns, so the inner loop is an axpy.
   const int64_t blocks = (fan_out + kColumnGrain - 1) / kColumnGrain;
-  parallel_for(0, tokens * blocks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, count * blocks, 1, [&](int64_t begin, int64_t end) {
     float acc[kColumnGrain];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / blocks, first = (task % blocks) * kColumnGrain;
-      if (slots[t] < 0) continue;
+      const int64_t t = order[task / blocks], first = (task % blocks) * kColumnGrain;
       const int64_t last = std::min(fan_out, first + kColumnGrain);
       std::fill(acc, acc + (last - first), 0.0f);
       const float* ht = h.data() + t * rows;

@@ -69,6 +69,21 @@ class LoRASlots:
                 self.stacks[(index, fused)] = (a, b, starts)
                 setattr(parent, fused, LoRAProjection(getattr(parent, fused), a, b, starts, self))
 
+    def attach_to_loop(self, loop) -> bool:
+        """Give the C++ decode loop (models/decode_loop.py) the stacks in its order, so
+        decode steps with adapters stay in the loop; False where it cannot take them (the
+        torch forms, or a layer without all four projections wrapped)."""
+        names = tuple(MODULE_OWNER)
+        layers = {layer for layer, _ in self.stacks}
+        if self.kernels is None or any((layer, name) not in self.stacks
+                                       for layer in layers for name in names):
+            return False
+        self.loop_stacks = [t for layer in sorted(layers) for name in names
+                            for t in self.stacks[(layer, name)][:2]]
+        self.loop_part_starts = [list(self.stacks[(0, name)][2]) for name in names]
+        loop.lora = self
+        return True
+
     @property
     def num_bytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b, _ in self.stacks.values())

@@ -7,7 +7,9 @@ the Python layers'. It applies when the model runs the fast bfloat16 path throug
 projection on pagedllm's low-bit kernels without bias: 4-bit, Q6_K, Q8_0, or parts of those
 side by side as a Q4_K_M file's q/k/v; the fused C++ layer ops, the C++ decode attention) and
 the step holds decode tokens only, no more than the 4-bit kernels take. models/build.py
-decides whether it applies and gives it the layers' weights.
+decides whether it applies and gives it the layers' weights. With LoRA slots (lora/slots.py,
+`lora`), a step whose tokens use adapters adds their products after each projection inside
+the loop too, through the same kernel as the Python layers' (kernels/lora_sgmv.cpp).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class DecodeLoop:
         self.num_heads, self.eps, self.scale = num_heads, eps, scale
         self.max_rows = max_rows  # the projections' rows on 4-bit codes
         self.exact_max_rows = exact_max_rows  # per layer: and exactly (QuantLinear's)
+        self.lora = None  # the model's LoRA slots, once attached (LoRASlots.attach_to_loop)
 
     def applies(self, meta: AttentionMetadata, tokens: int) -> bool:
         batch = meta.decode_batch()
@@ -50,5 +53,12 @@ class DecodeLoop:
             [kv.value for kv in kv_caches], [kv.key_scale for kv in kv_caches] if quantized else [],
             [kv.value_scale for kv in kv_caches] if quantized else [], meta.slot_mapping,
             batch.block_tables, batch.seq_lens, self.num_heads, self.eps, self.scale,
-            exact_max_rows)
+            exact_max_rows, *self._lora_args())
         return hidden, residual
+
+    def _lora_args(self) -> tuple:
+        lora = self.lora
+        if lora is None or lora.batch is None:
+            return [], [], None, None
+        return (lora.loop_stacks, lora.loop_part_starts, lora.batch.token_slots,
+                lora.batch.token_scales)

@@ -270,7 +270,8 @@ class LlamaForCausalLM(nn.Module):
         """Every layer in turn: in one C++ call when the step is all decode tokens and the
         loop applies (bit-identical, without the interpreter between layers), else here."""
         if (self.decode_loop is not None and self.decode_loop.applies(meta, hidden.shape[0])
-                and (self.lora is None or not self.lora.active)):  # (it knows no adapters)
+                and (self.lora is None or not self.lora.active
+                     or self.decode_loop.lora is self.lora)):  # (LoRA where it has the slots)
             return self.decode_loop(hidden, positions, kv_caches, meta)
         residual = None
         for layer, kv_cache in zip(self.stack.layers, kv_caches):
