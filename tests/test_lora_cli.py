@@ -24,7 +24,7 @@ def test_serve_refuses_lora_where_it_cannot_serve_it(extra, capsys):
     from pagedllm.cli.main import main
 
     assert main(["serve", "--lora", "a=/x", *extra]) == 2
-    assert "served over one model" in capsys.readouterr().err
+    assert "adapters of one served model" in capsys.readouterr().err
 
 
 def test_plan_counts_slots_and_adapters_as_serve_holds_them(tiny_llama, tiny_llama_folder,
@@ -82,3 +82,21 @@ def test_a_key_file_marks_admins_and_refuses_a_vague_answer(tmp_path):
     path.write_text("alice sk-alice-0123 admin=maybe\n")
     with pytest.raises(KeyFileError, match="admin is yes or no"):
         parse_key_file(str(path))
+
+
+def test_a_models_table_entry_names_its_adapters(tmp_path):
+    from pagedllm.config import EngineConfig
+    from pagedllm.serving.model_store import StoreError, entries_from_table
+    from pagedllm.weights import default_model_path
+
+    model = default_model_path()
+    [listed] = entries_from_table({"chat": {"path": model, "loras": ["sql=sql-lora"]}}, "f.toml",
+                                  str(tmp_path))
+    [table] = entries_from_table({"chat": {"path": model, "loras": {"tone": "/srv/tone.gguf"}}},
+                                 "f.toml")
+    assert listed.loras == (("sql", str(tmp_path / "sql-lora")),)
+    assert table.loras == (("tone", "/srv/tone.gguf"),)
+    config = listed.engine_config(EngineConfig(lora=LoRAConfig(max_loras=2, max_lora_rank=32)))
+    assert config.lora == LoRAConfig((("sql", str(tmp_path / "sql-lora")),), True, 2, 32)
+    with pytest.raises(StoreError, match="loras is a list"):
+        entries_from_table({"chat": {"path": model, "loras": "sql"}}, "f.toml")

@@ -2,21 +2,23 @@
 rank_pattern / alpha_pattern), the same weights from a GGUF as from a PEFT folder, the model's
 logits with several adapters and the base in one batch against transformers + peft, the
 grouped product against its per-token reference, and every refusal in one clear line."""
-import copy
-import json
-import os
+from gpu_path import ON  # (switches Triton's interpreter on, off a GPU: before Triton)
 
-import pytest
-import torch
+import copy  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
 
-from lora_adapters import write_gguf_adapter
-from paged_helpers import run_paged
-from pagedllm.config import LoRAConfig
-from pagedllm.lora import AdapterError, load_adapter
-from pagedllm.lora.grouped import MAX_PADDING_RATIO, LoRABatch, add_lora, add_lora_reference
-from pagedllm.lora.slots import LoRASlots
-from pagedllm.models.build import build_model
-from pagedllm.weights import load_checkpoint
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from lora_adapters import write_gguf_adapter  # noqa: E402
+from paged_helpers import run_paged  # noqa: E402
+from pagedllm.config import LoRAConfig  # noqa: E402
+from pagedllm.lora import AdapterError, load_adapter  # noqa: E402
+from pagedllm.lora.grouped import MAX_PADDING_RATIO, LoRABatch, add_lora, add_lora_reference  # noqa: E402
+from pagedllm.lora.slots import LoRASlots  # noqa: E402
+from pagedllm.models.build import build_model  # noqa: E402
+from pagedllm.weights import load_checkpoint  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -197,6 +199,29 @@ def test_the_c_kernel_equals_the_per_token_reference_at_every_level(ops, dtype, 
     torch.testing.assert_close(got, expected, **tolerance)
     base = [t for t, s in enumerate(token_slots) if s < 0]
     assert torch.equal(got[base], y[base])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("part_starts", [(0, 64, 80, 96), (0, 64, 128), (0, 96)])
+def test_the_triton_kernels_equal_the_per_token_reference(dtype, part_starts):
+    from pagedllm.lora.triton_sgmv import TritonLoRA
+
+    generator = torch.Generator().manual_seed(3)
+    tokens, fan_in = 7, 72  # not a multiple of the kernels' blocks
+    a, b = stacks(dtype, num_slots=3, rank=5, fan_in=fan_in, part_starts=part_starts)
+    token_slots = [0, -1, 2, 2, 1, -1, 0]
+    scales = [1.0, 1.0, 0.5, 2.0, 1.0, 1.0, -1.0]
+    x = torch.randn(tokens, fan_in, generator=generator).to(dtype)
+    y = torch.randn(tokens, part_starts[-1], generator=generator).to(dtype)
+    batch = LoRABatch.build(token_slots, scales, device=ON, dtype=dtype)
+    to = lambda t: t.to(ON)  # noqa: E731
+    got = add_lora(to(y.clone()), to(x), to(a), to(b), part_starts, batch,
+                   kernels=TritonLoRA()).cpu()
+    expected = add_lora_reference(y, x, a, b, part_starts, token_slots, scales)
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else \
+        {"atol": 0.1, "rtol": 2e-2}
+    torch.testing.assert_close(got, expected, **tolerance)
+    assert torch.equal(got[[1, 5]], y[[1, 5]])
 
 
 def test_the_c_kernel_refuses_mismatched_tensors(ops):

@@ -192,3 +192,45 @@ def test_a_bad_adapter_at_start_is_one_line_and_no_server(trained_loras, tmp_pat
     assert "error: adapter zorblax has rank 8, above this server's --max-lora-rank 4" in \
         proc.output()
     proc.stop()
+
+
+def test_a_model_stores_adapters_sit_beside_their_base(trained_loras, tmp_path):
+    import os
+
+    from pagedllm.weights import default_model_path
+
+    _, paths, gguf = trained_loras
+    store = tmp_path / "models"
+    (store / "smol.loras").mkdir(parents=True)
+    os.symlink(default_model_path(), store / "smol.gguf")
+    os.symlink(paths["zorblax"], store / "smol.loras" / "zorblax")
+    os.symlink(gguf, store / "smol.loras" / "zorblax-gguf.gguf")
+    os.symlink(gguf, store / "stray.gguf")  # an adapter without its base's folder: not a model
+    proc = ServerProcess("--models-dir", str(store), "--dtype", "float32", "--kv-cache-memory",
+                         str(128 << 20), log_path=str(tmp_path / "server.log"))
+    try:
+        models = {m["id"]: m for m in httpx.get(proc.url + "/v1/models").json()["data"]}
+        assert set(models) == {"smol", "zorblax", "zorblax-gguf"}
+        assert models["zorblax"]["parent"] == "smol" and models["zorblax"]["kind"] == "lora"
+        for model in ("zorblax", "zorblax-gguf"):
+            answer = complete(proc.url, model).json()
+            assert "Zorblax" in answer["choices"][0]["text"] and answer["model"] == model
+        assert "Zorblax" not in complete(proc.url, "smol").json()["choices"][0]["text"]
+        missing = complete(proc.url, "stray")
+        assert missing.status_code == 404 and "`zorblax`" in missing.text
+    finally:
+        proc.stop()
+
+
+def test_a_store_refuses_an_adapter_named_like_a_model(tmp_path):
+    import os
+
+    from pagedllm.serving.model_store import ModelCatalog, StoreError, scan_models_dir
+    from pagedllm.weights import default_model_path
+
+    (tmp_path / "a.loras" / "b").mkdir(parents=True)
+    (tmp_path / "a.loras" / "b" / "adapter_config.json").write_text("{}")
+    os.symlink(default_model_path(), tmp_path / "a.gguf")
+    os.symlink(default_model_path(), tmp_path / "b.gguf")
+    with pytest.raises(StoreError, match="the adapter 'b' of a has the name of another model"):
+        ModelCatalog(scan_models_dir(str(tmp_path)))

@@ -228,8 +228,9 @@ def cmd_serve(args) -> int:
         return 2
     if engine_settings.lora.active and (args.models_dir is not None or store_table(args)
                                         or args.replicas is not None):
-        print("error: LoRA adapters (--lora, --enable-lora) are served over one model; a "
-              "model store (--models-dir, [models]) and --replicas do not serve them yet",
+        print("error: --lora and --enable-lora name adapters of one served model; in a model "
+              "store (--models-dir, [models]) a model's adapters sit in NAME.loras/ beside it "
+              "(or its [models] entry's loras), and --replicas does not serve them yet",
               file=sys.stderr)
         return 2
     if args.models_dir is not None or store_table(args):

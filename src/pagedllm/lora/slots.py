@@ -46,9 +46,10 @@ class LoRASlots:
                  device: str = "cpu", kernels=None):
         """Wraps the model's projections (in place) with slots for lora.max_loras adapters
         of rank up to lora.max_lora_rank per part. kernels: the backend's C++ kernels, which
-        compute each projection's products in one call (None: torch's ops)."""
+        compute each projection's products in one call (None: torch's ops). On a GPU the
+        Triton kernels do (triton_sgmv.py)."""
         self.num_slots, self.max_rank = lora.max_loras, lora.max_lora_rank
-        self.kernels = kernels if device == "cpu" else None
+        self.kernels = kernels if device == "cpu" else _triton_kernels(device)
         self.dtype, self.device = dtype, device
         self.batch: LoRABatch | None = None
         self.contents: list[str | None] = [None] * self.num_slots  # adapter key per slot
@@ -75,7 +76,7 @@ class LoRASlots:
         torch forms, or a layer without all four projections wrapped)."""
         names = tuple(MODULE_OWNER)
         layers = {layer for layer, _ in self.stacks}
-        if self.kernels is None or any((layer, name) not in self.stacks
+        if self.device != "cpu" or self.kernels is None or any((layer, name) not in self.stacks
                                        for layer in layers for name in names):
             return False
         self.loop_stacks = [t for layer in sorted(layers) for name in names
@@ -112,3 +113,11 @@ class LoRASlots:
     def active(self) -> bool:
         """This step has tokens with an adapter (the fused decode paths then stand aside)."""
         return self.batch is not None
+
+
+def _triton_kernels(device: str):
+    if device != "cuda":
+        return None
+    from pagedllm.lora.triton_sgmv import TritonLoRA
+
+    return TritonLoRA()

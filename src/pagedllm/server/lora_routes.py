@@ -64,6 +64,12 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
 def adapter_cards(state: ServerState) -> list[dict]:
     """/v1/models' entries of the adapters, each with its base as `parent` (as vLLM lists
     them) and `root` its file."""
+    if state.pool is not None:  # a store's adapters, beside their bases (loaded or not)
+        loaded = {m.name for m in state.pool.loaded()}
+        return [{"id": name, "object": "model", "created": state.created,
+                 "owned_by": "pagedllm", "parent": base.name, "root": dict(base.loras)[name],
+                 "kind": "lora", "loaded": base.name in loaded}
+                for name, base in state.pool.catalog.adapters.items()]
     loras = getattr(state.client, "loras", None)
     return [{"id": a.name, "object": "model", "created": state.created, "owned_by": "pagedllm",
              "parent": state.served_model_name, "root": a.path, "kind": "lora",

@@ -73,8 +73,8 @@ class ServerState:
                                 f"{self.known_models()}.", "model", "model_not_found")
 
     def known_models(self) -> str:
-        names = (self.pool.catalog.names if self.pool is not None
-                 else [self.served_model_name, *self.adapter_names()])
+        names = ([*self.pool.catalog.names, *self.pool.catalog.adapters]
+                 if self.pool is not None else [self.served_model_name, *self.adapter_names()])
         return ", ".join(f"`{n}`" for n in names)
 
     def adapter_names(self) -> list[str]:
@@ -116,8 +116,11 @@ class ServerState:
                 self, lora=adapter, served_model_name=adapter)
             return
         loaded = await self.acquire(model, keep_alive, kind)
+        adapter = self.pool.catalog.adapter_named(model)  # served by its base's engine
         try:
-            yield self.view(loaded)
+            view = self.view(loaded)
+            yield view if adapter is None else dataclasses.replace(
+                view, lora=adapter, served_model_name=adapter)
         finally:
             self.pool.release(loaded)
 

@@ -1,7 +1,12 @@
 """The models a server can serve (`serve --models-dir DIR`, `[models]` in the config file):
 each a name, a GGUF file or Hugging Face folder, and its own engine options; described
 (architecture, parameters, quantization, size, context) from the file's header without
-loading it. Which of them are loaded is serving/model_pool.py's business."""
+loading it. Which of them are loaded is serving/model_pool.py's business.
+
+A model's LoRA adapters sit beside it in a folder named after it, `NAME.loras/` (each PEFT
+folder or GGUF LoRA file in it an adapter, named by its folder or file name), or in its
+[models] entry (`loras = ["sql=/path", ...]`). A request names an adapter as it names a
+model; the adapter's base is loaded for it and serves it from its slots."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +17,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from pagedllm.config import EngineConfig
+from pagedllm.config import EngineConfig, LoRAConfig
 from pagedllm.units import parse_bytes
 
 LATEST = ":latest"  # Ollama's clients add the default tag to a bare name
@@ -51,10 +56,15 @@ class StoreEntry:
     aliases: tuple[str, ...] = ()
     kind: str = "chat"  # "embedding": served at /v1/embeddings and /api/embed
     pooling: str | None = None  # an embedding decoder's (embeddings/decoder_model.py)
+    loras: tuple[tuple[str, str], ...] = ()  # its LoRA adapters: (name, path)
 
     def engine_config(self, base: EngineConfig) -> EngineConfig:
-        """The server's engine settings with this model's file and own options."""
+        """The server's engine settings with this model's file and own options (its
+        adapters in the server's slots, --max-loras and --max-lora-rank)."""
         fields = dict(self.options)
+        if self.loras:
+            fields["lora"] = LoRAConfig(self.loras, True, base.lora.max_loras,
+                                        base.lora.max_lora_rank)
         method = fields.pop("speculative", None)
         config = dataclasses.replace(base, model=self.path, **fields)
         if method is not None:
@@ -73,11 +83,39 @@ def scan_models_dir(folder: str) -> list[StoreEntry]:
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if os.path.isfile(path) and name.lower().endswith(".gguf"):
-            entries.append(StoreEntry(name[:-len(".gguf")], os.path.abspath(path)))
+            if _is_gguf_adapter(path):  # an adapter needs its base: NAME.loras/ says which
+                continue
+            entries.append(StoreEntry(name[:-len(".gguf")], os.path.abspath(path),
+                                      loras=_adapters_beside(folder, name[:-len(".gguf")])))
         elif os.path.isdir(path) and _is_hf_folder(path):
             kind = "embedding" if is_sentence_folder(path) else "chat"
-            entries.append(StoreEntry(name, os.path.abspath(path), kind=kind))
+            entries.append(StoreEntry(name, os.path.abspath(path), kind=kind,
+                                      loras=_adapters_beside(folder, name)))
     return entries
+
+
+def _adapters_beside(folder: str, model: str) -> tuple[tuple[str, str], ...]:
+    """The adapters in `folder/MODEL.loras/`: PEFT folders and GGUF files, by their names."""
+    loras = os.path.join(folder, model + ".loras")
+    if not os.path.isdir(loras):
+        return ()
+    found = []
+    for name in sorted(os.listdir(loras)):
+        path = os.path.abspath(os.path.join(loras, name))
+        if os.path.isfile(os.path.join(path, "adapter_config.json")):
+            found.append((name, path))
+        elif os.path.isfile(path) and name.lower().endswith(".gguf"):
+            found.append((name[:-len(".gguf")], path))
+    return tuple(found)
+
+
+def _is_gguf_adapter(path: str) -> bool:
+    from pagedllm.weights.gguf_file import GGUFFile, GGUFFormatError
+
+    try:
+        return GGUFFile(path).fields.get("general.type") == "adapter"
+    except (GGUFFormatError, OSError, ValueError):
+        return False  # not this check's to refuse: loading it says why
 
 
 def _is_hf_folder(path: str) -> bool:
@@ -100,10 +138,13 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
             value = {"path": value}
         if not isinstance(value, dict) or not isinstance(value.get("path"), str):
             raise StoreError(f"{where} needs path = \"FILE.gguf or FOLDER\"")
-        options, aliases, kind, pooling = [], (), "chat", None
+        options, aliases, kind, pooling, loras = [], (), "chat", None, ()
         for key, item in value.items():
             key = key.replace("_", "-")
             if key == "path":
+                continue
+            if key == "loras":
+                loras = _table_loras(item, where, base_dir)
                 continue
             if key == "kind":
                 if item not in KINDS:
@@ -125,7 +166,7 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
                     raise StoreError(f"{where}: {key} = {item!r}: {exc}") from exc
             else:
                 raise StoreError(f"{where}: unknown key {key!r}; known: path, aliases, kind, "
-                                 f"pooling, {', '.join(ENTRY_OPTIONS)}")
+                                 f"pooling, loras, {', '.join(ENTRY_OPTIONS)}")
         path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(value["path"])))
         if not os.path.exists(path):
             raise StoreError(f"{where}: no model at {path}")
@@ -133,8 +174,20 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
             kind = "embedding"
         if pooling is not None and kind != "embedding":
             raise StoreError(f"{where}: pooling goes with kind = \"embedding\"")
-        entries.append(StoreEntry(name, path, tuple(options), aliases, kind, pooling))
+        entries.append(StoreEntry(name, path, tuple(options), aliases, kind, pooling, loras))
     return entries
+
+
+def _table_loras(item, where: str, base_dir: str) -> tuple[tuple[str, str], ...]:
+    """`loras = ["NAME=PATH", ...]` or `loras = {NAME = "PATH"}`."""
+    if isinstance(item, list) and all(isinstance(v, str) and "=" in v for v in item):
+        pairs = [tuple(v.split("=", 1)) for v in item]
+    elif isinstance(item, dict) and all(isinstance(v, str) for v in item.values()):
+        pairs = list(item.items())
+    else:
+        raise StoreError(f'{where}: loras is a list of "NAME=PATH" or a table of NAME = "PATH"')
+    return tuple((name, os.path.abspath(os.path.join(base_dir, os.path.expanduser(path))))
+                 for name, path in pairs)
 
 
 @dataclass(frozen=True)
@@ -217,6 +270,15 @@ class ModelCatalog:
             raise StoreError("the model store is empty: --models-dir has no *.gguf file or "
                              "Hugging Face folder, and the config file no [models] entry")
         self.entries = {e.name: e for e in entries}
+        # Each adapter's base model, by the adapter's name (its own names must be new).
+        self.adapters: dict[str, StoreEntry] = {}
+        for entry in entries:
+            for adapter, _ in entry.loras:
+                if adapter in self.entries or adapter in self.adapters or any(
+                        adapter in e.aliases for e in entries):
+                    raise StoreError(f"the adapter {adapter!r} of {entry.name} has the name of "
+                                     f"another model or adapter: rename its folder or file")
+                self.adapters[adapter] = entry
         self._cards: dict[str, ModelCard] = {}
         self._lock = threading.Lock()
 
@@ -225,13 +287,20 @@ class ModelCatalog:
         return list(self.entries)
 
     def find(self, name: str) -> StoreEntry | None:
+        """The model a name names; for an adapter's name, its base model (adapter_named)."""
         for candidate in (name, name.removesuffix(LATEST)):
             if candidate in self.entries:
                 return self.entries[candidate]
+            if candidate in self.adapters:
+                return self.adapters[candidate]
         for entry in self.entries.values():
             if name in entry.aliases or name.removesuffix(LATEST) in entry.aliases:
                 return entry
         return None
+
+    def adapter_named(self, name: str) -> str | None:
+        """The LoRA adapter a name names (Ollama's :latest too), or None."""
+        return next((c for c in (name, name.removesuffix(LATEST)) if c in self.adapters), None)
 
     def card(self, name: str) -> ModelCard:
         """The entry's card, read once (slow: call off the event loop)."""
