@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 
 from pagedllm.config import EngineConfig, LoRAConfig
+from pagedllm.serving.store_adapters import adapters_beside, is_gguf_adapter, table_loras
 from pagedllm.units import parse_bytes
 
 LATEST = ":latest"  # Ollama's clients add the default tag to a bare name
@@ -83,39 +84,15 @@ def scan_models_dir(folder: str) -> list[StoreEntry]:
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if os.path.isfile(path) and name.lower().endswith(".gguf"):
-            if _is_gguf_adapter(path):  # an adapter needs its base: NAME.loras/ says which
+            if is_gguf_adapter(path):  # an adapter needs its base: NAME.loras/ says which
                 continue
             entries.append(StoreEntry(name[:-len(".gguf")], os.path.abspath(path),
-                                      loras=_adapters_beside(folder, name[:-len(".gguf")])))
+                                      loras=adapters_beside(folder, name[:-len(".gguf")])))
         elif os.path.isdir(path) and _is_hf_folder(path):
             kind = "embedding" if is_sentence_folder(path) else "chat"
             entries.append(StoreEntry(name, os.path.abspath(path), kind=kind,
-                                      loras=_adapters_beside(folder, name)))
+                                      loras=adapters_beside(folder, name)))
     return entries
-
-
-def _adapters_beside(folder: str, model: str) -> tuple[tuple[str, str], ...]:
-    """The adapters in `folder/MODEL.loras/`: PEFT folders and GGUF files, by their names."""
-    loras = os.path.join(folder, model + ".loras")
-    if not os.path.isdir(loras):
-        return ()
-    found = []
-    for name in sorted(os.listdir(loras)):
-        path = os.path.abspath(os.path.join(loras, name))
-        if os.path.isfile(os.path.join(path, "adapter_config.json")):
-            found.append((name, path))
-        elif os.path.isfile(path) and name.lower().endswith(".gguf"):
-            found.append((name[:-len(".gguf")], path))
-    return tuple(found)
-
-
-def _is_gguf_adapter(path: str) -> bool:
-    from pagedllm.weights.gguf_file import GGUFFile, GGUFFormatError
-
-    try:
-        return GGUFFile(path).fields.get("general.type") == "adapter"
-    except (GGUFFormatError, OSError, ValueError):
-        return False  # not this check's to refuse: loading it says why
 
 
 def _is_hf_folder(path: str) -> bool:
@@ -144,7 +121,10 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
             if key == "path":
                 continue
             if key == "loras":
-                loras = _table_loras(item, where, base_dir)
+                loras = table_loras(item, base_dir)
+                if loras is None:
+                    raise StoreError(f'{where}: loras is a list of "NAME=PATH" or a table of '
+                                     f'NAME = "PATH"')
                 continue
             if key == "kind":
                 if item not in KINDS:
@@ -176,18 +156,6 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
             raise StoreError(f"{where}: pooling goes with kind = \"embedding\"")
         entries.append(StoreEntry(name, path, tuple(options), aliases, kind, pooling, loras))
     return entries
-
-
-def _table_loras(item, where: str, base_dir: str) -> tuple[tuple[str, str], ...]:
-    """`loras = ["NAME=PATH", ...]` or `loras = {NAME = "PATH"}`."""
-    if isinstance(item, list) and all(isinstance(v, str) and "=" in v for v in item):
-        pairs = [tuple(v.split("=", 1)) for v in item]
-    elif isinstance(item, dict) and all(isinstance(v, str) for v in item.values()):
-        pairs = list(item.items())
-    else:
-        raise StoreError(f'{where}: loras is a list of "NAME=PATH" or a table of NAME = "PATH"')
-    return tuple((name, os.path.abspath(os.path.join(base_dir, os.path.expanduser(path))))
-                 for name, path in pairs)
 
 
 @dataclass(frozen=True)
