@@ -370,3 +370,29 @@ def test_sliding_window_models_decode_through_the_graph_buffers(tmp_path, monkey
     assert sizes  # decode steps went through the buffers
     manager = graphed.engine.kv_manager
     assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_lora_adapters_on_the_generic_path_answer_as_peft(monkeypatch, tmp_path):
+    """Adapters and the base in one batch on the CUDA backend's path (here torch's grouped
+    products on the CPU; on a GPU the Triton kernels, lora/triton_sgmv.py), greedy tokens
+    as transformers + peft give them."""
+    from pagedllm.config import LoRAConfig
+    from test_lora_model import make_peft
+
+    build_engines_as_on_the_gpu(monkeypatch)
+    reference = tiny_hf_model("llama", seed=3)
+    folder = write_hf_folder(reference, tmp_path / "model")
+    adapted, adapter = make_peft(reference, tmp_path / "adapter")
+    llm = LLM(folder, dtype="float32", kv_cache_memory=16 << 20, device=DEVICE,
+              lora=LoRAConfig((("a", adapter),), max_loras=2, max_lora_rank=4))
+    engine = llm.engine
+    jobs = [("a", SEQS[1]), (None, SEQS[1]), ("a", SEQS[3])]
+    ids = [engine.add_request(None, prompt, SamplingParams(
+        temperature=0, max_tokens=8, ignore_eos=True, lora=name)).request_id
+        for name, prompt in jobs]
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    for rid, (name, prompt) in zip(ids, jobs):
+        oracle = adapted if name else reference
+        assert done[rid].token_ids == transformers_greedy(oracle, prompt, 8), name
