@@ -3,7 +3,7 @@ without a compiler or with PAGEDLLM_NO_KERNELS) and what this torch build offers
 (kernels.torch_ops), probed once and carried as one record."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedllm.backends.torch_layer_ops import TorchLayerOps
 from pagedllm.kernels import Capabilities, TorchOps, capabilities, kernel_ops, torch_ops
@@ -22,6 +22,9 @@ class Backend:
     # The generic path's layer ops: "torch" (torch_layer_ops.py) or "triton"
     # (triton_layer_ops.py: one launch each, the GPU's; on the CPU under the interpreter).
     generic_layer_ops: str = "torch"
+    # Buffers reused from layer to layer by the AMX path (models/quant_linear.py), by shape:
+    # an engine's layers run one after another, so one buffer a shape serves them all.
+    scratch: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def generic(self) -> bool:
@@ -52,7 +55,7 @@ class Backend:
     def describe(self) -> str:
         if self.generic:
             return f"generic torch path on {self.device}"
-        level = self.cpu.level if self.kernels is not None else "none, torch fallback"
+        level = self.cpu.summary if self.kernels is not None else "none, torch fallback"
         return f"{self.name} ({level} kernels)"
 
 

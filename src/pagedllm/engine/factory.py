@@ -236,10 +236,14 @@ def _log_loaded(parts: EngineParts, window_blocks: int | None, seconds: float) -
                     "%d blocks, freed as tokens slide out", len(model_config.sliding_layers),
                     model_config.num_layers, model_config.sliding_window, window_blocks)
     cpu = parts.backend.cpu
-    logger.info("CPU kernels: %s (this CPU runs up to %s%s)",
-                cpu.level if parts.backend.kernels is not None else "none, torch fallback",
-                cpu.best,
-                "; PAGEDLLM_CPU_ISA chose a lower level" if cpu.level != cpu.best else "")
+    amx = ""
+    if cpu.has_amx and not cpu.amx and parts.backend.kernels is not None:
+        amx = ("; AMX tiles unused (PAGEDLLM_CPU_AMX=0, a level below avx512, or the OS "
+               "refused the tiles' state)")
+    logger.info("CPU kernels: %s (this CPU runs up to %s%s%s)",
+                cpu.summary if parts.backend.kernels is not None else "none, torch fallback",
+                cpu.best + ("+amx" if cpu.has_amx and cpu.best == "avx512" else ""),
+                "; PAGEDLLM_CPU_ISA chose a lower level" if cpu.level != cpu.best else "", amx)
     capacity = cache.num_blocks * cache.block_size
     logger.info(
         "loaded %s (%s) in %.1fs, %s MiB resident; KV cache (%s): %d blocks x %d tokens = "

@@ -12,6 +12,13 @@ carried to a host with fewer instructions falls back instead of dying with SIGIL
 
 ``PAGEDLLM_CPU_ISA`` forces a lower level (to prove or compare the lower paths on a host
 that has more); asking for more than the CPU has is an error, not a crash later.
+
+Above avx512, the matrix units: **AMX** tiles (Intel Sapphire Rapids and later) where the CPU
+has amx_tile and amx_bf16 *and* Linux grants the process the tiles' state
+(ARCH_REQ_XCOMP_PERM; a kernel or VM that refuses it leaves them unusable). Steps with many
+rows then multiply 4-bit weights through oneDNN's AMX kernels (models/quant_linear.py); the
+C++ kernels stay the avx512 build. ``PAGEDLLM_CPU_AMX=0`` (or a level below avx512) turns it
+off, to compare, or to prove the fallback.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 
 LEVELS = ("portable", "avx2", "avx512")
 ENV_VAR = "PAGEDLLM_CPU_ISA"
+AMX_ENV_VAR = "PAGEDLLM_CPU_AMX"
+AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})
 
 # Linux /proc/cpuinfo flag names each level needs (x86 only; other machines run portable).
 REQUIRED_FLAGS = {
@@ -42,6 +51,7 @@ class Capabilities:
     flags: frozenset[str]   # the CPU's feature flags as the OS reports them
     best: str               # the highest level this CPU can run
     level: str              # the level in use: best, or lower where PAGEDLLM_CPU_ISA says
+    amx: bool = False       # AMX tiles in use (avx512 level, flags, the OS's permission)
 
     @property
     def available(self) -> tuple[str, ...]:
@@ -53,6 +63,29 @@ class Capabilities:
         """Whether bfloat16 matrix products have hardware support at the level in use; where
         not, dense layers multiply in float32 (oneDNN's bf16 path refuses such CPUs)."""
         return self.level == "avx512"
+
+    @property
+    def has_amx(self) -> bool:
+        """Whether the CPU has AMX tiles (whether or not they are in use)."""
+        return AMX_FLAGS <= self.flags
+
+    @property
+    def summary(self) -> str:
+        """The level in use, with the matrix units where they are: "avx512+amx"."""
+        return self.level + ("+amx" if self.amx else "")
+
+
+def amx_tiles_granted() -> bool:
+    """Ask Linux for the AMX tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, feature 18), as
+    oneDNN does before its first tile instruction; True once granted (asking again is
+    harmless), False where the kernel refuses or the call does not exist."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl on x86-64
+    except (OSError, AttributeError):
+        return False
 
 
 def cpu_flags() -> frozenset[str]:
@@ -97,4 +130,7 @@ def detect(requested: str | None = None) -> Capabilities:
     best = best_level(machine, flags)
     if requested is None:
         requested = os.environ.get(ENV_VAR)
-    return Capabilities(machine, flags, best, resolve_level(best, requested))
+    level = resolve_level(best, requested)
+    amx = (level == "avx512" and AMX_FLAGS <= flags and os.environ.get(AMX_ENV_VAR) != "0"
+           and amx_tiles_granted())
+    return Capabilities(machine, flags, best, level, amx)

@@ -52,6 +52,10 @@ void rope_write_kv(DType dtype, const void* qkv, const int64_t* positions, const
                    int64_t tokens, int64_t heads);
 void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t width);
 
+// q4_dequant.cpp. A packed 4-bit weight (q4_pack / q4k_pack: super) -> dense bfloat16, its
+// transpose [k, n].
+void q4_dequantize(const uint8_t* packed, bool super, int64_t n, int64_t k, bf16* out);
+
 // lora_sgmv.cpp. For each token with slots[t] >= 0 and each part p of a fused projection:
 // y[t, cols of p] += scales[t] * (a[slot, p*rank:(p+1)*rank] @ x[t]) @ b[slot, :, cols of p];
 // x [tokens, fan_in], a [slots, parts * rank, fan_in], b [slots, rank, fan_out], all of

@@ -311,6 +311,24 @@ inline torch::Tensor q4_product(const torch::Tensor& x, const torch::Tensor& pac
   return out;
 }
 
+// The packed 4-bit weight's transpose as a dense [K, N] bfloat16 matrix (into `out` when
+// given: a buffer reused from call to call).
+inline torch::Tensor q4_dequantize(torch::Tensor packed, int64_t k, c10::optional<torch::Tensor> out) {
+  const bool super = packed.dim() == 3 && packed.size(2) == kernel::kQ4KPackedBlockBytes;
+  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.scalar_type() == at::kByte &&
+              (super || packed.size(2) == kernel::kQ4PackedBlockBytes),
+              "packed must be a 4-bit weight from q4_pack or q4k_pack");
+  const int64_t per_block = super ? 256 : kGroupInputs;
+  TORCH_CHECK(k > 0 && k == packed.size(1) * per_block, "k must be the packed weight's inputs, ",
+              packed.size(1) * per_block);
+  const int64_t n = packed.size(0) * kTileRows;
+  auto dense = out ? *out : torch::empty({k, n}, packed.options().dtype(at::kBFloat16));
+  TORCH_CHECK(dense.dim() == 2 && dense.size(0) == k && dense.size(1) == n && dense.is_contiguous() &&
+              dense.scalar_type() == at::kBFloat16, "out must be [", k, ", ", n, "] bfloat16");
+  kernel::q4_dequantize(packed.data_ptr<uint8_t>(), super, n, k, as_mut<bf16>(dense));
+  return dense;
+}
+
 // x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] bfloat16, exactly.
 inline torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed) { return q4_product(x, packed, true); }
 

@@ -33,6 +33,13 @@ from pagedllm.weights.q8 import Q8Rows
 # activations takes q4_gemm at every row count (0.91x dense at 256 rows, and no dense copy).
 # Without the C++ kernels, torch's int4 kernel up to INT4_MAX_ROWS, dense above.
 Q4_EXACT_MAX_ROWS = {"avx512": 8, "avx2": 1, "portable": 1}
+# On a CPU with AMX tiles (kernels/cpu.py), a step of at least this many rows dequantizes the
+# 4-bit weight to bfloat16 (kernels/q4_dequant.cpp, into a buffer shared by the layers) and
+# multiplies on the tiles through oneDNN: 1.5-2.7x the int8 kernel and 7x the exact one at 512
+# rows, slower below ~128, where the dequantizing costs more than the tiles save
+# (benchmarks/amx_prefill.py). The weights are then rounded to bfloat16, as a dense bfloat16
+# layer's are.
+AMX_MIN_ROWS = 128
 INT4_MAX_ROWS = 8
 ALL_ROWS = 1 << 62
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
@@ -101,6 +108,10 @@ class QuantLinear(nn.Module):
             self.exact_max_rows = self.max_rows = INT4_MAX_ROWS
         else:
             self.exact_max_rows = self.max_rows = 0  # dense only
+        self.amx_min_rows = ALL_ROWS
+        if self.q4_ops is not None and backend.cpu.amx:
+            self.amx_min_rows, self.scratch = AMX_MIN_ROWS, backend.scratch
+            self.fan_in = q4.codes.shape[1]
         if self.max_rows < ALL_ROWS:  # [out, in] model dtype, for large batches
             self.dense = DenseLinear(q4.dequantize().to(dtype) if dense_weight is None else dense_weight,
                                      bias, backend)
@@ -108,11 +119,21 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.max_rows:
             return self.dense(x)
-        if self.q4_ops is not None:
+        if x.shape[0] >= self.amx_min_rows:
+            out = self._on_amx_tiles(x)
+        elif self.q4_ops is not None:
             out = self.q4_ops.q4_linear(x, self.packed, self.exact_max_rows)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
         return out if self.bias is None else out + self.bias
+
+
+    def _on_amx_tiles(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (self.fan_in, self.packed.shape[0] * _TILE)
+        buffer = self.scratch.get(shape)
+        if buffer is None:
+            buffer = self.scratch[shape] = torch.empty(shape, dtype=torch.bfloat16)
+        return torch.matmul(x, self.q4_ops.q4_dequantize(self.packed, self.fan_in, buffer))
 
 
 class Int8ActivationLinear(nn.Module):
