@@ -126,7 +126,10 @@ def test_server_serves_at_every_level(level, tmp_path):
         [info] = [f for f in text_string_to_metric_families(text) if f.name == "pagedllm:cpu_info"]
         assert info.samples[0].labels["isa"] == level
         assert info.samples[0].labels["best_isa"] == ISA_LEVELS[-1]
-        assert f"CPU kernels: {level}" in proc.output()
+        # AMX tiles only at avx512, where the CPU and OS give them (tests/test_amx.py)
+        tiles = level == "avx512" and kernels.capabilities().amx
+        assert info.samples[0].labels["amx"] == str(tiles).lower()
+        assert f"CPU kernels: {level}{'+amx' if tiles else ''} (" in proc.output()
     finally:
         assert proc.stop() == 0
 

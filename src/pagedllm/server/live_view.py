@@ -154,7 +154,7 @@ class LiveView:
             "num_blocks": cache.num_blocks, "block_size": cache.block_size,
             "prefix_caching": cache.enable_prefix_caching,
             "max_num_seqs": scheduler.max_num_seqs, "max_model_len": scheduler.max_model_len,
-            "cpu_isa": cpu.level, "cpu_best_isa": cpu.best, "threads": info.num_threads,
+            "cpu_isa": cpu.level, "cpu_amx": cpu.amx, "cpu_best_isa": cpu.best, "threads": info.num_threads,
             "keys": self.state.keys.enabled}
 
     def plan(self, info) -> list[dict]:

@@ -115,8 +115,9 @@ class EngineStatsCollector:
                            lambda row: [((row.device,), 1)], ["device"])
         yield self._family(GaugeMetricFamily, "cpu_info",
                            "CPU kernel level in use (labels; value 1).", rows,
-                           lambda row: [((row.cpu.level, row.cpu.best, row.cpu.machine), 1)],
-                           ["isa", "best_isa", "machine"])
+                           lambda row: [((row.cpu.level, row.cpu.best, row.cpu.machine,
+                                          str(row.cpu.amx).lower()), 1)],
+                           ["isa", "best_isa", "machine", "amx"])
 
 
 _GAUGES = (

@@ -103,7 +103,7 @@ def ready_message(info: EngineInfo | None, host: str, port: int, served_name: st
         lines.append(f"  device: cuda ({info.device_name or 'GPU'}); host: {info.compute} of "
                      f"{os.cpu_count()} cores")
     elif info is not None:
-        lines.append(f"  device: {info.device}; CPU: {info.cpu.level} kernels, {info.compute} of "
+        lines.append(f"  device: {info.device}; CPU: {info.cpu.summary} kernels, {info.compute} of "
                      f"{os.cpu_count()} cores")
     else:
         device = "cuda" if pool.base_config.device == "cuda" else "cpu"

@@ -241,6 +241,8 @@ def server_settings(base_url: str, headers: dict) -> dict:
                                      ("block_size", "cache_dtype", "num_blocks") if k in sample.labels})
                 elif sample.name == "pagedllm:cpu_info":
                     settings["cpu_isa"] = sample.labels.get("isa")
+                    if sample.labels.get("amx") == "true":
+                        settings["cpu_isa"] += "+amx"
                 elif sample.name == "pagedllm:device_info":
                     settings["device"] = sample.labels.get("device")
                 elif sample.name == "pagedllm:serve_command_info":
