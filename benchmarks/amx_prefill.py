@@ -1,0 +1,94 @@
+"""AMX tiles for the steps with many rows (issue 49): the engine alone (LLMEngine in a child
+process per setting, nothing else running), with the tiles (this CPU's default where it has
+them) against PAGEDLLM_CPU_AMX=0 (pagedllm's own avx512 4-bit kernels), alternated, in one run.
+
+    .venv/bin/python benchmarks/amx_prefill.py [--models default,1.7b] [--rounds 2] [--json OUT]
+
+Per model: the time to first token of one prompt of 164 and of 480 tokens (prefill alone,
+no prefix cache; best of 3 in each round), and N=8 prompts of 164 tokens with 32 output
+tokens each (total tok/s: the prefills on the tiles, the decode steps on the kernels as
+before). The 1.7B model is SmolLM2-1.7B's shape with random Q4_0 weights
+(benchmarks/realistic_size.py writes it, once, into the temp folder). Prints each figure
+with the tiles and without, and their ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+CHILD = r"""
+import json, sys, time
+from pagedllm.core.request import SamplingParams
+from pagedllm.engine.engine import LLMEngine
+engine = LLMEngine(sys.argv[1] or None, dtype="bfloat16", kv_cache_memory=1 << 30,
+                   max_model_len=2048, max_num_seqs=8, enable_prefix_caching=False)
+
+def run(prompts, max_tokens):
+    for i, prompt in enumerate(prompts):
+        engine.add_request(None, prompt, SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                        ignore_eos=True))
+    start, tokens = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        tokens += sum(len(o.new_token_ids) for o in engine.step())
+    return time.perf_counter() - start, tokens
+
+prompt = lambda n, seed: [1000 + (seed * 7919 + i * 31) % 30000 for i in range(n)]
+run([prompt(64, 0)], 1)  # warm-up
+out = {"level": engine.cpu.summary}
+for n in (164, 480):
+    out[f"ttft_{n}_ms"] = 1000 * min(run([prompt(n, s)], 1)[0] for s in range(1, 4))
+seconds, tokens = run([prompt(164, 10 + i) for i in range(8)], 32)
+out["n8_tok_s"] = tokens / seconds
+print(json.dumps(out))
+"""
+
+
+def measure(model: str, amx: bool) -> dict:
+    env = {**os.environ, "PAGEDLLM_CPU_AMX": "1" if amx else "0"}
+    done = subprocess.run([sys.executable, "-c", CHILD, model], env=env, capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="default,1.7b")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    results = {}
+    for name in args.models.split(","):
+        path = ""
+        if name == "1.7b":
+            from realistic_size import write_random_q4_0
+
+            path = os.path.join(tempfile.gettempdir(), "pagedllm-amx-1.7b-random-Q4_0.gguf")
+            if not os.path.exists(path):
+                write_random_q4_0(path)
+        runs = {True: [], False: []}
+        for _ in range(args.rounds):
+            for amx in (True, False):
+                runs[amx].append(measure(path, amx))
+        best = {amx: {key: (min if key.startswith("ttft") else max)(r[key] for r in rs)
+                      for key in rs[0] if key != "level"} | {"level": rs[0]["level"]}
+                for amx, rs in runs.items()}
+        results[name] = {"tiles": best[True], "kernels": best[False]}
+        print(f"{name}: {best[True]['level']} against {best[False]['level']}")
+        for key in best[True]:
+            if key == "level":
+                continue
+            on, off = best[True][key], best[False][key]
+            print(f"  {key}: {on:.1f} with the tiles, {off:.1f} without: {on / off:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
