@@ -376,6 +376,8 @@ def test_lora_adapters_on_the_generic_path_answer_as_peft(monkeypatch, tmp_path)
     """Adapters and the base in one batch on the CUDA backend's path (here torch's grouped
     products on the CPU; on a GPU the Triton kernels, lora/triton_sgmv.py), greedy tokens
     as transformers + peft give them."""
+    pytest.importorskip("peft", reason="peft makes the adapter (a test dependency; the GPU "
+                                       "machine may not have it)")
     from pagedllm.config import LoRAConfig
     from test_lora_model import make_peft
 
