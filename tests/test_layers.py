@@ -75,11 +75,11 @@ def test_every_engine_client_has_the_whole_protocol():
     from pagedllm.serving.client import EngineClient
     from pagedllm.serving.local import LocalEngineClient
 
-    # info, dead, restarting: set by each constructor (or a class attribute)
+    # info, dead, restarting, loras: set by each constructor (or a class attribute)
     attributes = set(EngineClient.__annotations__)
     wanted = [name for name in dir(EngineClient) if not name.startswith("_")]
     assert {"submit", "abort", "figures", "make_request", "run"} <= set(wanted)
-    assert attributes == {"info", "dead", "restarting"}
+    assert attributes == {"info", "dead", "restarting", "loras"}
     assert [name for name in wanted if name not in dir(LocalEngineClient)] == []
     for path, class_name in (("replicas/front.py", "ReplicaClient"),
                              ("serving/process_client.py", "ProcessEngineClient")):

@@ -28,3 +28,8 @@ class ModelLoadError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine (or the replica) serving a request failed while running it."""
+
+
+class AdapterError(ValueError):
+    """A LoRA adapter that cannot be served over this model, in one line naming why
+    (lora/: a bad file, another model's adapter, an option it cannot honour)."""

@@ -217,7 +217,7 @@ def cmd_serve(args) -> int:
         return 2
     from pagedllm.cli.embedding_model import EmbeddingModelError, load_embeddings
     from pagedllm.cli.engine_loading import load_with_progress
-    from pagedllm.lora.adapter import AdapterError
+    from pagedllm.errors import AdapterError
     from pagedllm.cli.serve_store import store_table
 
     if args.engine_process and (args.models_dir is not None or store_table(args)

@@ -17,7 +17,7 @@ from pagedllm.engine.factory import EngineParts, build_parts, engine_config
 from pagedllm.engine.faults import Faults
 from pagedllm.engine.memory_guard import MemoryGuard
 from pagedllm.engine.request_maker import RequestMaker
-from pagedllm.lora.adapter import AdapterError
+from pagedllm.errors import AdapterError
 
 logger = logging.getLogger("pagedllm")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.config import ModelConfig
+from pagedllm.errors import AdapterError
 
 # The fused projections an adapter may touch, with their checkpoint parts in row order.
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
@@ -25,10 +26,6 @@ PART_TO_FUSED = {part: fused for fused, parts in FUSED_PARTS.items() for part in
 # Where each fused projection sits in a decoder layer.
 MODULE_OWNER = {"qkv_proj": "self_attn", "o_proj": "self_attn", "gate_up_proj": "mlp",
                 "down_proj": "mlp"}
-
-
-class AdapterError(ValueError):
-    """An adapter that cannot be served over this model, in one line naming why."""
 
 
 def part_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
-from pagedllm.lora.adapter import AdapterError
+from pagedllm.errors import AdapterError
 from pagedllm.server.auth import is_loopback
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import RequestModel

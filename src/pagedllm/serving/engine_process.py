@@ -23,7 +23,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.engine import wire
 from pagedllm.engine.faults import Faults
 from pagedllm.errors import ModelLoadError
-from pagedllm.lora.adapter import AdapterError
+from pagedllm.errors import AdapterError
 from pagedllm.serving.client import EngineInfo
 
 logger = logging.getLogger("pagedllm.engine_process")
