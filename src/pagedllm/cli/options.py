@@ -79,7 +79,7 @@ def add_lora_args(group) -> None:
                        action="extend", default=None, metavar="NAME=PATH",
                        help="serve a LoRA adapter (a PEFT folder or a GGUF LoRA file) over the "
                             "model; requests pick it by `model`: NAME (repeat the option, or "
-                            "separate with commas, for several)")
+                            "separate with commas, for several; default: none, the model alone)")
     group.add_argument("--enable-lora", action="store_true",
                        help="adapter slots even without --lora, for adapters loaded while the "
                             "server runs (POST /v1/load_lora_adapter); on with --lora")
