@@ -3,6 +3,7 @@ process per setting, nothing else running), with the tiles (this CPU's default w
 them) against PAGEDLLM_CPU_AMX=0 (pagedllm's own avx512 4-bit kernels), alternated, in one run.
 
     .venv/bin/python benchmarks/amx_prefill.py [--models default,1.7b] [--rounds 2] [--json OUT]
+    .venv/bin/python benchmarks/amx_prefill.py --projections   # one matrix of each shape
 
 Per model: the time to first token of one prompt of 164 and of 480 tokens (prefill alone,
 no prefix cache; best of 3 in each round), and N=8 prompts of 164 tokens with 32 output
@@ -19,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -56,12 +58,50 @@ def measure(model: str, amx: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def projections() -> None:
+    """One random 4-bit matrix of each of the 1.7B and 135M shapes' projections, 64 and 512
+    rows: the exact and int8-activation kernels against dequantize + oneDNN (the tiles)."""
+    import torch
+
+    from pagedllm.kernels import capabilities, kernels_for
+    from pagedllm.weights.q4 import Q4Weight
+
+    ops = kernels_for(capabilities().level)
+
+    def best_ms(fn, repeats=5):
+        fn()
+        began = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - began) / repeats * 1000
+
+    for n, k in [(3072, 2048), (16384, 2048), (2048, 8192), (960, 576), (3072, 576)]:
+        g = torch.Generator().manual_seed(0)
+        d = (torch.rand(n, k // 32, generator=g) * 0.01).half().float()
+        packed = Q4Weight(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8), d,
+                          -8 * d).kernel_pack(ops)
+        buffer = torch.empty(k, n, dtype=torch.bfloat16)
+        dequantize = best_ms(lambda: ops.q4_dequantize(packed, k, buffer))
+        for rows in (64, 512):
+            x = torch.randn(rows, k).to(torch.bfloat16)
+            exact = best_ms(lambda: ops.q4_gemm(x, packed))
+            int8 = best_ms(lambda: ops.q4_q8_gemm(x, packed))
+            tiles = best_ms(lambda: torch.matmul(x, ops.q4_dequantize(packed, k, buffer)))
+            print(f"{n} x {k}, {rows} rows: exact {exact:.2f} ms, int8 {int8:.2f} ms, "
+                  f"dequantize + oneDNN {tiles:.2f} ms (dequantizing alone {dequantize:.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="default,1.7b")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--projections", action="store_true",
+                        help="time one matrix of each shape instead (this process)")
     args = parser.parse_args()
+    if args.projections:
+        projections()
+        return
     results = {}
     for name in args.models.split(","):
         path = ""
