@@ -37,25 +37,30 @@ class LoRABatch:
 
     token_slots: torch.Tensor
     token_scales: torch.Tensor
-    slots: torch.Tensor
-    index: torch.Tensor
-    scales: torch.Tensor
+    slots: torch.Tensor | None
+    index: torch.Tensor | None
+    scales: torch.Tensor | None
     longest: int
     groups: list[tuple[int, torch.Tensor, torch.Tensor]]
     grouped: bool
 
     @classmethod
     def build(cls, token_slots: list[int], token_scales: list[float],
-              device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-              ) -> LoRABatch | None:
+              device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+              torch_forms: bool = True) -> LoRABatch | None:
         """token_slots: each token's slot, -1 for the base model; None when no token has
-        an adapter (the step is the base model's alone)."""
+        an adapter (the step is the base model's alone). torch_forms=False: only what a
+        kernel reads (token_slots, token_scales), not the torch forms' indices."""
         by_slot: dict[int, list[int]] = {}
         for token, slot in enumerate(token_slots):
             if slot >= 0:
                 by_slot.setdefault(slot, []).append(token)
         if not by_slot:
             return None
+        per_token = (torch.tensor(token_slots, dtype=torch.long, device=device),
+                     torch.tensor(token_scales, dtype=torch.float32, device=device))
+        if not torch_forms:
+            return cls(*per_token, None, None, None, 0, [], False)
         slots = sorted(by_slot)
         longest = max(len(by_slot[s]) for s in slots)
         served = sum(len(t) for t in by_slot.values())
@@ -68,9 +73,7 @@ class LoRABatch:
         groups = [(slot, torch.tensor(by_slot[slot], device=device),
                    torch.tensor([token_scales[t] for t in by_slot[slot]], dtype=dtype,
                                 device=device).unsqueeze(1)) for slot in slots]
-        return cls(torch.tensor(token_slots, dtype=torch.long, device=device),
-                   torch.tensor(token_scales, dtype=torch.float32, device=device),
-                   torch.tensor(slots, device=device), torch.tensor(index, device=device),
+        return cls(*per_token, torch.tensor(slots, device=device), torch.tensor(index, device=device),
                    torch.tensor(scales, dtype=dtype, device=device).view(len(slots), longest, 1),
                    longest, groups, len(slots) * longest <= MAX_PADDING_RATIO * served)
 

@@ -107,7 +107,8 @@ class LoRASlots:
         self.contents[slot] = adapter.key
 
     def set_batch(self, token_slots: list[int], token_scales: list[float]) -> None:
-        self.batch = LoRABatch.build(token_slots, token_scales, self.device, self.dtype)
+        self.batch = LoRABatch.build(token_slots, token_scales, self.device, self.dtype,
+                                     torch_forms=self.kernels is None)
 
     @property
     def active(self) -> bool:
