@@ -81,12 +81,12 @@ def projections() -> None:
         packed = Q4Weight(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8), d,
                           -8 * d).kernel_pack(ops)
         buffer = torch.empty(k, n, dtype=torch.bfloat16)
-        dequantize = best_ms(lambda: ops.q4_dequantize(packed, k, buffer))
+        dequantize = best_ms(lambda: ops.lowbit_dequantize(packed, k, buffer))
         for rows in (64, 512):
             x = torch.randn(rows, k).to(torch.bfloat16)
             exact = best_ms(lambda: ops.q4_gemm(x, packed))
             int8 = best_ms(lambda: ops.q4_q8_gemm(x, packed))
-            tiles = best_ms(lambda: torch.matmul(x, ops.q4_dequantize(packed, k, buffer)))
+            tiles = best_ms(lambda: torch.matmul(x, ops.lowbit_dequantize(packed, k, buffer)))
             print(f"{n} x {k}, {rows} rows: exact {exact:.2f} ms, int8 {int8:.2f} ms, "
                   f"dequantize + oneDNN {tiles:.2f} ms (dequantizing alone {dequantize:.2f})")
 

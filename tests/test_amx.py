@@ -36,21 +36,37 @@ def q4_k(rows: int, cols: int, seed: int = 0):
 def test_dequantizing_gives_the_references_bfloat16_weights_at_every_level(ops, make, shape):
     weight = make(*shape)
     expected = weight.dequantize().to(torch.bfloat16).T
-    assert torch.equal(ops.q4_dequantize(weight.kernel_pack(ops), shape[1], None), expected)
+    assert torch.equal(ops.lowbit_dequantize(weight.kernel_pack(ops), shape[1], None), expected)
     buffer = torch.empty(shape[1], shape[0], dtype=torch.bfloat16)
-    assert ops.q4_dequantize(weight.kernel_pack(ops), shape[1], buffer).data_ptr() == \
+    assert ops.lowbit_dequantize(weight.kernel_pack(ops), shape[1], buffer).data_ptr() == \
         buffer.data_ptr()
     assert torch.equal(buffer, expected)
+
+
+def q8_0(rows: int, cols: int, seed: int = 0):
+    from pagedllm.weights.q8 import Q8Rows
+
+    g = torch.Generator().manual_seed(seed)
+    return Q8Rows(torch.randint(-127, 128, (rows, cols), generator=g, dtype=torch.int8),
+                  (torch.rand(rows, cols // 32, generator=g) * 0.01).half().float())
+
+
+@pytest.mark.parametrize("shape", [(32, 64), (960, 576)])
+def test_dequantizing_q8_0_gives_the_references_bfloat16_weights_at_every_level(ops, shape):
+    weight = q8_0(*shape)
+    packed = ops.q8_pack(weight.codes, weight.scales)
+    expected = weight.rows(torch.arange(shape[0])).to(torch.bfloat16).T
+    assert torch.equal(ops.lowbit_dequantize(packed, shape[1], None), expected)
 
 
 def test_dequantizing_refuses_what_does_not_fit(ops):
     packed = q4_1(32, 64).kernel_pack(ops)
     with pytest.raises(RuntimeError, match="k must be the packed weight's inputs, 64"):
-        ops.q4_dequantize(packed, 32, None)
+        ops.lowbit_dequantize(packed, 32, None)
     with pytest.raises(RuntimeError, match=r"out must be \[64, 32\] bfloat16"):
-        ops.q4_dequantize(packed, 64, torch.empty(32, 64, dtype=torch.bfloat16))
-    with pytest.raises(RuntimeError, match="packed must be a 4-bit weight"):
-        ops.q4_dequantize(torch.zeros(2, 2, 7, dtype=torch.uint8), 64, None)
+        ops.lowbit_dequantize(packed, 64, torch.empty(32, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="packed must be a 4-bit or Q8_0 weight"):
+        ops.lowbit_dequantize(torch.zeros(2, 2, 7, dtype=torch.uint8), 64, None)
 
 
 @pytest.fixture()
@@ -80,6 +96,21 @@ def test_many_rows_go_to_the_tiles_and_agree_with_the_exact_kernel(amx_backend, 
     few = x[:AMX_MIN_ROWS - 1]  # fewer rows: the 4-bit kernel, bit for bit
     assert torch.equal(tiles(few), exact(few))
     assert amx_backend.scratch  # one buffer a shape, shared by the layers
+
+
+def test_q8_0_rows_go_to_the_tiles_too(amx_backend):
+    from pagedllm.models.quant_linear import Q8Linear
+
+    weight = q8_0(256, 512)
+    tiles = Q8Linear(weight, None, amx_backend.kernels, amx_backend)
+    kernel = Q8Linear(weight, None, amx_backend.kernels)  # no backend: the int8 kernel only
+    assert tiles.amx is not None and kernel.amx is None
+    x = torch.randn(AMX_MIN_ROWS, 512).to(torch.bfloat16)
+    reference = x.float() @ weight.rows(torch.arange(256)).to(torch.bfloat16).float().T
+    relative = lambda a, b: ((a.float() - b).norm() / b.norm()).item()  # noqa: E731
+    assert relative(tiles(x), reference) < 0.005
+    assert relative(kernel(x), reference) < 0.02  # (its activations rounded to int8)
+    assert torch.equal(tiles(x[:8]), kernel(x[:8]))  # few rows: the int8 kernel
 
 
 def test_the_tiles_are_used_where_the_cpu_has_them_and_the_os_grants_them(monkeypatch):

@@ -35,8 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("slot_mapping"), arg("num_heads"), arg("key_scales") = pybind11::none(),
         arg("value_scales") = pybind11::none());
   m.def("silu_and_mul", &silu_and_mul, NoGil(), "silu(gate) * up");
-  m.def("q4_dequantize", &q4_dequantize, NoGil(),
-        "a packed 4-bit weight -> dense [N, K] bfloat16 (into out when given)");
+  m.def("lowbit_dequantize", &lowbit_dequantize, NoGil(),
+        "a packed 4-bit or Q8_0 weight -> its transpose, dense [K, N] bfloat16 (into out when given)");
   m.def("lora_add", &lora_add, NoGil(),
         "y += scale * B[slot] @ (A[slot] @ x) per token with a slot (LoRA, in place)");
   m.def("isa", &pagedllm::kernel::built_isa, "the CPU level this module was built for: portable, avx2 or avx512");

@@ -55,6 +55,8 @@ void silu_and_mul(DType dtype, const void* x, void* out, int64_t rows, int64_t w
 // q4_dequant.cpp. A packed 4-bit weight (q4_pack / q4k_pack: super) -> dense bfloat16, its
 // transpose [k, n].
 void q4_dequantize(const uint8_t* packed, bool super, int64_t n, int64_t k, bf16* out);
+// The same for a packed Q8_0 weight (q8_pack).
+void q8_dequantize(const uint8_t* packed, int64_t n, int64_t k, bf16* out);
 
 // lora_sgmv.cpp. For each token with slots[t] >= 0 and each part p of a fused projection:
 // y[t, cols of p] += scales[t] * (a[slot, p*rank:(p+1)*rank] @ x[t]) @ b[slot, :, cols of p];

@@ -67,9 +67,36 @@ void dequantize_tiles(const uint8_t* packed, int64_t n, int64_t k, bf16* out) {
   });
 }
 
+
+// Q8_0's packed tiles (q8_gemm.cpp's q8_pack): per tile of 16 rows and group of 32 inputs,
+// code c of row i at byte 64 * (c / 4) + 4 * i + c % 4 (stored + 128), then 16 float16 d.
+void dequantize_q8_tiles(const uint8_t* packed, int64_t n, int64_t k, bf16* out) {
+  constexpr int64_t kQ8CodeBytes = kTile * kGroup;
+  const int64_t groups = k / kGroup, tiles = n / kTile;
+  parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      for (int64_t t = 0; t < tiles; ++t) {
+        const uint8_t* block = packed + (t * groups + g) * pagedllm::kernel::kQ8PackedBlockBytes;
+        float d[kTile];
+        for (int64_t i = 0; i < kTile; ++i) d[i] = half_at(block + kQ8CodeBytes + 2 * i);
+        for (int64_t c = 0; c < kGroup; ++c) {
+          bf16* column = out + (g * kGroup + c) * n + t * kTile;
+          const uint8_t* codes = block + 64 * (c / 4) + c % 4;
+          for (int64_t i = 0; i < kTile; ++i)
+            column[i] = bf16(d[i] * static_cast<float>(static_cast<int>(codes[4 * i]) - 128));
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 namespace pagedllm::kernel {
+
+void q8_dequantize(const uint8_t* packed, int64_t n, int64_t k, bf16* out) {
+  dequantize_q8_tiles(packed, n, k, out);
+}
 
 void q4_dequantize(const uint8_t* packed, bool super, int64_t n, int64_t k, bf16* out) {
   if (super) dequantize_tiles<SuperLayout>(packed, n, k, out);

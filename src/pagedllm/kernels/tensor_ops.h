@@ -311,13 +311,15 @@ inline torch::Tensor q4_product(const torch::Tensor& x, const torch::Tensor& pac
   return out;
 }
 
-// The packed 4-bit weight's transpose as a dense [K, N] bfloat16 matrix (into `out` when
-// given: a buffer reused from call to call).
-inline torch::Tensor q4_dequantize(torch::Tensor packed, int64_t k, c10::optional<torch::Tensor> out) {
-  const bool super = packed.dim() == 3 && packed.size(2) == kernel::kQ4KPackedBlockBytes;
-  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.scalar_type() == at::kByte &&
-              (super || packed.size(2) == kernel::kQ4PackedBlockBytes),
-              "packed must be a 4-bit weight from q4_pack or q4k_pack");
+// A packed 4-bit (q4_pack, q4k_pack) or Q8_0 (q8_pack) weight's transpose as a dense [K, N]
+// bfloat16 matrix (into `out` when given: a buffer reused from call to call).
+inline torch::Tensor lowbit_dequantize(torch::Tensor packed, int64_t k, c10::optional<torch::Tensor> out) {
+  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.scalar_type() == at::kByte,
+              "packed must be a 4-bit or Q8_0 weight from q4_pack, q4k_pack or q8_pack");
+  const int64_t block = packed.size(2);
+  const bool super = block == kernel::kQ4KPackedBlockBytes, q8 = block == kernel::kQ8PackedBlockBytes;
+  TORCH_CHECK(super || q8 || block == kernel::kQ4PackedBlockBytes,
+              "packed must be a 4-bit or Q8_0 weight from q4_pack, q4k_pack or q8_pack");
   const int64_t per_block = super ? 256 : kGroupInputs;
   TORCH_CHECK(k > 0 && k == packed.size(1) * per_block, "k must be the packed weight's inputs, ",
               packed.size(1) * per_block);
@@ -325,7 +327,8 @@ inline torch::Tensor q4_dequantize(torch::Tensor packed, int64_t k, c10::optiona
   auto dense = out ? *out : torch::empty({k, n}, packed.options().dtype(at::kBFloat16));
   TORCH_CHECK(dense.dim() == 2 && dense.size(0) == k && dense.size(1) == n && dense.is_contiguous() &&
               dense.scalar_type() == at::kBFloat16, "out must be [", k, ", ", n, "] bfloat16");
-  kernel::q4_dequantize(packed.data_ptr<uint8_t>(), super, n, k, as_mut<bf16>(dense));
+  if (q8) kernel::q8_dequantize(packed.data_ptr<uint8_t>(), n, k, as_mut<bf16>(dense));
+  else kernel::q4_dequantize(packed.data_ptr<uint8_t>(), super, n, k, as_mut<bf16>(dense));
   return dense;
 }
 

@@ -119,7 +119,7 @@ def _part(kind: str, weights: list, bias, int8_activations: bool, backend):
     if kind == "q6":
         return Q6Linear(Q6Weight.cat(weights), bias, backend.kernels)
     if kind == "q8":
-        return Q8Linear(Q8Rows.cat(weights), bias, backend.kernels)
+        return Q8Linear(Q8Rows.cat(weights), bias, backend.kernels, backend)
     return DenseLinear(torch.cat(weights).to(torch.bfloat16), bias, backend)
 
 

@@ -34,7 +34,7 @@ from pagedllm.weights.q8 import Q8Rows
 # Without the C++ kernels, torch's int4 kernel up to INT4_MAX_ROWS, dense above.
 Q4_EXACT_MAX_ROWS = {"avx512": 8, "avx2": 1, "portable": 1}
 # On a CPU with AMX tiles (kernels/cpu.py), a step of at least this many rows dequantizes the
-# 4-bit weight to bfloat16 (kernels/q4_dequant.cpp, into a buffer shared by the layers) and
+# 4-bit (or Q8_0: Q8Linear) weight to bfloat16 (kernels/q4_dequant.cpp, into a buffer shared by the layers) and
 # multiplies on the tiles through oneDNN: 1.5-2.7x the int8 kernel and 7x the exact one at 512
 # rows, slower below ~128, where the dequantizing costs more than the tiles save
 # (benchmarks/amx_prefill.py). The weights are then rounded to bfloat16, as a dense bfloat16
@@ -129,31 +129,47 @@ class QuantLinear(nn.Module):
 
 
     def _on_amx_tiles(self, x: torch.Tensor) -> torch.Tensor:
-        shape = (self.fan_in, self.packed.shape[0] * _TILE)
-        buffer = self.scratch.get(shape)
-        if buffer is None:
-            buffer = self.scratch[shape] = torch.empty(shape, dtype=torch.bfloat16)
-        return torch.matmul(x, self.q4_ops.q4_dequantize(self.packed, self.fan_in, buffer))
+        return on_amx_tiles(x, self.q4_ops, self.packed, self.fan_in, self.scratch)
+
+
+def on_amx_tiles(x: torch.Tensor, ops, packed: torch.Tensor, fan_in: int,
+                 scratch: dict) -> torch.Tensor:
+    """x @ W.T for a packed 4-bit or Q8_0 weight: dequantized to bfloat16 into the buffer
+    of its shape (shared by the layers), then multiplied by oneDNN on the AMX tiles."""
+    shape = (fan_in, packed.shape[0] * _TILE)
+    buffer = scratch.get(shape)
+    if buffer is None:
+        buffer = scratch[shape] = torch.empty(shape, dtype=torch.bfloat16)
+    return torch.matmul(x, ops.lowbit_dequantize(packed, fan_in, buffer))
 
 
 class Int8ActivationLinear(nn.Module):
     """x @ W.T (+ b) through a kernel that rounds the activations to int8 per group of 32 at
-    every row count, as llama.cpp multiplies these formats (float32 out); no dense copy."""
+    every row count, as llama.cpp multiplies these formats (float32 out); no dense copy.
+    amx: (kernels, fan_in, scratch) where many rows go to the AMX tiles (Q8_0)."""
 
-    def __init__(self, packed: torch.Tensor, gemm, bias: torch.Tensor | None):
+    def __init__(self, packed: torch.Tensor, gemm, bias: torch.Tensor | None, amx=None):
         super().__init__()
-        self.packed, self.gemm, self.bias = packed, gemm, bias
+        self.packed, self.gemm, self.bias, self.amx = packed, gemm, bias, amx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.gemm(x.to(torch.bfloat16).contiguous(), self.packed).to(x.dtype)
+        x16 = x.to(torch.bfloat16).contiguous()
+        if self.amx is not None and x.shape[0] >= AMX_MIN_ROWS:
+            out = on_amx_tiles(x16, self.amx[0], self.packed, self.amx[1], self.amx[2]).to(x.dtype)
+        else:
+            out = self.gemm(x16, self.packed).to(x.dtype)
         return out if self.bias is None else out + self.bias
 
 
 class Q8Linear(Int8ActivationLinear):
-    """An 8-bit weight (GGUF Q8_0, or Q5_* / i-quants rounded to it) through q8_gemm."""
+    """An 8-bit weight (GGUF Q8_0, or Q5_* / i-quants rounded to it) through q8_gemm; on the
+    AMX tiles for many rows where the backend has them."""
 
-    def __init__(self, q8: Q8Rows, bias: torch.Tensor | None, ops):
-        super().__init__(ops.q8_pack(q8.codes, q8.scales), ops.q8_gemm, bias)
+    def __init__(self, q8: Q8Rows, bias: torch.Tensor | None, ops, backend: Backend | None = None):
+        amx = None
+        if backend is not None and backend.cpu.amx and q8.codes.shape[0] % _TILE == 0:
+            amx = (ops, q8.codes.shape[1], backend.scratch)
+        super().__init__(ops.q8_pack(q8.codes, q8.scales), ops.q8_gemm, bias, amx)
 
 
 class Q6Linear(Int8ActivationLinear):
