@@ -188,7 +188,7 @@ def test_a_bad_adapter_at_start_is_one_line_and_no_server(trained_loras, tmp_pat
     _, paths, _ = trained_loras
     proc = ServerProcess("--lora", f"zorblax={paths['zorblax']}", "--max-lora-rank", "4",
                          log_path=str(tmp_path / "server.log"), wait_ready=False)
-    assert proc.proc.wait(120) == 2
+    assert proc.proc.wait(600) == 2  # a bound, not a speed: a busy CI host loads slowly
     assert "error: adapter zorblax has rank 8, above this server's --max-lora-rank 4" in \
         proc.output()
     proc.stop()

@@ -37,13 +37,6 @@ def part_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
 
-def fused_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(in, out) of each fused projection."""
-    parts = part_shapes(config)
-    return {fused: (parts[names[0]][0], sum(parts[n][1] for n in names))
-            for fused, names in FUSED_PARTS.items()}
-
-
 @dataclass
 class PartWeights:
     """One checkpoint part's adapter: A [r, in], B [out, r], its scale not yet folded."""
