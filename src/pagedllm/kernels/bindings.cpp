@@ -43,11 +43,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q4_pack", &q4_pack, NoGil(), "4-bit codes, d, m -> the tiles q4_gemm reads");
   m.def("q4k_pack", &q4k_pack, NoGil(),
         "Q4_K's codes, 6-bit scales and mins, d, dmin -> the tiles q4_gemm reads (super-blocks)");
-  m.def("q4_gemm", &q4_gemm, NoGil(), "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16");
+  m.def("q4_gemm", &q4_gemm, NoGil(), "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16",
+        arg("x"), arg("packed"), arg("amx") = false);
+  m.def("amx_tiles_usable", &pagedllm::kernel::amx_tiles_usable,
+        "whether q4_gemm's amx runs on the AMX tiles: this build has them (avx512 level), the CPU "
+        "too, and Linux granted this process their state");
   m.def("q4_q8_gemm", &q4_q8_gemm, NoGil(),
         "x [M, K] bfloat16, rounded to int8 per group of 32, @ packed 4-bit weight.T -> [M, N] bfloat16");
   m.def("q4_linear", &q4_linear, NoGil(),
-        "q4_gemm up to exact_max_rows rows, q4_q8_gemm above");
+        "q4_gemm up to exact_max_rows rows (on the AMX tiles from amx_min_rows), q4_q8_gemm above",
+        arg("x"), arg("packed"), arg("exact_max_rows"), arg("amx_min_rows") = kNoRows);
   m.def("decode_layers", &decode_layers, NoGil(),
         "every decoder layer of a decode step (q4_gemm projections, C++ attention) in one call");
   m.def("q6_pack", &q6_pack, NoGil(), "Q6_K's codes, int8 scales per 16, d -> the tiles q6_gemm reads");

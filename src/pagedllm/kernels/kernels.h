@@ -72,9 +72,13 @@ void q4_pack(const uint8_t* codes, const f16* d, const f16* m, int64_t n, int64_
 void q4k_pack(const uint8_t* codes, const uint8_t* scales, const uint8_t* mins, const f16* d,
               const f16* neg_dmin, int64_t n, int64_t k, uint8_t* packed);
 // x [rows, k] @ the packed [n, k].T -> out [rows, n]; super: packed by q4k_pack. exact: the
-// exact tile (q4_gemm), else activations rounded to int8 first (q4_q8_gemm).
-void q4_gemm(const bf16* x, const uint8_t* packed, bool super, bool exact, int64_t rows, int64_t k,
-             int64_t n, bf16* out);
+// exact tile (q4_gemm), else activations rounded to int8 first (q4_q8_gemm). amx: the exact
+// product on the AMX tiles (q4_tiles_amx.h) where amx_tiles_usable(), else on the exact tile.
+void q4_gemm(const bf16* x, const uint8_t* packed, bool super, bool exact, bool amx, int64_t rows,
+             int64_t k, int64_t n, bf16* out);
+// This build has the AMX tile kernels (the avx512 level on x86-64 Linux), the CPU has the
+// tiles, and Linux has granted this process their state (kernels/cpu.py asks).
+bool amx_tiles_usable();
 
 // q6_gemm.cpp. codes [n, k] (0..63); scales [n, k / 16]; d [n, k / 256] float16.
 void q6_pack(const uint8_t* codes, const int8_t* scales, const f16* d, int64_t n, int64_t k,

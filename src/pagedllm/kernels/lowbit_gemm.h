@@ -25,6 +25,9 @@ constexpr int64_t kTile = 16;   // output rows per tile: one float32 vector
 constexpr int kRowBlock = 8;    // activation rows per pass over a tile: 2 x 8 accumulator chains
 // How far ahead (in tile blocks) the codes are asked for: the hardware prefetcher alone left
 // q4_gemm waiting on memory (8 rows, 30 layers: 3.3 ms without, 2.5 ms 16 blocks ahead).
+// They are asked into L2 (prefetcht1), not L1: on the Intel Xeons a prefetch into L1 holds
+// one of the core's few L1 miss buffers until memory answers, which capped one thread's
+// stream at one row below what a plain read gets (BENCHMARKS.md, "Decode at the memory floor").
 constexpr int64_t kPrefetchBlocks = 16;
 
 // By the bits: the kernels build with -ffast-math, under which std::isfinite may fold to true.
@@ -36,7 +39,7 @@ inline bool is_finite(float v) {
 
 inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {
   const uint8_t* ahead = block + kPrefetchBlocks * block_bytes;
-  for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(ahead + line);
+  for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(ahead + line, 0, 2);
 }
 
 #if defined(__AVX512F__)

@@ -20,10 +20,17 @@
 // the level this file is compiled for: AVX-512 BF16/VNNI, AVX2 (vpmaddubsw), or portable C++.
 #include <type_traits>
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "kernels.h"
 #include "q4_layout.h"
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #include "q4_tiles_avx512.h"
+#include "q4_tiles_amx.h"
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "q4_tiles_avx2.h"
 #else
@@ -110,8 +117,8 @@ namespace {
 
 // x [rows, k] @ the packed weight -> out [rows, n] bfloat16, exactly (the tile's sums are
 // float32 over bfloat16 products, which are exact).
-void exact_gemm(const bf16* x, const uint8_t* wp, bool super, int64_t rows, int64_t k, int64_t n,
-                bf16* op) {
+void exact_gemm(const bf16* x, const uint8_t* wp, bool super, bool amx, int64_t rows, int64_t k,
+                int64_t n, bf16* op) {
   const int64_t groups = k / kGroup, tiles = n / kTile;
   const int64_t tile_bytes = super ? groups / SuperLayout::kGroupsPerBlock * SuperLayout::kBlockBytes
                                    : groups * GroupLayout::kBlockBytes;
@@ -134,6 +141,13 @@ void exact_gemm(const bf16* x, const uint8_t* wp, bool super, int64_t rows, int6
       for (int64_t i = 0; i < kGroup; ++i) s += static_cast<float>(xp[r * k + g * kGroup + i]);
       xs[r * groups + g] = s;
     }
+#if defined(PAGEDLLM_AMX_TILES)
+  if (amx) {
+    if (super) amx_exact_gemm<SuperLayout>(wp, tile_bytes, tiles, xp, k, rows, xs, op, n);
+    else amx_exact_gemm<GroupLayout>(wp, tile_bytes, tiles, xp, k, rows, xs, op, n);
+    return;
+  }
+#endif
   const auto* fns = super ? Tiles<SuperLayout>::kExact : Tiles<GroupLayout>::kExact;
   for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
     fns[rb](wp + t * tile_bytes, groups, xp + r0 * k, k, xs + r0 * groups, op + r0 * n + t * kTile, n);
@@ -163,10 +177,31 @@ void int8_gemm(const bf16* x, const uint8_t* wp, bool super, int64_t rows, int64
 
 }  // namespace
 
-void q4_gemm(const bf16* x, const uint8_t* packed, bool super, bool exact, int64_t rows, int64_t k,
-             int64_t n, bf16* out) {
+bool amx_tiles_usable() {
+#if defined(PAGEDLLM_AMX_TILES) && defined(__linux__)
+  // The CPU's AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22), read once.
+  static const bool in_cpu = [] {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1u) && (d >> 22 & 1u);
+  }();
+  // Linux's permission for the tiles' state (ARCH_GET_XCOMP_PERM, bit 18: XTILEDATA), which
+  // kernels/cpu.py asks for; remembered once held (it is never taken back).
+  static std::atomic<bool> granted{false};
+  if (!in_cpu) return false;
+  if (!granted.load(std::memory_order_relaxed)) {
+    unsigned long features = 0;
+    if (syscall(SYS_arch_prctl, 0x1022, &features) == 0 && (features >> 18 & 1ul)) granted = true;
+  }
+  return granted.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+void q4_gemm(const bf16* x, const uint8_t* packed, bool super, bool exact, bool amx, int64_t rows,
+             int64_t k, int64_t n, bf16* out) {
   if (rows == 0) return;
-  if (exact) exact_gemm(x, packed, super, rows, k, n, out);
+  if (exact) exact_gemm(x, packed, super, amx && amx_tiles_usable(), rows, k, n, out);
   else int8_gemm(x, packed, super, rows, k, n, out);
 }
 

@@ -81,7 +81,9 @@ void tile_rows_chains(const uint8_t* tile, int64_t groups, const pagedllm::bf16*
                         (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(total[r])));
 }
 
-// The entry the tile table takes (q4_gemm.cpp): two sets of accumulators taking turns.
+// The entry the tile table takes (q4_gemm.cpp): two sets of accumulators taking turns, for
+// every row count, so that a row's float32 sums come out the same whatever rows share its
+// step (speculative decoding's verification relies on it: models/decode_loop.py).
 template <class L, int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const pagedllm::bf16* x, int64_t ldx,
                const float* xsum, pagedllm::bf16* out, int64_t ldo) {
@@ -101,29 +103,37 @@ void tile_rows(const uint8_t* tile, int64_t groups, const pagedllm::bf16* x, int
 template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
                     const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
+  // Independent accumulator chains per row: the 8 dot products of a group in one chain per
+  // row wait on each other's latency when the rows are few.
+  constexpr int S = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = group_codes<L>(tile, g);
     prefetch_group<L>(tile, g);
-    __m512i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    __m512i acc[S][R];
+    for (int s = 0; s < S; ++s)
+      for (int r = 0; r < R; ++r) acc[s][r] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
       const __m512i v = _mm512_loadu_si512(block + 64 * j);
       const __m512i low = _mm512_and_si512(v, nibble);
       const __m512i high = _mm512_and_si512(_mm512_srli_epi32(v, 4), nibble);
       const int8_t* x = xq + g * kGroup + 8 * j;
       for (int r = 0; r < R; ++r) {
-        acc[r] = _mm512_dpbusd_epi32(acc[r], low, broadcast_quad(x + r * ldx));
-        acc[r] = _mm512_dpbusd_epi32(acc[r], high, broadcast_quad(x + r * ldx + 4));
+        __m512i& a = acc[(2 * j) % S][r];
+        __m512i& b = acc[(2 * j + 1) % S][r];
+        a = _mm512_dpbusd_epi32(a, low, broadcast_quad(x + r * ldx));
+        b = _mm512_dpbusd_epi32(b, high, broadcast_quad(x + r * ldx + 4));
       }
     }
     __m512 d, m;
     group_scales<L>(tile, g, d, m);
     for (int r = 0; r < R; ++r) {
+      __m512i sum = acc[0][r];
+      for (int s = 1; s < S; ++s) sum = _mm512_add_epi32(sum, acc[s][r]);
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
-      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, total[r]);
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, total[r]);
       total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx_sum[r * groups + g]), total[r]);
     }
   }

@@ -79,8 +79,13 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
     prefetch_ahead(tile + g * (kBlockBytes / kGroupsPerBlock), kBlockBytes / kGroupsPerBlock);
     __m512i sum[R];
     for (int s = 0; s < 2; ++s) {
-      __m512i acc[R];
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_set1_epi32(-32 * xsum16[r * 2 * groups + 2 * g + s]);
+      // Two chains per row (low- and high-nibble codes): one would wait on dpbusd's latency
+      // when the rows are few.
+      __m512i acc[R], acc_high[R];
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm512_set1_epi32(-32 * xsum16[r * 2 * groups + 2 * g + s]);
+        acc_high[r] = _mm512_setzero_si512();
+      }
       const __m512i plane = _mm512_loadu_si512(codes + kLowBytes + 64 * s);
       for (int h = 0; h < 2; ++h) {
         const int j = 2 * s + h;
@@ -93,12 +98,12 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
         const int8_t* x = xq + g * kGroup + 8 * j;
         for (int r = 0; r < R; ++r) {
           acc[r] = _mm512_dpbusd_epi32(acc[r], low, broadcast_quad(x + r * ldx));
-          acc[r] = _mm512_dpbusd_epi32(acc[r], hi, broadcast_quad(x + r * ldx + 4));
+          acc_high[r] = _mm512_dpbusd_epi32(acc_high[r], hi, broadcast_quad(x + r * ldx + 4));
         }
       }
       const __m512i scale = load_scales(block + kScaleOffset + kTile * (2 * (g % kGroupsPerBlock) + s));
       for (int r = 0; r < R; ++r) {
-        const __m512i scaled = _mm512_mullo_epi32(acc[r], scale);
+        const __m512i scaled = _mm512_mullo_epi32(_mm512_add_epi32(acc[r], acc_high[r]), scale);
         sum[r] = s == 0 ? scaled : _mm512_add_epi32(sum[r], scaled);
       }
     }

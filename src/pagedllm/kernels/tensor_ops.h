@@ -14,6 +14,8 @@ namespace pagedllm::ops {
 namespace kernel = pagedllm::kernel;
 using kernel::kGroupInputs;
 using kernel::kTileRows;
+// A row count no step reaches: "never" for the row thresholds below.
+constexpr int64_t kNoRows = std::numeric_limits<int64_t>::max();
 
 inline DType dtype_of(const torch::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? DType::BFloat16 : DType::Float32;
@@ -299,14 +301,16 @@ inline torch::Tensor check_gemm(const torch::Tensor& x, const torch::Tensor& pac
   return x.contiguous();
 }
 
-// A 4-bit product: exact (q4_gemm) or with the activations rounded to int8 (q4_q8_gemm).
-inline torch::Tensor q4_product(const torch::Tensor& x, const torch::Tensor& packed, bool exact) {
+// A 4-bit product: exact (q4_gemm; on the AMX tiles when amx, where they are usable) or with
+// the activations rounded to int8 (q4_q8_gemm).
+inline torch::Tensor q4_product(const torch::Tensor& x, const torch::Tensor& packed, bool exact,
+                                bool amx = false) {
   const bool super = packed.dim() == 3 && packed.size(2) == kernel::kQ4KPackedBlockBytes;
   const auto xc = super ? check_gemm(x, packed, kernel::kQ4KPackedBlockBytes, "q4k_pack", 8)
                         : check_gemm(x, packed, kernel::kQ4PackedBlockBytes, "q4_pack");
   const int64_t rows = xc.size(0), n = packed.size(0) * kTileRows;
   auto out = torch::empty({rows, n}, x.options());
-  kernel::q4_gemm(as<bf16>(xc), packed.data_ptr<uint8_t>(), super, exact, rows, xc.size(1), n,
+  kernel::q4_gemm(as<bf16>(xc), packed.data_ptr<uint8_t>(), super, exact, amx, rows, xc.size(1), n,
                   as_mut<bf16>(out));
   return out;
 }
@@ -333,7 +337,9 @@ inline torch::Tensor lowbit_dequantize(torch::Tensor packed, int64_t k, c10::opt
 }
 
 // x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] bfloat16, exactly.
-inline torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed) { return q4_product(x, packed, true); }
+inline torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed, bool amx) {
+  return q4_product(x, packed, true, amx);
+}
 
 // The same with x rounded to int8 per group of 32 first (as llama.cpp multiplies Q4 weights):
 // approximate, and about twice the arithmetic rate, for the many rows of a prefill.
@@ -343,9 +349,12 @@ inline torch::Tensor q4_q8_gemm(torch::Tensor x, torch::Tensor packed) {
 
 // The 4-bit product a layer takes at this row count: exact (q4_gemm) up to exact_max_rows,
 // for decode steps of a few sequences, where it costs the same; activations rounded to int8
-// (q4_q8_gemm) above, where that is 1.3-1.5x faster (benchmarks/linear_kernels.py).
-inline torch::Tensor q4_linear(torch::Tensor x, torch::Tensor packed, int64_t exact_max_rows) {
-  return q4_product(x, packed, x.size(0) <= exact_max_rows);
+// (q4_q8_gemm) above, where that is 1.3-1.5x faster (benchmarks/linear_kernels.py). An exact
+// product of at least amx_min_rows rows runs on the AMX tiles.
+inline torch::Tensor q4_linear(torch::Tensor x, torch::Tensor packed, int64_t exact_max_rows,
+                               int64_t amx_min_rows) {
+  const bool exact = x.size(0) <= exact_max_rows;
+  return q4_product(x, packed, exact, exact && x.size(0) >= amx_min_rows);
 }
 
 // codes [N, K] uint8 (0..63), scales [N, K / 16] int8, d [N, K / 256] float32 (exact float16

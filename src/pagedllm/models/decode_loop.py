@@ -22,13 +22,14 @@ from pagedllm.models.quant_linear import ALL_ROWS
 class DecodeLoop:
     def __init__(self, ops, weights: list[list[torch.Tensor]], cos: torch.Tensor, sin: torch.Tensor,
                  num_heads: int, eps: float, scale: float, max_rows: int,
-                 exact_max_rows: list[int]):
+                 exact_max_rows: list[int], amx_min_rows: int = ALL_ROWS):
         self.ops = ops
         self.weights = weights
         self.cos, self.sin = cos, sin
         self.num_heads, self.eps, self.scale = num_heads, eps, scale
         self.max_rows = max_rows  # the projections' rows on 4-bit codes
         self.exact_max_rows = exact_max_rows  # per layer: and exactly (QuantLinear's)
+        self.amx_min_rows = amx_min_rows  # exact products on the AMX tiles from (QuantLinear's)
         self.lora = None  # the model's LoRA slots, once attached (LoRASlots.attach_to_loop)
 
     def applies(self, meta: AttentionMetadata, tokens: int) -> bool:
@@ -41,19 +42,20 @@ class DecodeLoop:
         """Embedded tokens [T, H] -> (last MLP output, residual), as the Python layers return."""
         batch = meta.decode_batch()
         quantized = kv_caches[0].quantized
-        exact_max_rows = self.exact_max_rows
+        exact_max_rows, amx_min_rows = self.exact_max_rows, self.amx_min_rows
         if meta.num_requests is not None and meta.num_requests < len(batch.rows):
-            # Verifying proposals: exact or int8-rounded activations as a plain decode step
-            # of these requests would have them, so the tokens kept are the ones plain
-            # decoding gives, bit for bit.
+            # Verifying proposals: exact or int8-rounded activations, on the AMX tiles or
+            # not, as a plain decode step of these requests would have them, so the tokens
+            # kept are the ones plain decoding gives, bit for bit.
             exact_max_rows = [ALL_ROWS if meta.num_requests <= rows else 0
                               for rows in exact_max_rows]
+            amx_min_rows = 0 if meta.num_requests >= amx_min_rows else ALL_ROWS
         hidden, residual = self.ops.decode_layers(
             hidden, positions, self.cos, self.sin, self.weights, [kv.key for kv in kv_caches],
             [kv.value for kv in kv_caches], [kv.key_scale for kv in kv_caches] if quantized else [],
             [kv.value_scale for kv in kv_caches] if quantized else [], meta.slot_mapping,
             batch.block_tables, batch.seq_lens, self.num_heads, self.eps, self.scale,
-            exact_max_rows, *self._lora_args())
+            exact_max_rows, amx_min_rows, *self._lora_args())
         return hidden, residual
 
     def _lora_args(self) -> tuple:

@@ -40,6 +40,12 @@ Q4_EXACT_MAX_ROWS = {"avx512": 8, "avx2": 1, "portable": 1}
 # (benchmarks/amx_prefill.py). The weights are then rounded to bfloat16, as a dense bfloat16
 # layer's are.
 AMX_MIN_ROWS = 128
+# Below that, on the same CPUs, the exact 4-bit product runs on the tiles itself (the codes
+# made bfloat16 128 + q, as the AVX-512 exact tile makes them: kernels/q4_tiles_amx.h) from
+# AMX_EXACT_MIN_ROWS rows: at 8 rows 1.9-2x the AVX-512 exact tile, from 16 rows ahead of the
+# int8 one too; even at 2 rows, slower at 1 (benchmarks/amx_prefill.py --rows). So on these
+# CPUs every step below AMX_MIN_ROWS keeps exact activations.
+AMX_EXACT_MIN_ROWS = 3
 INT4_MAX_ROWS = 8
 ALL_ROWS = 1 << 62
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
@@ -108,9 +114,11 @@ class QuantLinear(nn.Module):
             self.exact_max_rows = self.max_rows = INT4_MAX_ROWS
         else:
             self.exact_max_rows = self.max_rows = 0  # dense only
-        self.amx_min_rows = ALL_ROWS
+        self.amx_min_rows = self.amx_exact_min_rows = ALL_ROWS
         if self.q4_ops is not None and backend.cpu.amx:
             self.amx_min_rows, self.scratch = AMX_MIN_ROWS, backend.scratch
+            self.amx_exact_min_rows = AMX_EXACT_MIN_ROWS
+            self.exact_max_rows = ALL_ROWS
             self.fan_in = q4.codes.shape[1]
         if self.max_rows < ALL_ROWS:  # [out, in] model dtype, for large batches
             self.dense = DenseLinear(q4.dequantize().to(dtype) if dense_weight is None else dense_weight,
@@ -122,7 +130,7 @@ class QuantLinear(nn.Module):
         if x.shape[0] >= self.amx_min_rows:
             out = self._on_amx_tiles(x)
         elif self.q4_ops is not None:
-            out = self.q4_ops.q4_linear(x, self.packed, self.exact_max_rows)
+            out = self.q4_ops.q4_linear(x, self.packed, self.exact_max_rows, self.amx_exact_min_rows)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
         return out if self.bias is None else out + self.bias
