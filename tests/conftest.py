@@ -56,6 +56,23 @@ def isa_level(level: str):
             os.environ[ENV_VAR] = before
 
 
+@contextlib.contextmanager
+def amx_off():
+    """Models built inside run without the AMX tiles (PAGEDLLM_CPU_AMX=0): the avx512 level as
+    a CPU without them runs it, on a host that has them."""
+    from pagedllm.kernels import AMX_ENV_VAR
+
+    before = os.environ.get(AMX_ENV_VAR)
+    os.environ[AMX_ENV_VAR] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(AMX_ENV_VAR, None)
+        else:
+            os.environ[AMX_ENV_VAR] = before
+
+
 @pytest.fixture(scope="session", params=ISA_LEVELS)
 def isa(request):
     """Each CPU level the host can run, in turn."""

@@ -11,7 +11,8 @@ import torch
 
 from pagedllm.backends import cpu_backend
 from pagedllm.kernels import capabilities, cpu
-from pagedllm.models.quant_linear import AMX_MIN_ROWS, QuantLinear
+from pagedllm.models.quant_linear import (ALL_ROWS, AMX_EXACT_MIN_ROWS, AMX_MIN_ROWS,
+                                          QuantLinear)
 from pagedllm.weights.q4 import Q4Weight, decode_q4_k
 from tiny_models import random_k_quant_blocks
 
@@ -93,9 +94,148 @@ def test_many_rows_go_to_the_tiles_and_agree_with_the_exact_kernel(amx_backend, 
     relative = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
     assert relative(got, reference) < 0.005  # (the output's own bfloat16 rounding)
     assert relative(got, expected) < 0.01
-    few = x[:AMX_MIN_ROWS - 1]  # fewer rows: the 4-bit kernel, bit for bit
-    assert torch.equal(tiles(few), exact(few))
+    few = x[:AMX_MIN_ROWS - 1]  # fewer rows: the exact 4-bit product (on the tiles where
+    # this process can use them, summed in another order; else the same kernel, bit for bit)
+    if amx_backend.kernels.amx_tiles_usable():
+        assert relative(tiles(few).float(), exact(few).float()) < 2e-3
+    else:
+        assert torch.equal(tiles(few), exact(few))
     assert amx_backend.scratch  # one buffer a shape, shared by the layers
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def tiles_kernels():
+    """The avx512 kernels where their exact 4-bit product runs on the AMX tiles here."""
+    if "avx512" not in capabilities().available or not HOST_HAS_AMX:
+        pytest.skip(WHY_NOT)
+    from pagedllm.kernels import kernels_for
+
+    ops = kernels_for("avx512")
+    assert ops.amx_tiles_usable(), "the CPU has the tiles and Linux granted them: usable"
+    return ops
+
+
+@pytest.mark.parametrize("make, shape", [(q4_1, (32, 64)), (q4_1, (48, 576)), (q4_k, (48, 512)),
+                                         (q4_k, (64, 1536))])
+@pytest.mark.parametrize("rows", [1, 3, 15, 16, 17, 40])
+def test_the_exact_product_on_the_tiles_agrees_with_the_reference(make, shape, rows):
+    """Group layouts (Q4_0/Q4_1, 576 inputs: 18 groups, not a whole number of the kernel's
+    8-group passes) and Q4_K's super-blocks, row counts around the tile's 16."""
+    ops = tiles_kernels()
+    weight = make(*shape)
+    packed = weight.kernel_pack(ops)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
+    got = ops.q4_gemm(x, packed, amx=True)
+    reference = x.float() @ weight.dequantize().float().T
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, shape[0])
+    assert relative(got, reference) < 3e-3  # (the output's own bfloat16 rounding)
+    exact = ops.q4_gemm(x, packed)  # the AVX-512 exact tile: the same products, another order
+    assert relative(got, exact) < 3e-3 and (got == exact).float().mean() > 0.9
+    # A row's result does not depend on the rows beside it (blocks of 16, the shorter last).
+    for r in {0, rows - 1, rows // 2}:
+        assert torch.equal(ops.q4_gemm(x[r:r + 1], packed, amx=True)[0], got[r])
+
+
+def test_the_exact_product_on_the_tiles_carries_non_finite_inputs():
+    ops = tiles_kernels()
+    weight = q4_1(32, 64)
+    x = torch.randn(4, 64).bfloat16()
+    x[1, 3], x[2, 60] = float("nan"), float("inf")
+    got = ops.q4_gemm(x, weight.kernel_pack(ops), amx=True)
+    assert got[1].isnan().all() and not got[2].isfinite().any()
+    assert got[[0, 3]].isfinite().all()
+
+
+def test_the_tiles_are_usable_only_at_the_avx512_level_with_the_permission(ops, isa):
+    assert ops.amx_tiles_usable() == (isa == "avx512" and HOST_HAS_AMX)
+    weight = q4_1(32, 64)
+    x = torch.randn(5, 64).bfloat16()
+    packed = weight.kernel_pack(ops)
+    if not ops.amx_tiles_usable():  # asked for anyway: the exact kernel, bit for bit
+        assert torch.equal(ops.q4_gemm(x, packed, amx=True), ops.q4_gemm(x, packed))
+
+
+@pytest.mark.skipif("avx512" not in capabilities().available or not capabilities().has_amx,
+                    reason="this CPU has no AMX tiles")
+def test_without_the_permission_the_exact_kernel_runs_instead():
+    """A process that never asked Linux for the tiles' state (PAGEDLLM_CPU_AMX=0, and no
+    oneDNN product before): the kernels see it and keep the AVX-512 tile, instead of dying
+    of SIGILL at the first tile instruction."""
+    import subprocess
+    import sys
+
+    probe = ("import torch; from pagedllm.kernels import kernels_for, capabilities\n"
+             "assert not capabilities().amx\n"
+             "ops = kernels_for('avx512'); print('usable', ops.amx_tiles_usable())\n"
+             "codes = torch.randint(0, 16, (32, 64), dtype=torch.uint8)\n"
+             "packed = ops.q4_pack(codes, torch.full((32, 2), 0.01), torch.zeros(32, 2))\n"
+             "x = torch.randn(8, 64).bfloat16()\n"
+             "print('equal', torch.equal(ops.q4_gemm(x, packed, amx=True), ops.q4_gemm(x, packed)))")
+    import os
+
+    env = dict(os.environ, PAGEDLLM_CPU_AMX="0")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usable False" in out.stdout and "equal True" in out.stdout
+
+
+def test_on_the_tiles_every_step_below_onednns_rows_is_exact(amx_backend):
+    """With int8 activations allowed (models from 1B parameters), an AMX host still keeps
+    them exact up to AMX_MIN_ROWS: the tiles' exact product is the faster one there."""
+    weight = q4_k(64, 512)
+    tiles = QuantLinear(None, None, weight, amx_backend, int8_activations=True)
+    assert tiles.exact_max_rows == ALL_ROWS and tiles.amx_exact_min_rows == AMX_EXACT_MIN_ROWS
+    plain = dataclasses.replace(amx_backend, cpu=dataclasses.replace(amx_backend.cpu, amx=False))
+    no_tiles = QuantLinear(None, None, weight, plain, int8_activations=True)
+    assert no_tiles.exact_max_rows < 100 and no_tiles.amx_exact_min_rows == ALL_ROWS
+    x = torch.randn(40, 512).bfloat16()
+    reference = x.float() @ weight.dequantize().float().T
+    assert relative(tiles(x), reference) < 3e-3
+    assert relative(no_tiles(x), reference) > relative(tiles(x), reference)  # int8-rounded
+
+
+class RecordingOps:
+    """Stands in for the kernels in DecodeLoop: records the row limits it is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def decode_layers(self, hidden, *args):
+        self.calls.append((args[-6], args[-5]))  # exact_max_rows, amx_min_rows
+        return hidden, hidden
+
+
+def test_verifying_proposals_multiplies_as_the_requests_plain_step_would():
+    """Speculative decoding's verification step holds more rows than requests; the tiles are
+    used as a plain decode step of its requests would use them, so the tokens it keeps are
+    the ones plain decoding gives, bit for bit (models/decode_loop.py)."""
+    from pagedllm.attention import AttentionMetadata
+    from pagedllm.models.decode_loop import DecodeLoop
+
+    ops = RecordingOps()
+    loop = DecodeLoop(ops, [], torch.zeros(1), torch.zeros(1), 1, 1e-5, 1.0, ALL_ROWS, [ALL_ROWS],
+                      AMX_EXACT_MIN_ROWS)
+
+    class KV:
+        quantized, key, value = False, None, None
+
+    def step(requests: int, rows_each: int):
+        rows = requests * rows_each  # one single-token sequence per verified position
+        meta = AttentionMetadata.build(list(range(rows)), list(range(rows + 1)), [1] * rows,
+                                       [[i] for i in range(rows)], 16)
+        if rows_each > 1:
+            meta.num_requests = requests
+        loop(torch.zeros(rows, 4), torch.zeros(rows, dtype=torch.long), [KV()], meta)
+        return ops.calls[-1][1]
+
+    assert step(1, 1) == AMX_EXACT_MIN_ROWS  # plain steps: the kernel decides by rows
+    assert step(1, 5) == ALL_ROWS  # one request verifying 4 proposals: not on the tiles
+    assert step(AMX_EXACT_MIN_ROWS - 1, 3) == ALL_ROWS
+    assert step(AMX_EXACT_MIN_ROWS, 3) == 0  # as many requests as the tiles take: on them
 
 
 def test_q8_0_rows_go_to_the_tiles_too(amx_backend):
@@ -163,3 +303,29 @@ def test_the_default_model_answers_alike_with_the_tiles_and_without(monkeypatch)
     # (its weights rounded to bfloat16) agrees on the first tokens at least
     assert tiled[0] == plain[0]
     assert tiled[1][:4] == plain[1][:4]
+
+
+@pytest.mark.skipif(not HOST_HAS_AMX, reason=WHY_NOT)
+def test_the_decode_loop_on_the_tiles_is_bit_identical_to_the_python_layers(monkeypatch):
+    """The default model with the tiles in use: steps of 1 to 12 decode tokens through the
+    C++ loop and through the Python layers give the same logits, bit for bit (both take the
+    tiles from AMX_EXACT_MIN_ROWS rows), and close to the model without the tiles."""
+    from conftest import amx_off
+    from paged_helpers import run_paged
+    from pagedllm import LLM
+
+    model = LLM(dtype="bfloat16", kv_cache_memory=64 << 20).engine.runner.model
+    assert model.decode_loop is not None and model.decode_loop.amx_min_rows == AMX_EXACT_MIN_ROWS
+    seqs = [[1, 504, 3300, 28, 253, 1135, 30, 216], [9690, 17, 2], list(range(100, 120))] + \
+        [[200 + i] * (3 + i) for i in range(9)]
+    fast = run_paged(model, seqs, block_size=16, chunk=1)
+    with monkeypatch.context() as m:
+        m.setattr(model, "decode_loop", None)
+        slow = run_paged(model, seqs, block_size=16, chunk=1)
+    assert all(torch.equal(f, s) for f, s in zip(fast, slow))
+    with amx_off():
+        plain = LLM(dtype="bfloat16", kv_cache_memory=64 << 20).engine.runner.model
+    assert plain.decode_loop.amx_min_rows == ALL_ROWS
+    for f, p in zip(fast, run_paged(plain, seqs, block_size=16, chunk=1)):
+        assert (f.argmax(-1) == p.argmax(-1)).float().mean() >= 0.9
+        assert relative(f, p) < 0.05  # (bfloat16 activations: 30 layers of rounding)

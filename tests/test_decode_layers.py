@@ -13,11 +13,12 @@ from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS
 
 @pytest.fixture(scope="module")
 def fast_model(isa):
-    """The default model in bfloat16 on each CPU level's kernels: the C++ loop at every one."""
-    from conftest import isa_level
+    """The default model in bfloat16 on each CPU level's kernels: the C++ loop at every one
+    (without the AMX tiles, which keep every step below 128 rows exact: test_amx.py)."""
+    from conftest import amx_off, isa_level
     from pagedllm import LLM
 
-    with isa_level(isa):
+    with isa_level(isa), amx_off():
         # int8-rounded prefill asked for: the default model is small enough to be exact.
         model = LLM(dtype="bfloat16", exact_activations=False,
                     kv_cache_memory=64 << 20).engine.runner.model
@@ -115,9 +116,9 @@ def test_exact_activations_option_keeps_every_layer_exact(fast_model, isa):
 
     assert engine_config(build_parser().parse_args(["serve", "--exact-activations"])).exact_activations
     assert not engine_config(build_parser().parse_args(["serve"])).exact_activations
-    from conftest import isa_level
+    from conftest import amx_off, isa_level
 
-    with isa_level(isa):
+    with isa_level(isa), amx_off():
         exact_llm = LLM(dtype="bfloat16", exact_activations=True, kv_cache_memory=16 << 20)
     exact = exact_llm.engine.runner.model
     linears = [m for m in exact.modules() if isinstance(m, QuantLinear)]
