@@ -2,15 +2,21 @@
 process per setting, nothing else running), with the tiles (this CPU's default where it has
 them) against PAGEDLLM_CPU_AMX=0 (pagedllm's own avx512 4-bit kernels), alternated, in one run.
 
-    .venv/bin/python benchmarks/amx_prefill.py [--models default,1.7b] [--rounds 2] [--json OUT]
+    .venv/bin/python benchmarks/amx_prefill.py [--models default,1.7b,FILE.gguf] [--rounds 2] [--json OUT]
     .venv/bin/python benchmarks/amx_prefill.py --projections   # one matrix of each shape
+    .venv/bin/python benchmarks/amx_prefill.py --rows          # the exact product by row count
 
 Per model: the time to first token of one prompt of 164 and of 480 tokens (prefill alone,
 no prefix cache; best of 3 in each round), and N=8 prompts of 164 tokens with 32 output
-tokens each (total tok/s: the prefills on the tiles, the decode steps on the kernels as
-before). The 1.7B model is SmolLM2-1.7B's shape with random Q4_0 weights
-(benchmarks/realistic_size.py writes it, once, into the temp folder). Prints each figure
-with the tiles and without, and their ratio.
+tokens each (total tok/s: prefills and batched decode steps), and the time per output token
+of one request alone (64 tokens after a 16-token prompt). The 1.7B model is SmolLM2-1.7B's
+shape with random Q4_0 weights (benchmarks/realistic_size.py writes it, once, into the temp
+folder); a path to a GGUF file names any other (realistic_size.py make: the Q4_K_M one).
+Prints each figure with the tiles and without, and their ratio.
+
+--rows: one 16384 x 2048 Q4_K matrix (the 1.7B's gate/up) at 1 to 127 activation rows, ~400 MB
+of copies so that each product streams from memory: the exact product on the tiles
+(q4_gemm amx=True), the AVX-512 exact tile, and the int8-activation kernel.
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ for n in (164, 480):
     out[f"ttft_{n}_ms"] = 1000 * min(run([prompt(n, s)], 1)[0] for s in range(1, 4))
 seconds, tokens = run([prompt(164, 10 + i) for i in range(8)], 32)
 out["n8_tok_s"] = tokens / seconds
+first = min(run([prompt(16, 20 + s)], 1)[0] for s in range(3))
+out["tpot_n1_ms"] = 1000 * (min(run([prompt(16, 30 + s)], 65)[0] for s in range(2)) - first) / 64
 print(json.dumps(out))
 """
 
@@ -91,6 +99,38 @@ def projections() -> None:
                   f"dequantize + oneDNN {tiles:.2f} ms (dequantizing alone {dequantize:.2f})")
 
 
+def rows_table() -> None:
+    import statistics
+
+    import torch
+
+    from pagedllm.kernels import capabilities, kernels_for
+
+    ops = kernels_for("avx512")
+    print(f"{capabilities().summary}, tiles usable: {ops.amx_tiles_usable()}, "
+          f"{torch.get_num_threads()} threads")
+    g = torch.Generator().manual_seed(0)
+    n, k = 16384, 2048
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    scales = torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g)
+    d = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
+    mats = [ops.q4k_pack(codes, scales, scales, d, d) for _ in range(max(2, (400 << 20) // (n * k)))]
+    for rows in (1, 2, 3, 4, 8, 16, 32, 64, 127):
+        x = torch.randn(rows, k).bfloat16()
+        kernels = {"tiles": lambda m: ops.q4_gemm(x, m, amx=True), "avx512 exact": ops.q4_gemm,
+                   "int8": ops.q4_q8_gemm}
+        times = {name: [] for name in kernels}
+        for _ in range(7):  # the kernels take turns, so each meets the same moments of the host
+            for name, fn in kernels.items():
+                began = time.perf_counter()
+                for m in mats:
+                    fn(x, m) if name != "tiles" else fn(m)
+                times[name].append((time.perf_counter() - began) / len(mats) * 1000)
+        ms = {name: statistics.median(t) for name, t in times.items()}
+        print(f"{rows:4d} rows: " + ", ".join(f"{name} {v:.3f} ms" for name, v in ms.items())
+              + f"; tiles / avx512 exact {ms['tiles'] / ms['avx512 exact']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="default,1.7b")
@@ -98,13 +138,18 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--projections", action="store_true",
                         help="time one matrix of each shape instead (this process)")
+    parser.add_argument("--rows", action="store_true",
+                        help="the exact product by row count instead (this process)")
     args = parser.parse_args()
     if args.projections:
         projections()
         return
+    if args.rows:
+        rows_table()
+        return
     results = {}
     for name in args.models.split(","):
-        path = ""
+        path = name if name.endswith(".gguf") else ""
         if name == "1.7b":
             from realistic_size import write_random_q4_0
 

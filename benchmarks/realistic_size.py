@@ -246,7 +246,7 @@ def cmd_run(args) -> None:
 
 def round_of(url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
     """len(prompts) streaming completions at once, through `pagedllm bench`'s client: median
-    TPOT (as bench computes it), output tokens/s over the round's wall time."""
+    TTFT and TPOT (as bench computes it), output tokens/s over the round's wall time."""
     import asyncio
 
     import httpx
@@ -264,7 +264,8 @@ def round_of(url: str, model: str, prompts: list[str], max_tokens: int) -> dict:
     failed = [r.error for r in records if r.error]
     if failed:
         raise SystemExit(f"{url}: {failed[0]}")
-    return {"tpot": float(np.median([(r.e2e - r.ttft) / (r.output_tokens - 1) for r in records])),
+    return {"ttft": float(np.median([r.ttft for r in records])),
+            "tpot": float(np.median([(r.e2e - r.ttft) / (r.output_tokens - 1) for r in records])),
             "out_tok_s": sum(r.output_tokens for r in records) / wall}
 
 
@@ -295,12 +296,14 @@ def cmd_paired(args) -> None:
                         rounds[name].append(result)
             ours, theirs = rounds["pagedllm"], rounds["llama.cpp"]
             tpot_ratio = np.median([a["tpot"] / b["tpot"] for a, b in zip(ours, theirs)])
+            ttft_ratio = np.median([a["ttft"] / b["ttft"] for a, b in zip(ours, theirs)])
             speed_ratio = np.median([a["out_tok_s"] / b["out_tok_s"] for a, b in zip(ours, theirs)])
             for name, result in rounds.items():
-                print(f"N={n} {name:<10} TPOT median {np.median([x['tpot'] for x in result]) * 1e3:6.1f} ms"
+                print(f"N={n} {name:<10} TTFT median {np.median([x['ttft'] for x in result]) * 1e3:7.1f} ms"
+                      f"  TPOT median {np.median([x['tpot'] for x in result]) * 1e3:6.1f} ms"
                       f"  output tok/s median {np.median([x['out_tok_s'] for x in result]):6.1f}")
             print(f"N={n} pagedllm / llama.cpp over {args.rounds} paired rounds (median of ratios): "
-                  f"TPOT {tpot_ratio:.3f}x, output tok/s {speed_ratio:.3f}x")
+                  f"TTFT {ttft_ratio:.3f}x, TPOT {tpot_ratio:.3f}x, output tok/s {speed_ratio:.3f}x")
             if n == 1:  # decode reads every weight once a token: how close to the bandwidth
                 bandwidth, size = memory_read_bandwidth(), os.path.getsize(args.model)
                 for name, result in rounds.items():

@@ -8,7 +8,8 @@ models choose from them in one place, models/build.py.
 
 The C++ side: kernels.h declares the kernels on raw pointers and sizes (plain.h: the 16-bit
 float types, the parallel loop), defined in paged_attention.cpp, prefill_attention.cpp,
-fused_ops.cpp and q4/q6/q8_gemm.cpp, none of which includes torch; bindings.cpp, the one
+fused_ops.cpp and q4/q6/q8_gemm.cpp (q4_gemm's tiles per level in q4_tiles_*.h, the AMX
+tiles' exact product in q4_tiles_amx.h), none of which includes torch; bindings.cpp, the one
 unit that does, binds them as torch ops that check their tensors (tensor_ops.h) and the
 decode loop over those ops (decode_layers.h)."""
 from __future__ import annotations

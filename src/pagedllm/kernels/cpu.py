@@ -16,9 +16,11 @@ that has more); asking for more than the CPU has is an error, not a crash later.
 Above avx512, the matrix units: **AMX** tiles (Intel Sapphire Rapids and later) where the CPU
 has amx_tile and amx_bf16 *and* Linux grants the process the tiles' state
 (ARCH_REQ_XCOMP_PERM; a kernel or VM that refuses it leaves them unusable). Steps with many
-rows then multiply 4-bit weights through oneDNN's AMX kernels (models/quant_linear.py); the
-C++ kernels stay the avx512 build. ``PAGEDLLM_CPU_AMX=0`` (or a level below avx512) turns it
-off, to compare, or to prove the fallback.
+rows then multiply 4-bit weights through oneDNN's AMX kernels, and steps of 3 to 127 rows
+through the avx512 build's own exact tile kernel (kernels/q4_tiles_amx.h; it checks the CPU
+and the permission itself before its first tile instruction); models/quant_linear.py chooses.
+``PAGEDLLM_CPU_AMX=0`` (or a level below avx512) turns them off, to compare, or to prove the
+fallback.
 """
 from __future__ import annotations
 
