@@ -11,8 +11,8 @@ import torch
 
 from pagedllm.backends import cpu_backend
 from pagedllm.kernels import capabilities, cpu
-from pagedllm.models.quant_linear import (ALL_ROWS, AMX_EXACT_MIN_ROWS, AMX_MIN_ROWS,
-                                          QuantLinear)
+from pagedllm.models.quant_linear import (ALL_ROWS, AMX_EXACT_MIN_ROWS, AMX_FUSED_MAX_ROWS,
+                                          AMX_MIN_ROWS, QuantLinear)
 from pagedllm.weights.q4 import Q4Weight, decode_q4_k
 from tiny_models import random_k_quant_blocks
 
@@ -100,6 +100,10 @@ def test_many_rows_go_to_the_tiles_and_agree_with_the_exact_kernel(amx_backend, 
         assert relative(tiles(few).float(), exact(few).float()) < 2e-3
     else:
         assert torch.equal(tiles(few), exact(few))
+    assert not amx_backend.scratch  # up to AMX_FUSED_MAX_ROWS: no dense copy was made
+    many = torch.randn(AMX_FUSED_MAX_ROWS + 1, 512).to(torch.bfloat16)  # dequantize + oneDNN
+    reference = many.float() @ weight.dequantize().to(torch.bfloat16).float().T
+    assert relative(tiles(many).float(), reference) < 0.005
     assert amx_backend.scratch  # one buffer a shape, shared by the layers
 
 
@@ -329,3 +333,55 @@ def test_the_decode_loop_on_the_tiles_is_bit_identical_to_the_python_layers(monk
     for f, p in zip(fast, run_paged(plain, seqs, block_size=16, chunk=1)):
         assert (f.argmax(-1) == p.argmax(-1)).float().mean() >= 0.9
         assert relative(f, p) < 0.05  # (bfloat16 activations: 30 layers of rounding)
+
+
+def q6_k(rows: int, cols: int, seed: int = 0):
+    from pagedllm.weights.q6 import decode_q6_k
+
+    raw = np.frombuffer(random_k_quant_blocks("Q6_K", rows, cols, seed).tobytes(), dtype=np.uint8)
+    return decode_q6_k(raw, (rows, cols))
+
+
+@pytest.mark.parametrize("make, shape", [(q4_1, (48, 576)), (q4_k, (64, 512)), (q6_k, (48, 768))])
+@pytest.mark.parametrize("rows", [1, 17, 64, 65, 130])
+def test_the_fused_product_multiplies_the_weights_rounded_to_bfloat16(make, shape, rows):
+    """q4_bf16_gemm / q6_bf16_gemm: the many-row steps' product on the tiles, the weights
+    rounded to bfloat16 inside the kernel, as the dense copy oneDNN multiplied rounds them;
+    passes of 64 rows (4 C tiles), the last block shorter."""
+    ops = tiles_kernels()
+    weight = make(*shape)
+    six = make is q6_k
+    packed = ops.q6_pack(weight.codes, weight.scales, weight.d) if six else weight.kernel_pack(ops)
+    x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
+    got = (ops.q6_bf16_gemm if six else ops.q4_bf16_gemm)(x, packed)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, shape[0])
+    rounded = weight.dequantize().to(torch.bfloat16).float()
+    assert relative(got, x.float() @ rounded.T) < 3e-3  # (the output's own rounding)
+    for r in {0, rows - 1}:  # a row's result does not depend on the rows beside it
+        assert torch.equal((ops.q6_bf16_gemm if six else ops.q4_bf16_gemm)(x[r:r + 1], packed)[0],
+                           got[r])
+
+
+def test_the_fused_products_fall_back_where_the_tiles_are_not_usable(ops):
+    if ops.amx_tiles_usable():
+        pytest.skip("the tiles are usable at this level: the test above covers them")
+    weight, six = q4_k(32, 512), q6_k(32, 512)
+    x = torch.randn(3, 512).bfloat16()
+    packed = weight.kernel_pack(ops)
+    assert torch.equal(ops.q4_bf16_gemm(x, packed), ops.q4_gemm(x, packed))  # exact
+    packed6 = ops.q6_pack(six.codes, six.scales, six.d)
+    assert torch.equal(ops.q6_bf16_gemm(x, packed6), ops.q6_gemm(x, packed6).bfloat16())
+
+
+def test_q6_k_rows_go_to_the_tiles_from_onednns_rows(amx_backend):
+    from pagedllm.models.quant_linear import Q6Linear
+
+    weight = q6_k(64, 512)
+    tiles = Q6Linear(weight, None, amx_backend.kernels, amx_backend)
+    kernel = Q6Linear(weight, None, amx_backend.kernels)  # no backend: the int8 kernel only
+    assert tiles.tiles_gemm is not None and kernel.tiles_gemm is None
+    x = torch.randn(AMX_MIN_ROWS, 512).bfloat16()
+    reference = x.float() @ weight.dequantize().to(torch.bfloat16).float().T
+    assert relative(tiles(x), reference) < 3e-3
+    assert relative(kernel(x), reference) < 0.02  # (its activations rounded to int8)
+    assert torch.equal(tiles(x[:8]), kernel(x[:8]))  # few rows: the int8 kernel

@@ -45,6 +45,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Q4_K's codes, 6-bit scales and mins, d, dmin -> the tiles q4_gemm reads (super-blocks)");
   m.def("q4_gemm", &q4_gemm, NoGil(), "x [M, K] bfloat16 @ packed 4-bit weight.T -> [M, N] bfloat16",
         arg("x"), arg("packed"), arg("amx") = false);
+  m.def("q4_bf16_gemm", &q4_bf16_gemm, NoGil(),
+        "x [M, K] bfloat16 @ packed 4-bit weight.T rounded to bfloat16 -> [M, N] (AMX tiles; exact elsewhere)");
   m.def("amx_tiles_usable", &pagedllm::kernel::amx_tiles_usable,
         "whether q4_gemm's amx runs on the AMX tiles: this build has them (avx512 level), the CPU "
         "too, and Linux granted this process their state");
@@ -58,6 +60,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q6_pack", &q6_pack, NoGil(), "Q6_K's codes, int8 scales per 16, d -> the tiles q6_gemm reads");
   m.def("q6_gemm", &q6_gemm, NoGil(),
         "x [M, K] bfloat16, rounded to int8 per group of 32, @ packed Q6_K weight.T -> [M, N] float32");
+  m.def("q6_bf16_gemm", &q6_bf16_gemm, NoGil(),
+        "x [M, K] bfloat16 @ packed Q6_K weight.T rounded to bfloat16 -> [M, N] bfloat16 (AMX tiles)");
   m.def("q8_pack", &q8_pack, NoGil(), "Q8_0 codes, d -> the tiles q8_gemm reads");
   m.def("q8_gemm", &q8_gemm, NoGil(), "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");
   m.def("q8_refine_top", &q8_refine_top, NoGil(),

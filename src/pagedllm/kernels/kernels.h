@@ -76,6 +76,10 @@ void q4k_pack(const uint8_t* codes, const uint8_t* scales, const uint8_t* mins, 
 // product on the AMX tiles (q4_tiles_amx.h) where amx_tiles_usable(), else on the exact tile.
 void q4_gemm(const bf16* x, const uint8_t* packed, bool super, bool exact, bool amx, int64_t rows,
              int64_t k, int64_t n, bf16* out);
+// The same product with each weight rounded to bfloat16 first (as dequantizing it for a dense
+// product does), fused on the AMX tiles where amx_tiles_usable(); exactly (q4_gemm) elsewhere.
+void q4_bf16_gemm(const bf16* x, const uint8_t* packed, bool super, int64_t rows, int64_t k, int64_t n,
+                  bf16* out);
 // This build has the AMX tile kernels (the avx512 level on x86-64 Linux), the CPU has the
 // tiles, and Linux has granted this process their state (kernels/cpu.py asks).
 bool amx_tiles_usable();
@@ -84,6 +88,9 @@ bool amx_tiles_usable();
 void q6_pack(const uint8_t* codes, const int8_t* scales, const f16* d, int64_t n, int64_t k,
              uint8_t* packed);
 void q6_gemm(const bf16* x, const uint8_t* packed, int64_t rows, int64_t k, int64_t n, float* out);
+// x @ the Q6_K weight rounded to bfloat16 per element, on the AMX tiles where
+// amx_tiles_usable() (else q6_gemm's int8-activation product), bfloat16 out.
+void q6_bf16_gemm(const bf16* x, const uint8_t* packed, int64_t rows, int64_t k, int64_t n, bf16* out);
 
 // q8_gemm.cpp. codes [n, k]; d [n, k / 32] float16.
 void q8_pack(const int8_t* codes, const f16* d, int64_t n, int64_t k, uint8_t* packed);

@@ -198,6 +198,22 @@ bool amx_tiles_usable() {
 #endif
 }
 
+void q4_bf16_gemm(const bf16* x, const uint8_t* packed, bool super, int64_t rows, int64_t k, int64_t n,
+                  bf16* out) {
+  if (rows == 0) return;
+#if defined(PAGEDLLM_AMX_TILES)
+  if (amx_tiles_usable()) {
+    const int64_t groups = k / kGroup, tiles = n / kTile;
+    const int64_t tile_bytes = super ? groups / SuperLayout::kGroupsPerBlock * SuperLayout::kBlockBytes
+                                     : groups * GroupLayout::kBlockBytes;
+    if (super) amx_q4_bf16_gemm<SuperLayout>(packed, tile_bytes, tiles, x, k, rows, out, n);
+    else amx_q4_bf16_gemm<GroupLayout>(packed, tile_bytes, tiles, x, k, rows, out, n);
+    return;
+  }
+#endif
+  exact_gemm(x, packed, super, false, rows, k, n, out);
+}
+
 void q4_gemm(const bf16* x, const uint8_t* packed, bool super, bool exact, bool amx, int64_t rows,
              int64_t k, int64_t n, bf16* out) {
   if (rows == 0) return;

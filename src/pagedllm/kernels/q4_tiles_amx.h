@@ -15,43 +15,29 @@
 // 16 activation rows; A is 16 rows x 32 inputs of x read in place; C (rows x 16 float32) is
 // read out for each group, since each group has its own scale.
 #pragma once
+#include "amx_tiles.h"
 #include "q4_tiles_avx512.h"
 
-#if defined(__AVX512BF16__) && defined(__x86_64__)
-#define PAGEDLLM_AMX_TILES 1
+#if defined(PAGEDLLM_AMX_TILES)
 
 namespace pagedllm::q4 {
 
-constexpr int kAmxRows = 16;  // activation rows per A tile
+using pagedllm::amx::kAmxRows;
 
 constexpr int kAmxGroups = 8;  // groups whose B tiles are written before any is multiplied
 
 // The palette-1 tile configuration. Groups alternate between two sets of tiles, so that one
 // group's product does not wait for the previous one's: C 0 / 3, A 1 / 4, B 2 / 5 for blocks
 // of 16 activation rows; the last, shorter block: C 6, A 7.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 __attribute__((target("amx-tile"))) inline void configure_tiles(int last_rows) {
-  TileConfig config;
+  pagedllm::amx::TileConfig config;
   for (int t = 0; t < 8; ++t) {
     config.colsb[t] = 64;
     config.rows[t] = kAmxRows;
   }
   config.rows[6] = config.rows[7] = static_cast<uint8_t>(last_rows > 0 ? last_rows : kAmxRows);
-  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of the config, so without
-  // this barrier the stores of the sizes above are dropped as dead (and the tiles stay
-  // unconfigured: SIGILL at the first tile load).
-  asm volatile("" : : "r"(&config) : "memory");
-  _tile_loadconfig(&config);
+  pagedllm::amx::load_config(config);
 }
-
-__attribute__((target("amx-tile"))) inline void release_tiles() { _tile_release(); }
 
 // C = A . B for group g's B tile (b), one block of activation rows (x at its first row and
 // the group's first input, k apart), C stored to c [rows][16] float32. `last`: the shorter
@@ -154,10 +140,40 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_exact_gemm(
       for (int64_t t = begin; t < std::min(tiles, begin + chunk); ++t)
         tile_amx<L>(packed + t * tile_bytes, groups, x, k, rows, xsum, total.get(), *scratch,
                     out + t * kTile, n);
-    release_tiles();
+    pagedllm::amx::release_tiles();
+  });
+}
+
+// Group g's 16 B rows, w = d * q + m rounded to bfloat16: row 4j + P holds inputs
+// 8j + 2P (low half of each lane) and 8j + 2P + 1 (high half) of the 16 output rows.
+template <class L>
+inline void dequantized_b_tile(const uint8_t* tile, int64_t g, uint8_t* b) {
+  const uint8_t* block = group_codes<L>(tile, g);
+  __m512 d, m;
+  group_scales<L>(tile, g, d, m);
+  const __m512i nibble = _mm512_set1_epi32(0xF);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = _mm512_loadu_si512(block + 64 * j);
+    for (int p = 0; p < 4; ++p) {
+      const __m512i q0 = _mm512_and_si512(_mm512_srli_epi32(v, 4 * p), nibble);
+      const __m512i q1 = _mm512_and_si512(_mm512_srli_epi32(v, 16 + 4 * p), nibble);
+      const __m512i w0 = pagedllm::amx::round_to_bf16_high(_mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q0), m));
+      const __m512i w1 = pagedllm::amx::round_to_bf16_high(_mm512_fmadd_ps(d, _mm512_cvtepi32_ps(q1), m));
+      _mm512_store_si512(b + 64 * (4 * j + p), _mm512_or_si512(_mm512_srli_epi32(w0, 16), w1));
+    }
+  }
+}
+
+template <class L>
+void amx_q4_bf16_gemm(const uint8_t* packed, int64_t tile_bytes, int64_t tiles, const pagedllm::bf16* x,
+                      int64_t k, int64_t rows, pagedllm::bf16* out, int64_t n) {
+  pagedllm::amx::bf16_gemm(tiles, k / kGroup, x, k, rows, out, n, [&](int64_t t, int64_t g, uint8_t* b) {
+    const uint8_t* tile = packed + t * tile_bytes;
+    prefetch_group<L>(tile, g);
+    dequantized_b_tile<L>(tile, g, b);
   });
 }
 
 }  // namespace pagedllm::q4
 
-#endif  // __AVX512BF16__ && __x86_64__
+#endif  // PAGEDLLM_AMX_TILES

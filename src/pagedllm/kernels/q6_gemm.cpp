@@ -15,6 +15,7 @@
 //   byte b's low-nibble code at bits 4-5 and of its high-nibble code at bits 6-7, and for
 //   2p + 1 the same at bits 0-1 and 2-3, so one shift and one mask put them above the nibble;
 // - then the 16 int8 scales of each of the block's 16 sub-groups, then d per row (float16).
+#include "amx_tiles.h"
 #include "kernels.h"
 #include "lowbit_gemm.h"
 #include "q4_layout.h"
@@ -228,6 +229,37 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
 
 #endif
 
+#if defined(PAGEDLLM_AMX_TILES)
+// Group g of a tile as an AMX B tile (amx_tiles.h): w = d * sc * (q - 32) rounded to bfloat16,
+// row 4j + p holding codes 2p and 2p + 1 of code vector j (inputs 8j + 2p, 8j + 2p + 1).
+inline void q6_b_tile(const uint8_t* tile, int64_t g, uint8_t* b) {
+  const uint8_t* block = tile + g / kGroupsPerBlock * kBlockBytes;
+  const uint8_t* codes = block + g % kGroupsPerBlock * kGroupBytes;
+  prefetch_ahead(tile + g * (kBlockBytes / kGroupsPerBlock), kBlockBytes / kGroupsPerBlock);
+  const __m512 d = load_halves(block + kDOffset);
+  const __m512i nibble = _mm512_set1_epi32(0xF), two_bits = _mm512_set1_epi32(3);
+  const __m512i offset = _mm512_set1_epi32(32);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = _mm512_loadu_si512(codes + 64 * j);
+    const __m512i plane = _mm512_loadu_si512(codes + kLowBytes + 64 * (j / 2));
+    const uint8_t* sc = block + kScaleOffset + kTile * (2 * (g % kGroupsPerBlock) + j / 2);
+    const __m512 scale = _mm512_mul_ps(
+        d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)))));
+    for (int p = 0; p < 4; ++p) {
+      __m512i w[2];
+      for (int h = 0; h < 2; ++h) {
+        const int c = 2 * p + h;
+        const __m512i low = _mm512_and_si512(_mm512_srli_epi32(v, code_shift(c)), nibble);
+        const __m512i top = _mm512_and_si512(_mm512_srli_epi32(plane, high_shift(j, c)), two_bits);
+        const __m512i q = _mm512_sub_epi32(_mm512_or_si512(low, _mm512_slli_epi32(top, 4)), offset);
+        w[h] = pagedllm::amx::round_to_bf16_high(_mm512_mul_ps(scale, _mm512_cvtepi32_ps(q)));
+      }
+      _mm512_store_si512(b + 64 * (4 * j + p), _mm512_or_si512(_mm512_srli_epi32(w[0], 16), w[1]));
+    }
+  }
+}
+#endif
+
 // Each branch above defines tile_rows<R> for R = 1..kRowBlock activation rows.
 using TileFn = decltype(&tile_rows<1>);
 constexpr TileFn kTileFns[kRowBlock + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>,
@@ -282,6 +314,24 @@ void q6_gemm(const bf16* x, const uint8_t* wp, int64_t rows, int64_t k, int64_t 
     kTileFns[rb](wp + t * tile_bytes, groups, qp + r0 * k, k, dp + r0 * groups, sp + r0 * 2 * groups,
                  op + r0 * n + t * kTile, n);
   });
+}
+
+void q6_bf16_gemm(const bf16* x, const uint8_t* wp, int64_t rows, int64_t k, int64_t n, bf16* out) {
+  if (rows == 0) return;
+  const int64_t groups = k / kGroup, tiles = n / kTile;
+#if defined(PAGEDLLM_AMX_TILES)
+  if (amx_tiles_usable()) {
+    const int64_t tile_bytes = groups / kGroupsPerBlock * kBlockBytes;
+    pagedllm::amx::bf16_gemm(tiles, groups, x, k, rows, out, n, [&](int64_t t, int64_t g, uint8_t* b) {
+      q6_b_tile(wp + t * tile_bytes, g, b);
+    });
+    return;
+  }
+#endif
+  // No tiles: the int8-activation product, rounded to bfloat16.
+  const auto wide = pagedllm::scratch<float>(rows * n);
+  q6_gemm(x, wp, rows, k, n, wide.get());
+  for (int64_t i = 0; i < rows * n; ++i) out[i] = bf16(wide[i]);
 }
 
 }  // namespace pagedllm::kernel

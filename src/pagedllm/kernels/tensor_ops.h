@@ -337,6 +337,19 @@ inline torch::Tensor lowbit_dequantize(torch::Tensor packed, int64_t k, c10::opt
 }
 
 // x [M, K] bfloat16 @ the packed weight's [N, K].T -> [M, N] bfloat16, exactly.
+// x @ the 4-bit weight rounded to bfloat16 per element: the many-row steps' product on the
+// AMX tiles (kernels.h: q4_bf16_gemm).
+inline torch::Tensor q4_bf16_gemm(torch::Tensor x, torch::Tensor packed) {
+  const bool super = packed.dim() == 3 && packed.size(2) == kernel::kQ4KPackedBlockBytes;
+  const auto xc = super ? check_gemm(x, packed, kernel::kQ4KPackedBlockBytes, "q4k_pack", 8)
+                        : check_gemm(x, packed, kernel::kQ4PackedBlockBytes, "q4_pack");
+  const int64_t rows = xc.size(0), n = packed.size(0) * kTileRows;
+  auto out = torch::empty({rows, n}, x.options());
+  kernel::q4_bf16_gemm(as<bf16>(xc), packed.data_ptr<uint8_t>(), super, rows, xc.size(1), n,
+                       as_mut<bf16>(out));
+  return out;
+}
+
 inline torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed, bool amx) {
   return q4_product(x, packed, true, amx);
 }
@@ -379,6 +392,16 @@ inline torch::Tensor q6_gemm(torch::Tensor x, torch::Tensor packed) {
   const int64_t rows = xc.size(0), n = packed.size(0) * kTileRows;
   auto out = torch::empty({rows, n}, x.options().dtype(at::kFloat));
   kernel::q6_gemm(as<bf16>(xc), packed.data_ptr<uint8_t>(), rows, xc.size(1), n, out.data_ptr<float>());
+  return out;
+}
+
+// x [M, K] bfloat16 @ the packed Q6_K weight rounded to bfloat16 -> [M, N] bfloat16: the
+// many-row steps' product on the AMX tiles (kernels.h: q6_bf16_gemm).
+inline torch::Tensor q6_bf16_gemm(torch::Tensor x, torch::Tensor packed) {
+  const auto xc = check_gemm(x, packed, kernel::kQ6PackedBlockBytes, "q6_pack", 8);
+  const int64_t rows = xc.size(0), n = packed.size(0) * kTileRows;
+  auto out = torch::empty({rows, n}, x.options().dtype(at::kBFloat16));
+  kernel::q6_bf16_gemm(as<bf16>(xc), packed.data_ptr<uint8_t>(), rows, xc.size(1), n, as_mut<bf16>(out));
   return out;
 }
 

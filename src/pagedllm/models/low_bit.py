@@ -117,7 +117,7 @@ def _part(kind: str, weights: list, bias, int8_activations: bool, backend):
     if kind == "q4":
         return QuantLinear(None, bias, cat_4bit(weights), backend, int8_activations=int8_activations)
     if kind == "q6":
-        return Q6Linear(Q6Weight.cat(weights), bias, backend.kernels)
+        return Q6Linear(Q6Weight.cat(weights), bias, backend.kernels, backend)
     if kind == "q8":
         return Q8Linear(Q8Rows.cat(weights), bias, backend.kernels, backend)
     return DenseLinear(torch.cat(weights).to(torch.bfloat16), bias, backend)

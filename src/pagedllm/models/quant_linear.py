@@ -46,6 +46,12 @@ AMX_MIN_ROWS = 128
 # int8 one too; even at 2 rows, slower at 1 (benchmarks/amx_prefill.py --rows). So on these
 # CPUs every step below AMX_MIN_ROWS keeps exact activations.
 AMX_EXACT_MIN_ROWS = 3
+# From AMX_MIN_ROWS up to AMX_FUSED_MAX_ROWS, the 4-bit weight is rounded to bfloat16 tile by
+# tile inside the product (kernels/q4_tiles_amx.h: q4_bf16_gemm), the same weights as the
+# dequantized copy, without writing that copy: 1.6-3.4x dequantize + oneDNN at 128-164 rows,
+# even at ~512, where oneDNN's blocking of the activations starts to win
+# (benchmarks/amx_prefill.py --projections).
+AMX_FUSED_MAX_ROWS = 512
 INT4_MAX_ROWS = 8
 ALL_ROWS = 1 << 62
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
@@ -137,6 +143,8 @@ class QuantLinear(nn.Module):
 
 
     def _on_amx_tiles(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= AMX_FUSED_MAX_ROWS:
+            return self.q4_ops.q4_bf16_gemm(x, self.packed)
         return on_amx_tiles(x, self.q4_ops, self.packed, self.fan_in, self.scratch)
 
 
@@ -154,15 +162,21 @@ def on_amx_tiles(x: torch.Tensor, ops, packed: torch.Tensor, fan_in: int,
 class Int8ActivationLinear(nn.Module):
     """x @ W.T (+ b) through a kernel that rounds the activations to int8 per group of 32 at
     every row count, as llama.cpp multiplies these formats (float32 out); no dense copy.
-    amx: (kernels, fan_in, scratch) where many rows go to the AMX tiles (Q8_0)."""
+    From AMX_MIN_ROWS rows, where the backend has the AMX tiles: amx (kernels, fan_in, scratch)
+    dequantizes for oneDNN (Q8_0); tiles_gemm multiplies on the tiles with the weight rounded
+    to bfloat16 inside the kernel (Q6_K: q6_bf16_gemm)."""
 
-    def __init__(self, packed: torch.Tensor, gemm, bias: torch.Tensor | None, amx=None):
+    def __init__(self, packed: torch.Tensor, gemm, bias: torch.Tensor | None, amx=None,
+                 tiles_gemm=None):
         super().__init__()
         self.packed, self.gemm, self.bias, self.amx = packed, gemm, bias, amx
+        self.tiles_gemm = tiles_gemm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x16 = x.to(torch.bfloat16).contiguous()
-        if self.amx is not None and x.shape[0] >= AMX_MIN_ROWS:
+        if self.tiles_gemm is not None and x.shape[0] >= AMX_MIN_ROWS:
+            out = self.tiles_gemm(x16, self.packed).to(x.dtype)
+        elif self.amx is not None and x.shape[0] >= AMX_MIN_ROWS:
             out = on_amx_tiles(x16, self.amx[0], self.packed, self.amx[1], self.amx[2]).to(x.dtype)
         else:
             out = self.gemm(x16, self.packed).to(x.dtype)
@@ -182,10 +196,12 @@ class Q8Linear(Int8ActivationLinear):
 
 class Q6Linear(Int8ActivationLinear):
     """A GGUF Q6_K weight as the file holds it through q6_gemm: 6.56 bits a weight read per
-    token instead of the 8.5 of Q8_0."""
+    token instead of the 8.5 of Q8_0. On the AMX tiles for many rows where the backend has
+    them (the weight rounded to bfloat16 there, as a dequantized copy would be)."""
 
-    def __init__(self, q6: Q6Weight, bias: torch.Tensor | None, ops):
-        super().__init__(ops.q6_pack(q6.codes, q6.scales, q6.d), ops.q6_gemm, bias)
+    def __init__(self, q6: Q6Weight, bias: torch.Tensor | None, ops, backend: Backend | None = None):
+        tiles = ops.q6_bf16_gemm if backend is not None and backend.cpu.amx else None
+        super().__init__(ops.q6_pack(q6.codes, q6.scales, q6.d), ops.q6_gemm, bias, tiles_gemm=tiles)
 
 
 class StackedLinear(nn.Module):
