@@ -67,8 +67,9 @@ def measure(model: str, amx: bool) -> dict:
 
 
 def projections() -> None:
-    """One random 4-bit matrix of each of the 1.7B and 135M shapes' projections, 64 and 512
-    rows: the exact and int8-activation kernels against dequantize + oneDNN (the tiles)."""
+    """One random 4-bit matrix of each of the 1.7B and 135M shapes' projections, 64, 164 and
+    512 rows: the exact and int8-activation kernels against dequantize + oneDNN and the fused
+    product on the tiles (q4_bf16_gemm)."""
     import torch
 
     from pagedllm.kernels import capabilities, kernels_for
@@ -90,13 +91,15 @@ def projections() -> None:
                           -8 * d).kernel_pack(ops)
         buffer = torch.empty(k, n, dtype=torch.bfloat16)
         dequantize = best_ms(lambda: ops.lowbit_dequantize(packed, k, buffer))
-        for rows in (64, 512):
+        for rows in (64, 164, 512):
             x = torch.randn(rows, k).to(torch.bfloat16)
             exact = best_ms(lambda: ops.q4_gemm(x, packed))
             int8 = best_ms(lambda: ops.q4_q8_gemm(x, packed))
             tiles = best_ms(lambda: torch.matmul(x, ops.lowbit_dequantize(packed, k, buffer)))
+            fused = best_ms(lambda: ops.q4_bf16_gemm(x, packed))
             print(f"{n} x {k}, {rows} rows: exact {exact:.2f} ms, int8 {int8:.2f} ms, "
-                  f"dequantize + oneDNN {tiles:.2f} ms (dequantizing alone {dequantize:.2f})")
+                  f"dequantize + oneDNN {tiles:.2f} ms (dequantizing alone {dequantize:.2f}), "
+                  f"fused on the tiles {fused:.2f} ms")
 
 
 def rows_table() -> None:
