@@ -3,6 +3,7 @@ process per setting, nothing else running), with the tiles (this CPU's default w
 them) against PAGEDLLM_CPU_AMX=0 (pagedllm's own avx512 4-bit kernels), alternated, in one run.
 
     .venv/bin/python benchmarks/amx_prefill.py [--models default,1.7b,FILE.gguf] [--rounds 2] [--json OUT]
+    .venv/bin/python benchmarks/amx_prefill.py --switch int16   # 16-bit activations on and off
     .venv/bin/python benchmarks/amx_prefill.py --projections   # one matrix of each shape
     .venv/bin/python benchmarks/amx_prefill.py --rows          # the exact product by row count
 
@@ -16,7 +17,8 @@ Prints each figure with the tiles and without, and their ratio.
 
 --rows: one 16384 x 2048 Q4_K matrix (the 1.7B's gate/up) at 1 to 127 activation rows, ~400 MB
 of copies so that each product streams from memory: the exact product on the tiles
-(q4_gemm amx=True), the AVX-512 exact tile, and the int8-activation kernel.
+(q4_gemm amx=True), the AVX-512 exact tile, the 16-bit integer activations (q4_i16_gemm) and
+the int8-activation kernel.
 """
 from __future__ import annotations
 
@@ -59,8 +61,12 @@ print(json.dumps(out))
 """
 
 
-def measure(model: str, amx: bool) -> dict:
-    env = {**os.environ, "PAGEDLLM_CPU_AMX": "1" if amx else "0"}
+# --switch: the setting compared, on against off (kernels/cpu.py).
+SWITCHES = {"amx": "PAGEDLLM_CPU_AMX", "int16": "PAGEDLLM_CPU_INT16"}
+
+
+def measure(model: str, on: bool, switch: str = "amx") -> dict:
+    env = {**os.environ, SWITCHES[switch]: "1" if on else "0"}
     done = subprocess.run([sys.executable, "-c", CHILD, model], env=env, capture_output=True,
                           text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -121,7 +127,7 @@ def rows_table() -> None:
     for rows in (1, 2, 3, 4, 8, 16, 32, 64, 127):
         x = torch.randn(rows, k).bfloat16()
         kernels = {"tiles": lambda m: ops.q4_gemm(x, m, amx=True), "avx512 exact": ops.q4_gemm,
-                   "int8": ops.q4_q8_gemm}
+                   "int16": ops.q4_i16_gemm, "int8": ops.q4_q8_gemm}
         times = {name: [] for name in kernels}
         for _ in range(7):  # the kernels take turns, so each meets the same moments of the host
             for name, fn in kernels.items():
@@ -131,7 +137,8 @@ def rows_table() -> None:
                 times[name].append((time.perf_counter() - began) / len(mats) * 1000)
         ms = {name: statistics.median(t) for name, t in times.items()}
         print(f"{rows:4d} rows: " + ", ".join(f"{name} {v:.3f} ms" for name, v in ms.items())
-              + f"; tiles / avx512 exact {ms['tiles'] / ms['avx512 exact']:.2f}x")
+              + f"; tiles / avx512 exact {ms['tiles'] / ms['avx512 exact']:.2f}x"
+              + f", int16 / avx512 exact {ms['int16'] / ms['avx512 exact']:.2f}x")
 
 
 def main() -> None:
@@ -143,6 +150,9 @@ def main() -> None:
                         help="time one matrix of each shape instead (this process)")
     parser.add_argument("--rows", action="store_true",
                         help="the exact product by row count instead (this process)")
+    parser.add_argument("--switch", choices=sorted(SWITCHES), default="amx",
+                        help="what is compared on against off: the AMX tiles (PAGEDLLM_CPU_AMX) or "
+                             "the 16-bit integer activations (PAGEDLLM_CPU_INT16)")
     args = parser.parse_args()
     if args.projections:
         projections()
@@ -161,18 +171,20 @@ def main() -> None:
                 write_random_q4_0(path)
         runs = {True: [], False: []}
         for _ in range(args.rounds):
-            for amx in (True, False):
-                runs[amx].append(measure(path, amx))
-        best = {amx: {key: (min if key.startswith("ttft") else max)(r[key] for r in rs)
-                      for key in rs[0] if key != "level"} | {"level": rs[0]["level"]}
-                for amx, rs in runs.items()}
-        results[name] = {"tiles": best[True], "kernels": best[False]}
-        print(f"{name}: {best[True]['level']} against {best[False]['level']}")
+            for on in (True, False):
+                runs[on].append(measure(path, on, args.switch))
+        # times: the least; rates: the most
+        best = {on: {key: (min if key.endswith("_ms") else max)(r[key] for r in rs)
+                     for key in rs[0] if key != "level"} | {"level": rs[0]["level"]}
+                for on, rs in runs.items()}
+        results[name] = {"switch": args.switch, "on": best[True], "off": best[False]}
+        print(f"{name}: {best[True]['level']} against {best[False]['level']}, "
+              f"{SWITCHES[args.switch]}=1 against =0")
         for key in best[True]:
             if key == "level":
                 continue
             on, off = best[True][key], best[False][key]
-            print(f"  {key}: {on:.1f} with the tiles, {off:.1f} without: {on / off:.2f}x")
+            print(f"  {key}: {on:.1f} on, {off:.1f} off: {on / off:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

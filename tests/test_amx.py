@@ -192,7 +192,8 @@ def test_on_the_tiles_every_step_below_onednns_rows_is_exact(amx_backend):
     them exact up to AMX_MIN_ROWS: the tiles' exact product is the faster one there."""
     weight = q4_k(64, 512)
     tiles = QuantLinear(None, None, weight, amx_backend, int8_activations=True)
-    assert tiles.exact_max_rows == ALL_ROWS and tiles.amx_exact_min_rows == AMX_EXACT_MIN_ROWS
+    assert tiles.exact_max_rows == ALL_ROWS
+    assert tiles.amx_exact_min_rows == max(AMX_EXACT_MIN_ROWS, tiles.int16_max_rows + 1)
     plain = dataclasses.replace(amx_backend, cpu=dataclasses.replace(amx_backend.cpu, amx=False))
     no_tiles = QuantLinear(None, None, weight, plain, int8_activations=True)
     assert no_tiles.exact_max_rows < 100 and no_tiles.amx_exact_min_rows == ALL_ROWS
@@ -209,7 +210,7 @@ class RecordingOps:
         self.calls = []
 
     def decode_layers(self, hidden, *args):
-        self.calls.append((args[-6], args[-5]))  # exact_max_rows, amx_min_rows
+        self.calls.append((args[-7], args[-6], args[-5]))  # exact, amx, int16 row limits
         return hidden, hidden
 
 
@@ -304,9 +305,11 @@ def test_the_default_model_answers_alike_with_the_tiles_and_without(monkeypatch)
     assert not without.engine.cpu.amx
     plain = [o.token_ids for o in without.generate(prompts, params)]
     # the short prompt never reaches the tiles: the same tokens; the long one's prefill
-    # (its weights rounded to bfloat16) agrees on the first tokens at least
+    # (its weights rounded to bfloat16) agrees on the first tokens at least (its third is a
+    # near tie: float32 puts 3426 0.02 above 808 in log-probability, and bfloat16 activations
+    # move the two by more than that)
     assert tiled[0] == plain[0]
-    assert tiled[1][:4] == plain[1][:4]
+    assert tiled[1][:2] == plain[1][:2]
 
 
 @pytest.mark.skipif(not HOST_HAS_AMX, reason=WHY_NOT)
@@ -319,7 +322,8 @@ def test_the_decode_loop_on_the_tiles_is_bit_identical_to_the_python_layers(monk
     from pagedllm import LLM
 
     model = LLM(dtype="bfloat16", kv_cache_memory=64 << 20).engine.runner.model
-    assert model.decode_loop is not None and model.decode_loop.amx_min_rows == AMX_EXACT_MIN_ROWS
+    loop = model.decode_loop
+    assert loop is not None and loop.amx_min_rows == max(AMX_EXACT_MIN_ROWS, loop.int16_max_rows + 1)
     seqs = [[1, 504, 3300, 28, 253, 1135, 30, 216], [9690, 17, 2], list(range(100, 120))] + \
         [[200 + i] * (3 + i) for i in range(9)]
     fast = run_paged(model, seqs, block_size=16, chunk=1)

@@ -85,13 +85,15 @@ def test_decode_layers_rejects_mismatched_arguments(fast_model):
     args = (torch.tensor([0]), loop.cos, loop.sin)
     no_lora = ([], [], None, None)
     tail = (torch.tensor([0]), torch.zeros(1, 1, dtype=torch.long), torch.tensor([1]),
-            loop.num_heads, loop.eps, loop.scale, loop.exact_max_rows, loop.amx_min_rows, *no_lora)
+            loop.num_heads, loop.eps, loop.scale, loop.exact_max_rows, loop.amx_min_rows,
+            loop.int16_max_rows, *no_lora)
     keys, values = [c.key for c in kv], [c.value for c in kv]
     with pytest.raises(RuntimeError, match="6 weights and a key and value cache per layer"):
         loop.ops.decode_layers(hidden, *args, loop.weights[:-1], keys, values, [], [], *tail)
     with pytest.raises(RuntimeError, match="a row limit per layer"):
-        loop.ops.decode_layers(hidden, *args, loop.weights, keys, values, [], [], *tail[:-6],
-                               loop.exact_max_rows[:-1], loop.amx_min_rows, *no_lora)
+        loop.ops.decode_layers(hidden, *args, loop.weights, keys, values, [], [], *tail[:-7],
+                               loop.exact_max_rows[:-1], loop.amx_min_rows, loop.int16_max_rows,
+                               *no_lora)
     with pytest.raises(RuntimeError, match="one decode token per sequence"):
         loop.ops.decode_layers(hidden.expand(2, -1), *args, loop.weights, keys, values, [], [], *tail)
     int8 = make_kv_caches(config, 4, 16, torch.bfloat16, "int8")

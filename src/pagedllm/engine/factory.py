@@ -240,6 +240,8 @@ def _log_loaded(parts: EngineParts, window_blocks: int | None, seconds: float) -
     if cpu.has_amx and not cpu.amx and parts.backend.kernels is not None:
         amx = ("; AMX tiles unused (PAGEDLLM_CPU_AMX=0, a level below avx512, or the OS "
                "refused the tiles' state)")
+    if cpu.int16 and parts.backend.kernels is not None:
+        amx += "; few-row 4-bit products with 16-bit integer activations (PAGEDLLM_CPU_INT16)"
     logger.info("CPU kernels: %s (this CPU runs up to %s%s%s)",
                 cpu.summary if parts.backend.kernels is not None else "none, torch fallback",
                 cpu.best + ("+amx" if cpu.has_amx and cpu.best == "avx512" else ""),

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from pagedllm.kernels.cpu import (AMX_ENV_VAR, ENV_VAR, LEVELS, Capabilities, UnsupportedISAError,
-                                  detect)
+from pagedllm.kernels.cpu import (AMX_ENV_VAR, ENV_VAR, INT16_ENV_VAR, LEVELS, Capabilities,
+                                  UnsupportedISAError, detect)
 from pagedllm.kernels.torch_ops import TorchOps, torch_ops
 
 __all__ = ["LEVELS", "Capabilities", "TorchOps", "UnsupportedISAError", "capabilities",
@@ -26,15 +26,16 @@ __all__ = ["LEVELS", "Capabilities", "TorchOps", "UnsupportedISAError", "capabil
 
 
 @lru_cache(maxsize=None)
-def _capabilities(requested: str | None, amx: str | None) -> Capabilities:
+def _capabilities(requested: str | None, amx: str | None, int16: str | None) -> Capabilities:
     return detect(requested or "")
 
 
 def capabilities() -> Capabilities:
-    """This CPU's record, with the level PAGEDLLM_CPU_ISA asks for and AMX unless
-    PAGEDLLM_CPU_AMX=0 (read on every call, so a test or a benchmark can switch between
-    models)."""
-    return _capabilities(os.environ.get(ENV_VAR) or None, os.environ.get(AMX_ENV_VAR))
+    """This CPU's record, with the level PAGEDLLM_CPU_ISA asks for, AMX unless
+    PAGEDLLM_CPU_AMX=0, and PAGEDLLM_CPU_INT16's choice (read on every call, so a test or a
+    benchmark can switch between models)."""
+    return _capabilities(os.environ.get(ENV_VAR) or None, os.environ.get(AMX_ENV_VAR),
+                         os.environ.get(INT16_ENV_VAR))
 
 
 def kernels_for(level: str):

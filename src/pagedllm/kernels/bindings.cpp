@@ -52,9 +52,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "too, and Linux granted this process their state");
   m.def("q4_q8_gemm", &q4_q8_gemm, NoGil(),
         "x [M, K] bfloat16, rounded to int8 per group of 32, @ packed 4-bit weight.T -> [M, N] bfloat16");
+  m.def("q4_i16_gemm", &q4_i16_gemm, NoGil(),
+        "x [M, K] bfloat16, held as 16-bit integers per group of 32, @ packed 4-bit weight.T -> "
+        "[M, N] bfloat16 (the avx512 level; exact, q4_gemm, elsewhere)");
+  m.def("int16_tiles_built", &pagedllm::kernel::int16_tiles_built,
+        "whether q4_i16_gemm has its own tile in this build (avx512), rather than q4_gemm's");
   m.def("q4_linear", &q4_linear, NoGil(),
-        "q4_gemm up to exact_max_rows rows (on the AMX tiles from amx_min_rows), q4_q8_gemm above",
-        arg("x"), arg("packed"), arg("exact_max_rows"), arg("amx_min_rows") = kNoRows);
+        "q4_gemm up to exact_max_rows rows (q4_i16_gemm up to int16_max_rows, on the AMX tiles "
+        "from amx_min_rows), q4_q8_gemm above",
+        arg("x"), arg("packed"), arg("exact_max_rows"), arg("amx_min_rows") = kNoRows,
+        arg("int16_max_rows") = 0);
   m.def("decode_layers", &decode_layers, NoGil(),
         "every decoder layer of a decode step (q4_gemm projections, C++ attention) in one call");
   m.def("q6_pack", &q6_pack, NoGil(), "Q6_K's codes, int8 scales per 16, d -> the tiles q6_gemm reads");

@@ -21,6 +21,13 @@ through the avx512 build's own exact tile kernel (kernels/q4_tiles_amx.h; it che
 and the permission itself before its first tile instruction); models/quant_linear.py chooses.
 ``PAGEDLLM_CPU_AMX=0`` (or a level below avx512) turns them off, to compare, or to prove the
 fallback.
+
+At avx512, the few-row 4-bit products of a decode step on **Intel** cores take the
+activations as 16-bit integers (q4_i16_gemm: integer dot products) instead of bfloat16 pairs:
+those cores issue the bfloat16 pair dot product at a quarter of the integer one's rate, which
+left the one-row product bound by the core rather than by memory (BENCHMARKS.md). AMD's
+cores keep the bfloat16 pairs, measured at 83 % of the memory floor there.
+``PAGEDLLM_CPU_INT16=0`` or ``=1`` overrides the choice, to compare.
 """
 from __future__ import annotations
 
@@ -32,6 +39,9 @@ LEVELS = ("portable", "avx2", "avx512")
 ENV_VAR = "PAGEDLLM_CPU_ISA"
 AMX_ENV_VAR = "PAGEDLLM_CPU_AMX"
 AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})
+INT16_ENV_VAR = "PAGEDLLM_CPU_INT16"
+# The vendors whose cores take the int16 product by default (see above).
+INT16_VENDORS = frozenset({"GenuineIntel"})
 
 # Linux /proc/cpuinfo flag names each level needs (x86 only; other machines run portable).
 REQUIRED_FLAGS = {
@@ -54,6 +64,8 @@ class Capabilities:
     best: str               # the highest level this CPU can run
     level: str              # the level in use: best, or lower where PAGEDLLM_CPU_ISA says
     amx: bool = False       # AMX tiles in use (avx512 level, flags, the OS's permission)
+    int16: bool = False     # few-row 4-bit products with 16-bit integer activations (avx512)
+    vendor: str = ""        # the CPU's vendor_id (GenuineIntel, AuthenticAMD, ...)
 
     @property
     def available(self) -> tuple[str, ...]:
@@ -90,18 +102,38 @@ def amx_tiles_granted() -> bool:
         return False
 
 
-def cpu_flags() -> frozenset[str]:
-    """The feature flags of the first CPU in /proc/cpuinfo ("flags" on x86, "Features" on
-    ARM); empty where that file does not exist (then only the portable level is chosen)."""
+def _cpuinfo_field(names: tuple[str, ...]) -> str | None:
+    """The first CPU's value of the first of `names` in /proc/cpuinfo; None where absent."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
+                if key.strip() in names:
+                    return value.strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """The feature flags of the first CPU in /proc/cpuinfo ("flags" on x86, "Features" on
+    ARM); empty where that file does not exist (then only the portable level is chosen)."""
+    return frozenset((_cpuinfo_field(("flags", "Features")) or "").split())
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor_id (x86: GenuineIntel, AuthenticAMD); empty where not reported."""
+    return _cpuinfo_field(("vendor_id",)) or ""
+
+
+def int16_products(level: str, vendor: str, setting: str | None) -> bool:
+    """Whether the few-row 4-bit products take 16-bit integer activations: at avx512 on the
+    vendors in INT16_VENDORS, unless `setting` (PAGEDLLM_CPU_INT16) says "0" or "1"."""
+    if level != "avx512":
+        return False
+    if setting in ("0", "1"):
+        return setting == "1"
+    return vendor in INT16_VENDORS
 
 
 def best_level(machine: str, flags: frozenset[str]) -> str:
@@ -135,4 +167,6 @@ def detect(requested: str | None = None) -> Capabilities:
     level = resolve_level(best, requested)
     amx = (level == "avx512" and AMX_FLAGS <= flags and os.environ.get(AMX_ENV_VAR) != "0"
            and amx_tiles_granted())
-    return Capabilities(machine, flags, best, level, amx)
+    vendor = cpu_vendor()
+    int16 = int16_products(level, vendor, os.environ.get(INT16_ENV_VAR))
+    return Capabilities(machine, flags, best, level, amx, int16, vendor)

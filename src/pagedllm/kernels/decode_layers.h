@@ -18,7 +18,7 @@ constexpr size_t kWeightsPerLayer = 6;  // input norm, qkv, o, post-attention no
 // side by side (as StackedLinear concatenates them; the 8-bit kernels' float32 rounded to
 // bfloat16 as Int8ActivationLinear rounds it).
 inline torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& parts,
-                            int64_t exact_max_rows, int64_t amx_min_rows) {
+                            int64_t exact_max_rows, int64_t amx_min_rows, int64_t int16_max_rows) {
   std::vector<torch::Tensor> outs;
   for (const auto& packed : parts) {
     const int64_t block = packed.dim() == 3 ? packed.size(2) : 0;
@@ -27,7 +27,7 @@ inline torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<tor
     else if (block == kernel::kQ8PackedBlockBytes)
       outs.push_back(q8_gemm(x, packed).to(at::kBFloat16));
     else
-      outs.push_back(q4_linear(x, packed, exact_max_rows, amx_min_rows));
+      outs.push_back(q4_linear(x, packed, exact_max_rows, amx_min_rows, int16_max_rows));
   }
   TORCH_CHECK(!outs.empty(), "a projection needs at least one packed part");
   return outs.size() == 1 ? outs[0] : torch::cat(outs, 1);
@@ -38,8 +38,8 @@ inline torch::Tensor lowbit_linear(const torch::Tensor& x, const std::vector<tor
 // gate_up, of down (each a list; a norm's holds its one weight).
 // Returns (the last layer's MLP output, the residual stream before adding it), as the
 // Python layers do. key_scales, value_scales: per layer for int8 caches, empty otherwise.
-// exact_max_rows, per layer, and amx_min_rows: as QuantLinear's, where q4_linear changes
-// kernel. LoRA (lora/slots.py), where a step's tokens use adapters: lora_stacks holds per layer
+// exact_max_rows, per layer, amx_min_rows and int16_max_rows: as QuantLinear's, where
+// q4_linear changes kernel. LoRA (lora/slots.py), where a step's tokens use adapters: lora_stacks holds per layer
 // and projection (qkv, o, gate_up, down) its A and B stacks (8 a layer; empty: no LoRA),
 // lora_part_starts each projection's parts' first columns (4 lists), lora_slots and
 // lora_scales each token's slot (-1: the base) and scale; each projection's output then gets
@@ -54,7 +54,7 @@ inline std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Ten
                                          torch::Tensor slot_mapping, torch::Tensor block_tables,
                                          torch::Tensor seq_lens, int64_t num_heads, double eps,
                                          double scale, std::vector<int64_t> exact_max_rows,
-                                         int64_t amx_min_rows,
+                                         int64_t amx_min_rows, int64_t int16_max_rows,
                                          std::vector<torch::Tensor> lora_stacks,
                                          std::vector<std::vector<int64_t>> lora_part_starts,
                                          c10::optional<torch::Tensor> lora_slots,
@@ -86,7 +86,7 @@ inline std::vector<torch::Tensor> decode_layers(torch::Tensor hidden, torch::Ten
     // Projection k of the layer (0 qkv, 1 o, 2 gate_up, 3 down), with its adapters' products.
     const auto linear = [&](const torch::Tensor& in, const std::vector<torch::Tensor>& parts,
                             size_t k) {
-      auto out = lowbit_linear(in, parts, exact_max_rows[l], amx_min_rows);
+      auto out = lowbit_linear(in, parts, exact_max_rows[l], amx_min_rows, int16_max_rows);
       if (lora) {
         lora_add(out, in.contiguous(), lora_stacks[(l * 4 + k) * 2], lora_stacks[(l * 4 + k) * 2 + 1],
                  *lora_slots, *lora_scales, lora_part_starts[k]);

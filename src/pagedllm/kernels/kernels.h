@@ -71,11 +71,17 @@ void q4_pack(const uint8_t* codes, const f16* d, const f16* m, int64_t n, int64_
 // Q4_K: scales, mins [n, k / 32] (0..63); d, neg_dmin [n, k / 256] float16 -> [n / 16, k / 256, 2368].
 void q4k_pack(const uint8_t* codes, const uint8_t* scales, const uint8_t* mins, const f16* d,
               const f16* neg_dmin, int64_t n, int64_t k, uint8_t* packed);
-// x [rows, k] @ the packed [n, k].T -> out [rows, n]; super: packed by q4k_pack. exact: the
-// exact tile (q4_gemm), else activations rounded to int8 first (q4_q8_gemm). amx: the exact
-// product on the AMX tiles (q4_tiles_amx.h) where amx_tiles_usable(), else on the exact tile.
-void q4_gemm(const bf16* x, const uint8_t* packed, bool super, bool exact, bool amx, int64_t rows,
+// How q4_gemm multiplies. kExact: the exact tile (bfloat16 activations, exact products).
+// kAmx: the same product on the AMX tiles (q4_tiles_amx.h) where amx_tiles_usable(), else
+// kExact. kInt16: the activations as 16-bit integers per group of 32 (lowbit_gemm.h:
+// split_rows) on integer dot products, where int16_tiles_built(), else kExact. kInt8: the
+// activations rounded to int8 per group of 32 first (q4_q8_gemm).
+enum class Q4Product { kExact, kAmx, kInt16, kInt8 };
+// x [rows, k] @ the packed [n, k].T -> out [rows, n]; super: packed by q4k_pack.
+void q4_gemm(const bf16* x, const uint8_t* packed, bool super, Q4Product product, int64_t rows,
              int64_t k, int64_t n, bf16* out);
+// This build has the 16-bit activation tile (the avx512 level: AVX512-VNNI).
+bool int16_tiles_built();
 // The same product with each weight rounded to bfloat16 first (as dequantizing it for a dense
 // product does), fused on the AMX tiles where amx_tiles_usable(); exactly (q4_gemm) elsewhere.
 void q4_bf16_gemm(const bf16* x, const uint8_t* packed, bool super, int64_t rows, int64_t k, int64_t n,

@@ -133,6 +133,69 @@ inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes
 }
 #endif
 
+#if defined(__AVX512BW__)
+// Activation rows as 16-bit integers per group of 32, held as two int8 halves so that the
+// int8 tiles' integer dot products take them: x = scale * xi, xi = 256 * hi + lo, hi and lo
+// in -128..127 (q4_i16_gemm). The scale is a power of two that maps the group's largest
+// binade to [2^13, 2^14): every bfloat16 value within 6 binades of the group's largest is
+// exact (it has 8 significant bits), the rest round at 2^-14 of the largest, 32 times finer
+// than bfloat16 rounds the largest value itself. Codes interleaved as quantize_rows<true>
+// stores them. A group holding a NaN or an infinity gets codes 0 and a NaN scale, as
+// quantize_group gives it.
+struct Int16Rows {
+  std::unique_ptr<int8_t[]> high;  // [M, K]
+  std::unique_ptr<int8_t[]> low;   // [M, K]
+  std::unique_ptr<float[]> scale;  // [M, K / 32]
+  std::unique_ptr<float[]> sum;    // [M, K / 32]: scale * sum(xi), for the m term
+};
+
+inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& scale, float& sum) {
+  const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  const __m512i a = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)v)), 16);
+  const __m512i b = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v + 16))), 16);
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  const uint32_t top = _mm512_reduce_max_epu32(
+      _mm512_max_epu32(_mm512_and_si512(a, magnitude), _mm512_and_si512(b, magnitude)));
+  if (top >= 0x7F800000u) {
+    std::memset(high, 0, kGroup);
+    std::memset(low, 0, kGroup);
+    scale = sum = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  // e: the biased exponent of the largest |x|; the multiplier 2^(140 - e), the scale its
+  // inverse. Below 2^-113 the multiplier stays at 2^127 (float32's largest power of two).
+  const int32_t e = static_cast<int32_t>(top >> 23);
+  const uint32_t up_bits = static_cast<uint32_t>(std::min<int32_t>(267 - e, 254)) << 23;
+  float up;
+  std::memcpy(&up, &up_bits, 4);
+  scale = 1.0f / up;  // exact: a power of two
+  const __m512i ia = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(up)));
+  const __m512i ib = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(b), _mm512_set1_ps(up)));
+  // |xi| < 2^14: hi = round(xi / 256) in -64..64, lo = xi - 256 hi in -128..127.
+  const __m512i half = _mm512_set1_epi32(128);
+  const __m512i ha = _mm512_srai_epi32(_mm512_add_epi32(ia, half), 8);
+  const __m512i hb = _mm512_srai_epi32(_mm512_add_epi32(ib, half), 8);
+  const __m512i la = _mm512_sub_epi32(ia, _mm512_slli_epi32(ha, 8));
+  const __m512i lb = _mm512_sub_epi32(ib, _mm512_slli_epi32(hb, 8));
+  _mm_storeu_si128((__m128i*)high, _mm_shuffle_epi8(_mm512_cvtepi32_epi8(ha), order));
+  _mm_storeu_si128((__m128i*)(high + 16), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(hb), order));
+  _mm_storeu_si128((__m128i*)low, _mm_shuffle_epi8(_mm512_cvtepi32_epi8(la), order));
+  _mm_storeu_si128((__m128i*)(low + 16), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(lb), order));
+  sum = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib)));
+}
+
+// x [rows, k] bfloat16, k a multiple of 32 (a few rows: a decode step's, not worth threads).
+inline Int16Rows split_rows(const bf16* x, int64_t rows, int64_t k) {
+  const int64_t groups = rows * (k / kGroup);
+  Int16Rows q{pagedllm::scratch<int8_t>(rows * k), pagedllm::scratch<int8_t>(rows * k),
+              pagedllm::scratch<float>(groups), pagedllm::scratch<float>(groups)};
+  const auto* xp = reinterpret_cast<const uint16_t*>(x);
+  for (int64_t i = 0; i < groups; ++i)
+    split_group(xp + i * kGroup, q.high.get() + i * kGroup, q.low.get() + i * kGroup, q.scale[i], q.sum[i]);
+  return q;
+}
+#endif
+
 // x [rows, k] bfloat16, k a multiple of 32.
 template <bool kInterleaved>
 Int8Rows quantize_rows(const bf16* x, int64_t rows, int64_t k) {

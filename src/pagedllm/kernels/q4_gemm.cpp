@@ -8,6 +8,9 @@
 //     and + or, and x . (128 + q) over a group is one dot-product chain in float32;
 //   - per group, sum x*w = d * (x . (128 + q)) + (m - 128 d) * sum(x), so the scales are
 //     applied once per 32 inputs, with sum(x) computed once per call.
+// - q4_i16_gemm, for the same few rows where bfloat16 pair dot products are slow (Intel's
+//   cores: kernels/cpu.py chooses): the activations held as 16-bit integers per group, exact
+//   within 6 binades of the group's largest value, on two int8 integer dot products each.
 // - q4_q8_gemm, for the many rows of a prefill, where the products are the cost: the
 //   activations rounded to int8 first, then integer dot products (AVX512-VNNI, or AVX2's
 //   vpmaddubsw as llama.cpp's Q4 x Q8) at twice the products per instruction.
@@ -16,7 +19,7 @@
 // of output row i, and the scales as the GGUF file stores them: d and m as float16 per group
 // (q4_pack: Q4_0, Q4_1), or Q4_K's 6-bit scales and mins per group under a float16 d and dmin
 // per 256 inputs (q4k_pack).
-// Every CPU level builds all three; the tiles (the inner products) come from the header of
+// Every CPU level builds all four (q4_i16_gemm is the exact product below avx512); the tiles (the inner products) come from the header of
 // the level this file is compiled for: AVX-512 BF16/VNNI, AVX2 (vpmaddubsw), or portable C++.
 #include <type_traits>
 
@@ -53,6 +56,16 @@ struct Tiles {
       nullptr, tile_rows_int8<L, 1>, tile_rows_int8<L, 2>, tile_rows_int8<L, 3>, tile_rows_int8<L, 4>,
       tile_rows_int8<L, 5>, tile_rows_int8<L, 6>, tile_rows_int8<L, 7>, tile_rows_int8<L, 8>};
 };
+
+#if defined(PAGEDLLM_INT16_TILES)
+template <class L>
+struct Int16Tiles {
+  using Fn = decltype(&tile_rows_int16<L, 1>);
+  static constexpr Fn kFns[kRowBlock + 1] = {
+      nullptr, tile_rows_int16<L, 1>, tile_rows_int16<L, 2>, tile_rows_int16<L, 3>, tile_rows_int16<L, 4>,
+      tile_rows_int16<L, 5>, tile_rows_int16<L, 6>, tile_rows_int16<L, 7>, tile_rows_int16<L, 8>};
+};
+#endif
 
 // The 16 lanes of code vector j of row block `rows` (16 rows of [N, K] codes from input k0):
 // lane i holds the codes of inputs k0 + 8j .. k0 + 8j + 7 of row i, at code_shift's bits.
@@ -154,6 +167,25 @@ void exact_gemm(const bf16* x, const uint8_t* wp, bool super, bool amx, int64_t 
   });
 }
 
+// The same with x held as 16-bit integers per group of 32 (split_rows), where this level has
+// the int16 tile (avx512: VNNI); the exact product elsewhere.
+void int16_gemm(const bf16* x, const uint8_t* wp, bool super, int64_t rows, int64_t k, int64_t n,
+                bf16* op) {
+#if defined(PAGEDLLM_INT16_TILES)
+  const int64_t groups = k / kGroup, tiles = n / kTile;
+  const int64_t tile_bytes = super ? groups / SuperLayout::kGroupsPerBlock * SuperLayout::kBlockBytes
+                                   : groups * GroupLayout::kBlockBytes;
+  const Int16Rows xq = split_rows(x, rows, k);
+  const auto* fns = super ? Int16Tiles<SuperLayout>::kFns : Int16Tiles<GroupLayout>::kFns;
+  for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
+    fns[rb](wp + t * tile_bytes, groups, xq.high.get() + r0 * k, xq.low.get() + r0 * k, k,
+            xq.scale.get() + r0 * groups, xq.sum.get() + r0 * groups, op + r0 * n + t * kTile, n);
+  });
+#else
+  exact_gemm(x, wp, super, false, rows, k, n, op);
+#endif
+}
+
 // The same with x rounded to int8 per group of 32 first (as llama.cpp multiplies Q4 weights):
 // approximate, and about twice the arithmetic rate, for the many rows of a prefill.
 void int8_gemm(const bf16* x, const uint8_t* wp, bool super, int64_t rows, int64_t k, int64_t n,
@@ -214,11 +246,23 @@ void q4_bf16_gemm(const bf16* x, const uint8_t* packed, bool super, int64_t rows
   exact_gemm(x, packed, super, false, rows, k, n, out);
 }
 
-void q4_gemm(const bf16* x, const uint8_t* packed, bool super, bool exact, bool amx, int64_t rows,
+void q4_gemm(const bf16* x, const uint8_t* packed, bool super, Q4Product product, int64_t rows,
              int64_t k, int64_t n, bf16* out) {
   if (rows == 0) return;
-  if (exact) exact_gemm(x, packed, super, amx && amx_tiles_usable(), rows, k, n, out);
-  else int8_gemm(x, packed, super, rows, k, n, out);
+  switch (product) {
+    case Q4Product::kExact: return exact_gemm(x, packed, super, false, rows, k, n, out);
+    case Q4Product::kAmx: return exact_gemm(x, packed, super, amx_tiles_usable(), rows, k, n, out);
+    case Q4Product::kInt16: return int16_gemm(x, packed, super, rows, k, n, out);
+    case Q4Product::kInt8: return int8_gemm(x, packed, super, rows, k, n, out);
+  }
+}
+
+bool int16_tiles_built() {
+#if defined(PAGEDLLM_INT16_TILES)
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace pagedllm::kernel

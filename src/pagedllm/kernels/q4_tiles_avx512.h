@@ -1,5 +1,6 @@
 // The 4-bit tiles with AVX-512 intrinsics (the avx512 build): q4_gemm's exact tile on
-// AVX512-BF16 pair dot products, q4_q8_gemm's on AVX512-VNNI. Included by q4_gemm.cpp only.
+// AVX512-BF16 pair dot products, q4_q8_gemm's and q4_i16_gemm's on AVX512-VNNI. Included by
+// q4_gemm.cpp only.
 #pragma once
 #include "q4_layout.h"
 
@@ -132,6 +133,63 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
     for (int r = 0; r < R; ++r) {
       __m512i sum = acc[0][r];
       for (int s = 1; s < S; ++s) sum = _mm512_add_epi32(sum, acc[s][r]);
+      const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, total[r]);
+      total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx_sum[r * groups + g]), total[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), (__m256i)_mm512_cvtneps_pbh(total[r]));
+}
+
+// The few-row product where bfloat16 pair dot products are slow (Intel's cores issue
+// vdpbf16ps at a quarter of vpdpbusd's rate: BENCHMARKS.md): R rows of activations as 16-bit
+// integers held in two int8 halves (split_rows) times one tile. The int8 tile's dot products
+// run twice, on hi and on lo, and recombine exactly in int32 per group:
+//   sum x*w = dx * (d * (256 * (hi . q) + lo . q) + m * sum(xi)).
+// The sums are integers, so a row's result does not depend on the order of the chains, nor
+// on which rows share the call.
+#define PAGEDLLM_INT16_TILES 1
+template <class L, int R>
+void tile_rows_int16(const uint8_t* tile, int64_t groups, const int8_t* xh, const int8_t* xl,
+                     int64_t ldx, const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
+  // Chains per half and row: a group's 8 dot products of a half in one chain per row wait on
+  // each other's latency when the rows are few.
+  constexpr int S = R == 1 ? 4 : (R <= 4 ? 2 : 1);
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = group_codes<L>(tile, g);
+    prefetch_group<L>(tile, g);
+    __m512i hi[S][R], lo[S][R];
+    for (int s = 0; s < S; ++s)
+      for (int r = 0; r < R; ++r) hi[s][r] = lo[s][r] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_loadu_si512(block + 64 * j);
+      const __m512i low = _mm512_and_si512(v, nibble);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi32(v, 4), nibble);
+      const int64_t k = g * kGroup + 8 * j;
+      for (int r = 0; r < R; ++r) {
+        __m512i& h0 = hi[(2 * j) % S][r];
+        __m512i& l0 = lo[(2 * j) % S][r];
+        h0 = _mm512_dpbusd_epi32(h0, low, broadcast_quad(xh + r * ldx + k));
+        l0 = _mm512_dpbusd_epi32(l0, low, broadcast_quad(xl + r * ldx + k));
+        __m512i& h1 = hi[(2 * j + 1) % S][r];
+        __m512i& l1 = lo[(2 * j + 1) % S][r];
+        h1 = _mm512_dpbusd_epi32(h1, high, broadcast_quad(xh + r * ldx + k + 4));
+        l1 = _mm512_dpbusd_epi32(l1, high, broadcast_quad(xl + r * ldx + k + 4));
+      }
+    }
+    __m512 d, m;
+    group_scales<L>(tile, g, d, m);
+    for (int r = 0; r < R; ++r) {
+      __m512i h = hi[0][r], l = lo[0][r];
+      for (int s = 1; s < S; ++s) {
+        h = _mm512_add_epi32(h, hi[s][r]);
+        l = _mm512_add_epi32(l, lo[s][r]);
+      }
+      const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(h, 8), l);
       const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
       total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, total[r]);
       total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx_sum[r * groups + g]), total[r]);

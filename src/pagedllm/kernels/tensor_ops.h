@@ -301,16 +301,15 @@ inline torch::Tensor check_gemm(const torch::Tensor& x, const torch::Tensor& pac
   return x.contiguous();
 }
 
-// A 4-bit product: exact (q4_gemm; on the AMX tiles when amx, where they are usable) or with
-// the activations rounded to int8 (q4_q8_gemm).
-inline torch::Tensor q4_product(const torch::Tensor& x, const torch::Tensor& packed, bool exact,
-                                bool amx = false) {
+// A 4-bit product, as kernels.h's Q4Product says.
+inline torch::Tensor q4_product(const torch::Tensor& x, const torch::Tensor& packed,
+                                kernel::Q4Product product) {
   const bool super = packed.dim() == 3 && packed.size(2) == kernel::kQ4KPackedBlockBytes;
   const auto xc = super ? check_gemm(x, packed, kernel::kQ4KPackedBlockBytes, "q4k_pack", 8)
                         : check_gemm(x, packed, kernel::kQ4PackedBlockBytes, "q4_pack");
   const int64_t rows = xc.size(0), n = packed.size(0) * kTileRows;
   auto out = torch::empty({rows, n}, x.options());
-  kernel::q4_gemm(as<bf16>(xc), packed.data_ptr<uint8_t>(), super, exact, amx, rows, xc.size(1), n,
+  kernel::q4_gemm(as<bf16>(xc), packed.data_ptr<uint8_t>(), super, product, rows, xc.size(1), n,
                   as_mut<bf16>(out));
   return out;
 }
@@ -351,23 +350,34 @@ inline torch::Tensor q4_bf16_gemm(torch::Tensor x, torch::Tensor packed) {
 }
 
 inline torch::Tensor q4_gemm(torch::Tensor x, torch::Tensor packed, bool amx) {
-  return q4_product(x, packed, true, amx);
+  return q4_product(x, packed, amx ? kernel::Q4Product::kAmx : kernel::Q4Product::kExact);
+}
+
+// The few-row product with x held as 16-bit integers per group of 32 (kernels.h: kInt16).
+inline torch::Tensor q4_i16_gemm(torch::Tensor x, torch::Tensor packed) {
+  return q4_product(x, packed, kernel::Q4Product::kInt16);
 }
 
 // The same with x rounded to int8 per group of 32 first (as llama.cpp multiplies Q4 weights):
 // approximate, and about twice the arithmetic rate, for the many rows of a prefill.
 inline torch::Tensor q4_q8_gemm(torch::Tensor x, torch::Tensor packed) {
-  return q4_product(x, packed, false);
+  return q4_product(x, packed, kernel::Q4Product::kInt8);
 }
 
 // The 4-bit product a layer takes at this row count: exact (q4_gemm) up to exact_max_rows,
 // for decode steps of a few sequences, where it costs the same; activations rounded to int8
-// (q4_q8_gemm) above, where that is 1.3-1.5x faster (benchmarks/linear_kernels.py). An exact
-// product of at least amx_min_rows rows runs on the AMX tiles.
+// (q4_q8_gemm) above, where that is 1.3-1.5x faster (benchmarks/linear_kernels.py). Within
+// the exact range, up to int16_max_rows rows take 16-bit integer activations (q4_i16_gemm),
+// and from amx_min_rows rows the AMX tiles.
 inline torch::Tensor q4_linear(torch::Tensor x, torch::Tensor packed, int64_t exact_max_rows,
-                               int64_t amx_min_rows) {
-  const bool exact = x.size(0) <= exact_max_rows;
-  return q4_product(x, packed, exact, exact && x.size(0) >= amx_min_rows);
+                               int64_t amx_min_rows, int64_t int16_max_rows) {
+  using kernel::Q4Product;
+  const int64_t rows = x.size(0);
+  const Q4Product product = rows > exact_max_rows  ? Q4Product::kInt8
+                            : rows <= int16_max_rows ? Q4Product::kInt16
+                            : rows >= amx_min_rows   ? Q4Product::kAmx
+                                                     : Q4Product::kExact;
+  return q4_product(x, packed, product);
 }
 
 // codes [N, K] uint8 (0..63), scales [N, K / 16] int8, d [N, K / 256] float32 (exact float16

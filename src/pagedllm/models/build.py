@@ -215,7 +215,7 @@ def decode_loop_for(model: DecoderStack | LlamaForCausalLM, ops) -> DecodeLoop |
     if (ops is None or model.dtype != torch.bfloat16 or config.num_experts
             or config.sandwich_norms or config.sliding_window is not None):
         return None  # (the C++ loop runs Llama-shaped layers with dense MLPs, no window, only)
-    weights, max_rows, exact_max_rows, amx_min_rows = [], [], [], set()
+    weights, max_rows, exact_max_rows, amx_min_rows, int16_max_rows = [], [], [], set(), set()
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         projections = [_kernel_parts(getattr(getattr(layer, part), name), ops)
@@ -232,7 +232,8 @@ def decode_loop_for(model: DecoderStack | LlamaForCausalLM, ops) -> DecodeLoop |
         four_bit = [m for parts in projections for m in parts if isinstance(m, QuantLinear)]
         exact = {m.exact_max_rows for m in four_bit}
         amx = {m.amx_exact_min_rows for m in four_bit}
-        if len(exact) > 1 or len(amx) > 1:
+        int16 = {m.int16_max_rows for m in four_bit}
+        if len(exact) > 1 or len(amx) > 1 or len(int16) > 1:
             return None
         packed = [[m.packed for m in parts] for parts in projections]
         weights += [[layer.input_layernorm.weight], packed[0], packed[1],
@@ -240,13 +241,15 @@ def decode_loop_for(model: DecoderStack | LlamaForCausalLM, ops) -> DecodeLoop |
         max_rows += [m.max_rows for m in four_bit]
         exact_max_rows.append(exact.pop() if exact else ALL_ROWS)
         amx_min_rows.update(amx)
-    if len(amx_min_rows) > 1:
+        int16_max_rows.update(int16)
+    if len(amx_min_rows) > 1 or len(int16_max_rows) > 1:
         return None
     first = model.layers[0]
     return DecodeLoop(ops, weights, first.self_attn.rotary.cos, first.self_attn.rotary.sin,
                       first.self_attn.num_heads, first.input_layernorm.eps,
                       first.self_attn.backend.scale, min(max_rows, default=ALL_ROWS), exact_max_rows,
-                      amx_min_rows.pop() if amx_min_rows else ALL_ROWS)
+                      amx_min_rows.pop() if amx_min_rows else ALL_ROWS,
+                      int16_max_rows.pop() if int16_max_rows else 0)
 
 
 def _kernel_parts(module, ops) -> list | None:

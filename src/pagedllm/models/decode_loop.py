@@ -22,7 +22,8 @@ from pagedllm.models.quant_linear import ALL_ROWS
 class DecodeLoop:
     def __init__(self, ops, weights: list[list[torch.Tensor]], cos: torch.Tensor, sin: torch.Tensor,
                  num_heads: int, eps: float, scale: float, max_rows: int,
-                 exact_max_rows: list[int], amx_min_rows: int = ALL_ROWS):
+                 exact_max_rows: list[int], amx_min_rows: int = ALL_ROWS,
+                 int16_max_rows: int = 0):
         self.ops = ops
         self.weights = weights
         self.cos, self.sin = cos, sin
@@ -30,6 +31,7 @@ class DecodeLoop:
         self.max_rows = max_rows  # the projections' rows on 4-bit codes
         self.exact_max_rows = exact_max_rows  # per layer: and exactly (QuantLinear's)
         self.amx_min_rows = amx_min_rows  # exact products on the AMX tiles from (QuantLinear's)
+        self.int16_max_rows = int16_max_rows  # 16-bit integer activations up to (QuantLinear's)
         self.lora = None  # the model's LoRA slots, once attached (LoRASlots.attach_to_loop)
 
     def applies(self, meta: AttentionMetadata, tokens: int) -> bool:
@@ -43,19 +45,21 @@ class DecodeLoop:
         batch = meta.decode_batch()
         quantized = kv_caches[0].quantized
         exact_max_rows, amx_min_rows = self.exact_max_rows, self.amx_min_rows
+        int16_max_rows = self.int16_max_rows
         if meta.num_requests is not None and meta.num_requests < len(batch.rows):
-            # Verifying proposals: exact or int8-rounded activations, on the AMX tiles or
-            # not, as a plain decode step of these requests would have them, so the tokens
-            # kept are the ones plain decoding gives, bit for bit.
+            # Verifying proposals: exact, 16-bit or int8-rounded activations, on the AMX
+            # tiles or not, as a plain decode step of these requests would have them, so the
+            # tokens kept are the ones plain decoding gives, bit for bit.
             exact_max_rows = [ALL_ROWS if meta.num_requests <= rows else 0
                               for rows in exact_max_rows]
             amx_min_rows = 0 if meta.num_requests >= amx_min_rows else ALL_ROWS
+            int16_max_rows = ALL_ROWS if meta.num_requests <= int16_max_rows else 0
         hidden, residual = self.ops.decode_layers(
             hidden, positions, self.cos, self.sin, self.weights, [kv.key for kv in kv_caches],
             [kv.value for kv in kv_caches], [kv.key_scale for kv in kv_caches] if quantized else [],
             [kv.value_scale for kv in kv_caches] if quantized else [], meta.slot_mapping,
             batch.block_tables, batch.seq_lens, self.num_heads, self.eps, self.scale,
-            exact_max_rows, amx_min_rows, *self._lora_args())
+            exact_max_rows, amx_min_rows, int16_max_rows, *self._lora_args())
         return hidden, residual
 
     def _lora_args(self) -> tuple:

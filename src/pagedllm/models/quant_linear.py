@@ -54,6 +54,12 @@ AMX_EXACT_MIN_ROWS = 3
 AMX_FUSED_MAX_ROWS = 512
 INT4_MAX_ROWS = 8
 ALL_ROWS = 1 << 62
+# Where the CPU takes 4-bit products with 16-bit integer activations (kernels/cpu.py: Intel
+# at avx512), up to this many rows, by whether the AMX tiles are in use: there q4_i16_gemm
+# is 1.15x the exact tile at one row and 1.75x at 8, so it replaces the exact tile at every
+# row count (a row's result stays independent of the rows beside it), and it is ahead of the
+# AMX tiles up to 4 rows (benchmarks/amx_prefill.py --rows).
+INT16_MAX_ROWS = {False: ALL_ROWS, True: 4}
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
 
 
@@ -95,7 +101,9 @@ class DenseLinear:
 class QuantLinear(nn.Module):
     """x @ W.T (+ b) for a 4-bit GGUF weight in a bfloat16 model. With the C++ kernels (any
     level): exactly (q4_gemm) up to exact_max_rows, with int8-rounded activations
-    (q4_q8_gemm) above, unless int8_activations is off; no dense copy. Without them: torch's
+    (q4_q8_gemm) above, unless int8_activations is off; no dense copy. Within the exact
+    range, up to int16_max_rows rows take 16-bit integer activations (q4_i16_gemm) where the
+    CPU prefers them (kernels/cpu.py), and from amx_exact_min_rows the AMX tiles. Without them: torch's
     int4 kernel up to INT4_MAX_ROWS rows, a dense copy beyond. dense_weight None: the layer
     is bfloat16, and a dense copy, where one is needed, is made from the codes."""
 
@@ -121,9 +129,12 @@ class QuantLinear(nn.Module):
         else:
             self.exact_max_rows = self.max_rows = 0  # dense only
         self.amx_min_rows = self.amx_exact_min_rows = ALL_ROWS
+        self.int16_max_rows = 0
+        if self.q4_ops is not None and backend.cpu.int16:
+            self.int16_max_rows = INT16_MAX_ROWS[backend.cpu.amx]
         if self.q4_ops is not None and backend.cpu.amx:
             self.amx_min_rows, self.scratch = AMX_MIN_ROWS, backend.scratch
-            self.amx_exact_min_rows = AMX_EXACT_MIN_ROWS
+            self.amx_exact_min_rows = max(AMX_EXACT_MIN_ROWS, self.int16_max_rows + 1)
             self.exact_max_rows = ALL_ROWS
             self.fan_in = q4.codes.shape[1]
         if self.max_rows < ALL_ROWS:  # [out, in] model dtype, for large batches
@@ -136,7 +147,8 @@ class QuantLinear(nn.Module):
         if x.shape[0] >= self.amx_min_rows:
             out = self._on_amx_tiles(x)
         elif self.q4_ops is not None:
-            out = self.q4_ops.q4_linear(x, self.packed, self.exact_max_rows, self.amx_exact_min_rows)
+            out = self.q4_ops.q4_linear(x, self.packed, self.exact_max_rows, self.amx_exact_min_rows,
+                                        self.int16_max_rows)
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
         return out if self.bias is None else out + self.bias
