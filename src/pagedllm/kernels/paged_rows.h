@@ -22,9 +22,11 @@ static inline void load_row(const int8_t* __restrict__ src, float* __restrict__ 
 }
 
 // Asks for the rows of one KV head a few blocks ahead while this block is computed: blocks
-// are scattered, so the hardware prefetcher cannot guess them (1.15-1.3x on the decode
-// kernel one block ahead; two ahead took 8 sequences x 600 tokens from 4.99 to 4.36 ms,
-// benchmarks/attention_kernels.py, since 110 MB of K/V come from memory, not cache).
+// are scattered, so the hardware prefetcher cannot guess them (benchmarks/attention_kernels.py:
+// K/V come from memory, not cache). Into L2 (prefetcht1), not L1: a block of one head is 16
+// rows a token stride apart, 32 lines or more at once, and on Intel's cores a prefetch into
+// L1 holds one of the few L1 miss buffers until memory answers (as for the low-bit GEMMs:
+// lowbit_gemm.h). BENCHMARKS.md has the figures.
 constexpr int64_t kPrefetchAhead = 2;
 
 template <typename cache_t>
@@ -34,7 +36,7 @@ static inline void prefetch_block(const cache_t* block, int64_t block_size, int6
   const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(cache_t));
   for (int64_t r = 0; r < block_size; ++r)
     for (int64_t c = 0; c < row_bytes; c += 64)
-      __builtin_prefetch(base + (r * token_stride) * static_cast<int64_t>(sizeof(cache_t)) + c);
+      __builtin_prefetch(base + (r * token_stride) * static_cast<int64_t>(sizeof(cache_t)) + c, 0, 2);
 }
 
 // Walks one KV head's context, positions first .. len - 1, block by block: fn(rows, scales,
