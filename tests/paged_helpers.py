@@ -101,3 +101,32 @@ def run_aborting(engine, prompts, params, abort: tuple[int, ...] = (1, 4), at_st
             for rid in aborted:
                 engine.abort_request(rid)
     return ids, aborted, done
+
+
+class LoopRowLimits:
+    """A DecodeLoop over stand-in kernels that record the row limits each step is given:
+    step(requests, rows_each) -> (exact_max_rows, amx_min_rows, int16_max_rows). rows_each > 1
+    makes the step a verification of proposals (more rows than requests)."""
+
+    class _KV:
+        quantized, key, value = False, None, None
+
+    def __init__(self, exact_max_rows: list[int], amx_min_rows: int, int16_max_rows: int = 0):
+        from pagedllm.models.decode_loop import DecodeLoop
+
+        self.calls = []
+        self.loop = DecodeLoop(self, [], torch.zeros(1), torch.zeros(1), 1, 1e-5, 1.0, 1 << 62,
+                               exact_max_rows, amx_min_rows, int16_max_rows)
+
+    def decode_layers(self, hidden, *args):  # the kernels' entry DecodeLoop calls
+        self.calls.append((args[-7], args[-6], args[-5]))  # before the 4 LoRA arguments
+        return hidden, hidden
+
+    def step(self, requests: int, rows_each: int) -> tuple:
+        rows = requests * rows_each  # one single-token sequence per verified position
+        meta = AttentionMetadata.build(list(range(rows)), list(range(rows + 1)), [1] * rows,
+                                       [[i] for i in range(rows)], 16)
+        if rows_each > 1:
+            meta.num_requests = requests
+        self.loop(torch.zeros(rows, 4), torch.zeros(rows, dtype=torch.long), [self._KV()], meta)
+        return self.calls[-1]

@@ -203,44 +203,18 @@ def test_on_the_tiles_every_step_below_onednns_rows_is_exact(amx_backend):
     assert relative(no_tiles(x), reference) > relative(tiles(x), reference)  # int8-rounded
 
 
-class RecordingOps:
-    """Stands in for the kernels in DecodeLoop: records the row limits it is given."""
-
-    def __init__(self):
-        self.calls = []
-
-    def decode_layers(self, hidden, *args):
-        self.calls.append((args[-7], args[-6], args[-5]))  # exact, amx, int16 row limits
-        return hidden, hidden
-
-
 def test_verifying_proposals_multiplies_as_the_requests_plain_step_would():
     """Speculative decoding's verification step holds more rows than requests; the tiles are
     used as a plain decode step of its requests would use them, so the tokens it keeps are
     the ones plain decoding gives, bit for bit (models/decode_loop.py)."""
-    from pagedllm.attention import AttentionMetadata
-    from pagedllm.models.decode_loop import DecodeLoop
+    from paged_helpers import LoopRowLimits
 
-    ops = RecordingOps()
-    loop = DecodeLoop(ops, [], torch.zeros(1), torch.zeros(1), 1, 1e-5, 1.0, ALL_ROWS, [ALL_ROWS],
-                      AMX_EXACT_MIN_ROWS)
-
-    class KV:
-        quantized, key, value = False, None, None
-
-    def step(requests: int, rows_each: int):
-        rows = requests * rows_each  # one single-token sequence per verified position
-        meta = AttentionMetadata.build(list(range(rows)), list(range(rows + 1)), [1] * rows,
-                                       [[i] for i in range(rows)], 16)
-        if rows_each > 1:
-            meta.num_requests = requests
-        loop(torch.zeros(rows, 4), torch.zeros(rows, dtype=torch.long), [KV()], meta)
-        return ops.calls[-1][1]
-
-    assert step(1, 1) == AMX_EXACT_MIN_ROWS  # plain steps: the kernel decides by rows
-    assert step(1, 5) == ALL_ROWS  # one request verifying 4 proposals: not on the tiles
-    assert step(AMX_EXACT_MIN_ROWS - 1, 3) == ALL_ROWS
-    assert step(AMX_EXACT_MIN_ROWS, 3) == 0  # as many requests as the tiles take: on them
+    limits = LoopRowLimits([ALL_ROWS], AMX_EXACT_MIN_ROWS)
+    amx = lambda requests, rows_each: limits.step(requests, rows_each)[1]  # noqa: E731
+    assert amx(1, 1) == AMX_EXACT_MIN_ROWS  # plain steps: the kernel decides by rows
+    assert amx(1, 5) == ALL_ROWS  # one request verifying 4 proposals: not on the tiles
+    assert amx(AMX_EXACT_MIN_ROWS - 1, 3) == ALL_ROWS
+    assert amx(AMX_EXACT_MIN_ROWS, 3) == 0  # as many requests as the tiles take: on them
 
 
 def test_q8_0_rows_go_to_the_tiles_too(amx_backend):

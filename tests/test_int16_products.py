@@ -235,41 +235,16 @@ def test_layers_take_the_int16_rows_the_cpu_chooses(int16, amx):
             assert torch.equal(layer(x[:rows]), ops.q4_gemm(x[:rows], layer.packed)), rows
 
 
-class RecordingOps:
-    """Stands in for the kernels in DecodeLoop: records the row limits it is given."""
-
-    def __init__(self):
-        self.calls = []
-
-    def decode_layers(self, hidden, *args):
-        self.calls.append((args[-7], args[-6], args[-5]))  # exact, amx, int16 row limits
-        return hidden, hidden
-
-
 def test_verifying_proposals_takes_int16_as_the_requests_plain_step_would():
-    from pagedllm.attention import AttentionMetadata
-    from pagedllm.models.decode_loop import DecodeLoop
+    from paged_helpers import LoopRowLimits
 
-    ops = RecordingOps()
-    loop = DecodeLoop(ops, [], torch.zeros(1), torch.zeros(1), 1, 1e-5, 1.0, ALL_ROWS, [ALL_ROWS],
-                      5, 4)
-
-    class KV:
-        quantized, key, value = False, None, None
-
-    def step(requests: int, rows_each: int):
-        rows = requests * rows_each
-        meta = AttentionMetadata.build(list(range(rows)), list(range(rows + 1)), [1] * rows,
-                                       [[i] for i in range(rows)], 16)
-        if rows_each > 1:
-            meta.num_requests = requests
-        loop(torch.zeros(rows, 4), torch.zeros(rows, dtype=torch.long), [KV()], meta)
-        return ops.calls[-1][1:]
-
+    limits = LoopRowLimits([ALL_ROWS], 5, 4)
+    step = lambda requests, rows_each: limits.step(requests, rows_each)[1:]  # noqa: E731
     assert step(3, 1) == (5, 4)  # plain steps: the kernel decides by rows
     assert step(1, 5) == (ALL_ROWS, ALL_ROWS)  # one request verifying 4 proposals: int16
     assert step(4, 3) == (ALL_ROWS, ALL_ROWS)
     assert step(5, 3) == (0, 0)  # as many requests as the tiles take: on them
+    assert limits.step(1, 5)[0] == [ALL_ROWS]  # exact throughout
 
 
 def test_the_decode_loop_takes_the_layers_int16_rows(monkeypatch):
