@@ -116,8 +116,8 @@ class EngineStatsCollector:
         yield self._family(GaugeMetricFamily, "cpu_info",
                            "CPU kernel level in use (labels; value 1).", rows,
                            lambda row: [((row.cpu.level, row.cpu.best, row.cpu.machine,
-                                          str(row.cpu.amx).lower()), 1)],
-                           ["isa", "best_isa", "machine", "amx"])
+                                          str(row.cpu.amx).lower(), str(row.cpu.int16).lower()), 1)],
+                           ["isa", "best_isa", "machine", "amx", "int16"])
 
 
 _GAUGES = (
