@@ -6,7 +6,8 @@ activation row (a decode step of one request), where reading the weights is the 
 Per shape of a 1.7B model (hidden 2048, intermediate 8192) and enough random matrices to
 stream ~400 MB from memory (no cache holds them): q4_gemm on Q4_K's two-level layout
 (q4k_pack, 4.625 bits a weight) against its per-32 float16 form (q4_pack, 5 bits), and
-q6_gemm (q6_pack, 6.56 bits) against the Q8_0 rounding q8_gemm read (8.5 bits). The forms
+q6_gemm (q6_pack, 6.56 bits) against the Q8_0 rounding q8_gemm read (8.5 bits); and Q4_K
+with 16-bit integer activations (q4_i16_gemm, Intel's choice: kernels/cpu.py). The forms
 take turns within each repeat, so both meet the same moment of a shared host's memory
 bandwidth; prints medians, GB/s of packed bytes, and each new form's speed-up.
 """
@@ -30,9 +31,11 @@ def forms(ops, n: int, k: int, gen: torch.Generator) -> dict[str, tuple]:
     codes6 = torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=gen)
     scales6 = torch.randint(-128, 128, (n, k // 16), dtype=torch.int8, generator=gen)
     codes8 = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    two_level = ops.q4k_pack(codes, scales, scales, d, d)
     return {
         "Q4_K per-32 (before)": (ops.q4_gemm, ops.q4_pack(codes, per_group.half().float(), -per_group.half().float())),
-        "Q4_K two-level": (ops.q4_gemm, ops.q4k_pack(codes, scales, scales, d, d)),
+        "Q4_K two-level": (ops.q4_gemm, two_level),
+        "Q4_K two-level, int16": (ops.q4_i16_gemm, two_level),
         "Q6_K as Q8_0 (before)": (ops.q8_gemm, ops.q8_pack(codes8, per_group)),
         "Q6_K 6-bit": (ops.q6_gemm, ops.q6_pack(codes6, scales6, d)),
     }
@@ -65,8 +68,9 @@ def main() -> None:
         print(f"\n{n} x {k} ({copies} matrices a pass)")
         for name, seconds in median.items():
             size = matrices[0][name][1].numel()
-            print(f"  {name:<24} {seconds * 1e3:7.3f} ms  {size / 2**20:6.2f} MiB  {size / seconds / 1e9:5.1f} GB/s")
+            print(f"  {name:<26} {seconds * 1e3:7.3f} ms  {size / 2**20:6.2f} MiB  {size / seconds / 1e9:5.1f} GB/s")
         print(f"  Q4_K two-level: {median['Q4_K per-32 (before)'] / median['Q4_K two-level']:.2f}x; "
+              f"int16 activations on it: {median['Q4_K two-level'] / median['Q4_K two-level, int16']:.2f}x; "
               f"Q6_K 6-bit: {median['Q6_K as Q8_0 (before)'] / median['Q6_K 6-bit']:.2f}x")
 
 

@@ -6,7 +6,6 @@ run-time decision (kernels/cpu.py: Intel at avx512, PAGEDLLM_CPU_INT16) as the l
 C++ decode loop take it."""
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
@@ -14,29 +13,17 @@ from pagedllm.backends import cpu_backend
 from pagedllm.kernels import capabilities, cpu, kernels_for
 from pagedllm.models.quant_linear import (ALL_ROWS, AMX_EXACT_MIN_ROWS, INT16_MAX_ROWS,
                                           Q4_EXACT_MAX_ROWS, QuantLinear)
-from pagedllm.weights.q4 import Q4Weight, decode_q4_k
-from tiny_models import random_k_quant_blocks
+from pagedllm.weights.q4 import Q4Weight
+from test_amx import q4_1, q4_k
 
 HAS_AVX512 = "avx512" in capabilities().available
 WHY_NOT = "this host cannot run the avx512 level (the int16 tile's)"
-
-
-def q4_1(rows: int, cols: int, seed: int = 0) -> Q4Weight:
-    g = torch.Generator().manual_seed(seed)
-    d = (torch.rand(rows, cols // 32, generator=g) * 0.02).half().float()
-    m = (-torch.rand(rows, cols // 32, generator=g) * 0.1).half().float()
-    return Q4Weight(torch.randint(0, 16, (rows, cols), generator=g, dtype=torch.uint8), d, m)
 
 
 def q4_0(rows: int, cols: int, seed: int = 0) -> Q4Weight:
     g = torch.Generator().manual_seed(seed)
     d = (torch.rand(rows, cols // 32, generator=g) * 0.02).half().float()
     return Q4Weight(torch.randint(0, 16, (rows, cols), generator=g, dtype=torch.uint8), d, -8 * d)
-
-
-def q4_k(rows: int, cols: int, seed: int = 0):
-    raw = np.frombuffer(random_k_quant_blocks("Q4_K", rows, cols, seed).tobytes(), dtype=np.uint8)
-    return decode_q4_k(raw, (rows, cols))
 
 
 def split_reference(x: torch.Tensor) -> torch.Tensor:
