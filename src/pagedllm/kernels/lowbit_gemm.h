@@ -184,14 +184,17 @@ inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& sca
   sum = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib)));
 }
 
-// x [rows, k] bfloat16, k a multiple of 32 (a few rows: a decode step's, not worth threads).
+// x [rows, k] bfloat16, k a multiple of 32. A decode step's few rows stay on one thread (the
+// grain); a prefill's are split as quantize_rows splits them.
 inline Int16Rows split_rows(const bf16* x, int64_t rows, int64_t k) {
   const int64_t groups = rows * (k / kGroup);
   Int16Rows q{pagedllm::scratch<int8_t>(rows * k), pagedllm::scratch<int8_t>(rows * k),
               pagedllm::scratch<float>(groups), pagedllm::scratch<float>(groups)};
   const auto* xp = reinterpret_cast<const uint16_t*>(x);
-  for (int64_t i = 0; i < groups; ++i)
-    split_group(xp + i * kGroup, q.high.get() + i * kGroup, q.low.get() + i * kGroup, q.scale[i], q.sum[i]);
+  parallel_for(0, groups, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      split_group(xp + i * kGroup, q.high.get() + i * kGroup, q.low.get() + i * kGroup, q.scale[i], q.sum[i]);
+  });
   return q;
 }
 #endif

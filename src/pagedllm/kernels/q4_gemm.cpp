@@ -19,8 +19,9 @@
 // of output row i, and the scales as the GGUF file stores them: d and m as float16 per group
 // (q4_pack: Q4_0, Q4_1), or Q4_K's 6-bit scales and mins per group under a float16 d and dmin
 // per 256 inputs (q4k_pack).
-// Every CPU level builds all four (q4_i16_gemm is the exact product below avx512); the tiles (the inner products) come from the header of
-// the level this file is compiled for: AVX-512 BF16/VNNI, AVX2 (vpmaddubsw), or portable C++.
+// Every CPU level builds all four (q4_i16_gemm is the exact product below avx512); the tiles
+// (the inner products) come from the header of the level this file is compiled for: AVX-512
+// BF16/VNNI, AVX2 (vpmaddubsw), or portable C++.
 #include <type_traits>
 
 #if defined(__x86_64__) && defined(__linux__)
