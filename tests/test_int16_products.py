@@ -54,7 +54,7 @@ def avx512():
 
 @pytest.mark.parametrize("make, shape", [(q4_0, (32, 64)), (q4_1, (48, 576)), (q4_k, (48, 512)),
                                          (q4_k, (64, 1536))])
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17, 40])  # 40 x 1536: split on threads
 def test_the_int16_product_agrees_with_the_rounded_reference(avx512, make, shape, rows):
     weight = make(*shape)
     packed = weight.kernel_pack(avx512)
