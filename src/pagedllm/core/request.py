@@ -222,6 +222,9 @@ class Request:
         self.lora_key: str | None = None
         # Tokens proposed to follow it (core/speculation.py), verified in its next step.
         self.draft_token_ids: list[int] = []
+        # Sampled in a step still running when the next was planned (overlapped steps): 0 or
+        # 1; the scheduler plans with it, the token itself arrives with that step's results.
+        self.num_pending_tokens = 0
 
     @property
     def num_prompt_tokens(self) -> int:

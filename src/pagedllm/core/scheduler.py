@@ -14,8 +14,8 @@ from pagedllm.core.fair_queue import FairQueue
 from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.lora_slots import LoRASlotTable
 from pagedllm.core.request import FinishReason, Request, RequestStatus
-from pagedllm.core.step_records import (RunnerOutput, SampledToken, ScheduledRequest,
-                                         SchedulerOutput)
+from pagedllm.core.step_records import (PLACEHOLDER, RunnerOutput, SampledToken,
+                                         ScheduledRequest, SchedulerOutput)
 
 
 @dataclass
@@ -78,8 +78,13 @@ class Scheduler:
         return len(self.waiting)
 
     # -- planning -------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    def schedule(self, ahead: bool = False) -> SchedulerOutput:
+        """ahead: plan the next step while the one before it still runs (overlapped steps,
+        engine/engine.py). A request that samples in that step has a pending token (its value
+        is on the device: PLACEHOLDER in the plan); computed tokens advance here, at
+        planning, not when results come back; nobody verifies proposals; and a request whose
+        pending token is its last (max_tokens, the context) is not planned again."""
+        out = SchedulerOutput(ahead=ahead)
         budget = self.config.max_num_batched_tokens
 
         # Running requests first, oldest first; when blocks run out, preempt the newest
@@ -87,10 +92,13 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_pending_tokens and _ends_with_pending(request):
+                index += 1
+                continue
+            num_new = min(_num_tokens(request) - request.num_computed_tokens, budget)
             # Proposed tokens ride along with a decode token while budget and blocks allow;
             # they are the first thing dropped, before anyone is preempted.
-            drafts = request.draft_token_ids[:budget - 1] if num_new == 1 else []
+            drafts = request.draft_token_ids[:budget - 1] if num_new == 1 and not ahead else []
             if drafts and self.kv.allocate_slots(request, 1 + len(drafts)):
                 out.scheduled.append(self._plan(request, 1, drafts))
                 budget -= 1 + len(drafts)
@@ -131,17 +139,22 @@ class Scheduler:
 
         for item in out.scheduled:
             self.waiting.charge(item.user, item.num_new_tokens)
+            if ahead:
+                request = self.requests[item.request_id]
+                request.num_computed_tokens += item.num_new_tokens
+                request.num_pending_tokens += item.samples
         self.stats.last_step_tokens = out.num_scheduled_tokens
         return out
 
     def _plan(self, request: Request, num_new: int, drafts: list[int] = ()) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
+        known = request.all_token_ids[start:end]
         window_table = self.kv.window_block_table(request.request_id)
         return ScheduledRequest(
             request.request_id, FairQueue.user_of(request), start,
-            (*request.all_token_ids[start:end], *drafts),
-            tuple(self.kv.block_table(request.request_id)), end == request.num_tokens,
+            (*known, *[PLACEHOLDER] * (num_new - len(known)), *drafts),
+            tuple(self.kv.block_table(request.request_id)), end == _num_tokens(request),
             None if window_table is None else tuple(window_table), len(drafts),
             -1 if request.lora_key is None else self.lora_slots.slot_of[request.lora_key],
             request.params.lora_scale)
@@ -203,17 +216,22 @@ class Scheduler:
         (KVCacheManager.trim). Returns (request, its new tokens in order, proposals it
         verified) for each request that sampled. The engine appends the tokens one at a time
         (append_token), asking the output processor after each whether the request stops, and
-        then finishes it here (finish_request): a stop may come before the last of them."""
+        then finishes it here (finish_request): a stop may come before the last of them.
+        A plan made ahead advanced its requests when it was made: here its sampled tokens
+        stop being pending, also for a request preempted since (its token is real)."""
         updated = []
         for item in out.scheduled:
             request = self.requests.get(item.request_id)
             if request is None:  # finished between schedule and update
                 continue
             tokens = result.sampled.get(item.request_id, [])
-            num_rejected = item.num_draft_tokens - max(0, len(tokens) - 1)
-            request.num_computed_tokens += item.num_new_tokens - num_rejected
-            if num_rejected:
-                self.kv.trim(request)
+            if out.ahead:
+                request.num_pending_tokens -= item.samples
+            else:
+                num_rejected = item.num_draft_tokens - max(0, len(tokens) - 1)
+                request.num_computed_tokens += item.num_new_tokens - num_rejected
+                if num_rejected:
+                    self.kv.trim(request)
             if tokens:
                 updated.append((request, tokens, item.num_draft_tokens))
         return updated
@@ -223,3 +241,15 @@ class Scheduler:
         if sampled.logprob is not None:
             request.logprobs.append(sampled.logprob)
         self.stats.num_generation_tokens += 1
+
+
+def _num_tokens(request: Request) -> int:
+    """Its known tokens and the one pending, if any (planned ahead)."""
+    return request.num_tokens + request.num_pending_tokens
+
+
+def _ends_with_pending(request: Request) -> bool:
+    """Its pending token is its last: the output budget or the context ends there."""
+    num_tokens = _num_tokens(request)
+    return (num_tokens >= request.max_model_len or request.max_tokens is not None
+            and num_tokens - request.num_prompt_tokens >= request.max_tokens)

@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 
 from pagedllm.core.request import TokenLogprob
 
+# A plan's token that is not known yet when it is made (overlapped steps): the token its
+# request samples in the step before, which the model runner takes from that step's sampled
+# ids where they are (on the device) without waiting for them.
+PLACEHOLDER = -1
+
 
 @dataclass(frozen=True)
 class ScheduledRequest:
@@ -41,6 +46,9 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)  # request ids, newest victim last
+    # Made while the step before still ran (Scheduler.schedule(ahead=True)): its requests
+    # advanced at planning, and a PLACEHOLDER token is the one that step samples.
+    ahead: bool = False
 
     @property
     def num_scheduled_tokens(self) -> int:
