@@ -170,8 +170,10 @@ class DecodeGraphs:
     def applies(self, batch: int) -> bool:
         return graph_size(batch, self.sizes) is not None and bool(self.graphs)
 
-    def run(self, rows: list[DecodeRow]) -> torch.Tensor:
-        """The final hidden states [len(rows), H] of one decode step, replayed."""
+    def run(self, rows: list[DecodeRow], pending=None) -> torch.Tensor:
+        """The final hidden states [len(rows), H] of one decode step, replayed. pending:
+        (rows' indices, their tokens on the device): inputs sampled by the step before,
+        written over the copied ids without the host seeing them (overlapped steps)."""
         size = graph_size(len(rows), self.sizes)
         padded = pad_decode(rows, size, self.width, self.block_size, self.scratch_block,
                             self.window_scratch_block)
@@ -184,6 +186,8 @@ class DecodeGraphs:
                        (self.window_tables[:, :used], padded.window_tables)]
         for target, values in copies:
             target[:size].copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
+        if pending is not None:
+            self.input_ids[pending[0]] = pending[1]
         graph, out = self.graphs[size]
         if graph is None:
             out = self._forward(size)

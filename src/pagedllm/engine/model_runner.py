@@ -6,14 +6,18 @@ metadata is built here once and passed down explicitly.
 """
 from __future__ import annotations
 
+from concurrent.futures import Executor
+from typing import Callable
+
 import torch
 
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.config import ModelConfig
 from pagedllm.core.request import SamplingParams
-from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
+from pagedllm.core.step_records import PLACEHOLDER, RunnerOutput, SchedulerOutput
 from pagedllm.engine.cuda_graphs import DecodeRow
-from pagedllm.engine.sampler import Sampler, SamplingRow
+from pagedllm.engine.launched_step import LaunchedStep, SampledRows, run_now
+from pagedllm.engine.sampler import Sampler, SamplingRow, compute_logprobs
 from pagedllm.engine.verify import accepted_tokens, verification_rows
 
 
@@ -95,25 +99,50 @@ class ModelRunner:
         self.adapters.pop(request_id, None)
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
-        """Run one step of the plan; sample for the requests whose plan says so.
+        """Run one step of the plan and sample for the requests whose plan says so: launch,
+        sample and collect at once (overlapped steps call them apart, engine/engine.py)."""
+        step = self.launch(plan)
+        self.sample(step)
+        return self.collect(step)
+
+    def launch(self, plan: SchedulerOutput, previous: LaunchedStep | None = None,
+               worker: Executor | None = None) -> LaunchedStep:
+        """Make the step's model call without waiting for its logits: queued on a GPU, on
+        `worker` (one thread) or here on a CPU. A PLACEHOLDER token is the one its request
+        sampled in `previous`, taken from there where it is (engine/launched_step.py).
 
         A request that verifies proposals (num_draft_tokens > 0) enters the batch as one
         single-token query per position, each reading the same block table up to its own
         position: the step is then a decode step to the model (its fused decode path), so
         every position's logits are bit-identical to decoding the tokens one at a time, and
         the tokens kept are the ones decoding without proposals gives (engine/verify.py)."""
+        step = LaunchedStep(plan)
         if plan.is_empty:
-            return RunnerOutput()
+            return step
+        try:
+            call = self._prepare(plan, previous, step)
+        except Exception as exc:  # noqa: BLE001 - every request of this step fails
+            step.error = f"the model step failed: {type(exc).__name__}: {exc}"
+            return step
+        step.logits = worker.submit(call) if worker is not None else run_now(call)
+        return step
+
+    def _prepare(self, plan: SchedulerOutput, previous: LaunchedStep | None,
+                 step: LaunchedStep) -> Callable[[], torch.Tensor | None]:
+        """The step's inputs, made here on the engine's thread; returns the model call."""
         input_ids, positions, slot_mapping = [], [], []
         query_start_loc, seq_lens, block_tables = [0], [], []
         window_slots, window_tables = [], []
-        sample_indices, sampled_ids = [], []
-        drafts: dict[str, tuple[int, ...]] = {}
+        sample_indices, pending_at, pending_of = [], [], []
         bs = self.block_size
         for item in plan.scheduled:
             start, end, table = item.start, item.start + item.num_new_tokens, item.block_table
             window = item.window_block_table
-            input_ids.extend(item.token_ids)
+            for offset, token in enumerate(item.token_ids):
+                if token == PLACEHOLDER:  # sampled by `previous`: filled in on the device
+                    pending_at.append(len(input_ids) + offset)
+                    pending_of.append(item.request_id)
+            input_ids.extend(max(token, 0) for token in item.token_ids)
             positions.extend(range(start, end))
             slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             if window is not None:
@@ -130,13 +159,18 @@ class ModelRunner:
                     window_tables.append(list(window))
                 if item.samples:
                     sample_indices.append(query_start_loc[-1] - 1)
-                    sampled_ids.append(item.request_id)
+                    step.sampled_ids.append(item.request_id)
             if item.num_draft_tokens:
-                drafts[item.request_id] = item.token_ids[1:]
+                step.drafts[item.request_id] = item.token_ids[1:]
 
         device = self.device
+        pending = None
+        if pending_at:
+            pending = (torch.tensor(pending_at, dtype=torch.long, device=device),
+                       previous.tokens_for(pending_of, device))
         if self.lora is not None:
             self._set_lora_batch(plan)
+        logits = self.model.compute_logits
         # Every query a single token (decode tokens, and a verifying request's positions,
         # each its own query): the step is a decode step to the model, which a graph replays.
         if (self.graphs is not None and len(input_ids) == len(seq_lens)
@@ -145,20 +179,22 @@ class ModelRunner:
                 and all(len(t) <= self.graphs.width for t in block_tables + window_tables)):
             windows = (zip(window_slots, map(tuple, window_tables)) if window_tables
                        else [(None, None)] * len(input_ids))
-            return self._finish(self.graphs.run(
-                [DecodeRow(*row, *window) for row, window in zip(
-                    zip(input_ids, positions, slot_mapping, map(tuple, block_tables)), windows)]),
-                sample_indices, sampled_ids, drafts)
+            rows = [DecodeRow(*row, *window) for row, window in zip(
+                zip(input_ids, positions, slot_mapping, map(tuple, block_tables)), windows)]
+            graphs = self.graphs
+            return lambda: _logits(logits, graphs.run(rows, pending), sample_indices)
         meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs,
                                        device)
         meta.num_requests = len(plan.scheduled)
         if window_tables:
             meta.window = AttentionMetadata.build(window_slots, query_start_loc, seq_lens,
                                                   window_tables, bs, device)
-        hidden = self.model(torch.tensor(input_ids, dtype=torch.long, device=device),
-                            torch.tensor(positions, dtype=torch.long, device=device),
-                            self.kv_caches, meta)
-        return self._finish(hidden, sample_indices, sampled_ids, drafts)
+        ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+        if pending is not None:
+            ids[pending[0]] = pending[1]
+        position_ids = torch.tensor(positions, dtype=torch.long, device=device)
+        model, caches = self.model, self.kv_caches
+        return lambda: _logits(logits, model(ids, position_ids, caches, meta), sample_indices)
 
     def _set_lora_batch(self, plan: SchedulerOutput) -> None:
         """Each token's adapter slot for this step; an adapter new to its slot is copied in."""
@@ -170,35 +206,65 @@ class ModelRunner:
             token_scales += [item.lora_scale] * item.num_new_tokens
         self.lora.set_batch(token_slots, token_scales)
 
-    def _finish(self, hidden: torch.Tensor, sample_indices: list[int], sampled_ids: list[str],
-                drafts: dict[str, tuple[int, ...]]) -> RunnerOutput:
-        if not sample_indices:
-            return RunnerOutput()
-        # Sampled where the logits are (on a GPU: [rows, vocab] stays there, and the step's
-        # one sync is the chosen ids coming back; grammar masks and seeded draws travel in).
-        logits = self.model.compute_logits(hidden[sample_indices])
-        return self._sample(logits, sampled_ids, drafts)
-
-    def _sample(self, logits: torch.Tensor, request_ids: list[str],
-                drafts: dict[str, tuple[int, ...]]) -> RunnerOutput:
-        """Sample the batch at once (a verifying request's rows each as if the proposals
-        before them had been accepted); if that fails, request by request, so that only the
-        requests that fail alone fail (the others get the tokens the batch gave them)."""
-        result = RunnerOutput()
+    def sample(self, step: LaunchedStep) -> None:
+        """Draw the step's tokens where its logits are (waiting for the model call to have
+        run, not for the tokens), for the requests still here; the batch at once (a
+        verifying request's rows each as if the proposals before them had been accepted),
+        and if that fails request by request, so that only the requests that fail alone fail."""
+        if step.logits is None:  # nothing ran (empty, or failed before its model call)
+            return
+        try:  # waited for even when nobody samples: the next step's inputs change what it reads
+            logits = step.logits.result()
+        except Exception as exc:  # noqa: BLE001 - every request of this step fails
+            step.error = f"the model step failed: {type(exc).__name__}: {exc}"
+            return
+        if not step.sampled_ids:
+            return
+        here = [i for i, rid in enumerate(step.sampled_ids) if rid in self.sequences]
+        request_ids = [step.sampled_ids[i] for i in here]
+        if len(here) < len(step.sampled_ids):
+            logits = logits[here]
         try:
-            batches = [(request_ids, *self._sample_rows(logits, request_ids, drafts))]
+            step.draws = [self._draw(logits, request_ids, step.drafts)]
         except Exception:  # noqa: BLE001 - isolate the request below
-            batches = []
             for rid in dict.fromkeys(request_ids):
                 index = [i for i, r in enumerate(request_ids) if r == rid]
                 try:
-                    batches.append(([rid] * len(index),
-                                    *self._sample_rows(logits[index], [rid] * len(index), drafts)))
+                    step.draws.append(self._draw(logits[index], [rid] * len(index), step.drafts))
                 except Exception as exc:  # noqa: BLE001 - fails this request only
-                    result.failed[rid] = f"sampling failed: {type(exc).__name__}: {exc}"
-        for ids, tokens, logprobs in batches:
-            for rid, sampled in accepted_tokens(ids, tokens, logprobs, drafts).items():
-                row = self.sequences[rid]
+                    step.failed[rid] = f"sampling failed: {type(exc).__name__}: {exc}"
+
+    def _draw(self, logits: torch.Tensor, request_ids: list[str],
+              drafts: dict[str, tuple[int, ...]]) -> SampledRows:
+        """The rows' tokens; the sampling rows are made here (a grammar's masks along
+        proposals too), so that whatever fails fails inside the isolation above."""
+        rows = verification_rows(request_ids, self.sequences, drafts, self.config.vocab_size)
+        if self.fault_injector is not None:
+            for rid, row in zip(request_ids, rows):
+                self.fault_injector(rid, row)
+        return SampledRows(request_ids, logits, rows, self.sampler.draw(logits, rows))
+
+    def collect(self, step: LaunchedStep) -> RunnerOutput:
+        """The step's tokens on the host (the one wait of a step), each request's kept ones
+        (after a verification: up to the first proposal that differs), its grammar walked
+        on by them, and why each request that failed did."""
+        if step.error is not None:
+            return RunnerOutput(failed={item.request_id: step.error
+                                        for item in step.plan.scheduled})
+        result = RunnerOutput(failed=dict(step.failed))
+        for draw in step.draws:
+            try:
+                tokens = draw.token_ids.tolist()
+                logprobs = compute_logprobs(draw.logits, draw.token_ids, draw.rows)
+            except Exception as exc:  # noqa: BLE001 - fails these requests only
+                result.failed.update({rid: f"sampling failed: {type(exc).__name__}: {exc}"
+                                      for rid in draw.request_ids})
+                continue
+            for rid, sampled in accepted_tokens(draw.request_ids, tokens, logprobs,
+                                                step.drafts).items():
+                row = self.sequences.get(rid)
+                if row is None:  # ended since its draw
+                    continue
                 if row.grammar is not None:  # the walk goes on by every kept token
                     error = next((e for s in sampled
                                   if (e := _grammar_error(row, s.token_id)) is not None), None)
@@ -209,15 +275,11 @@ class ModelRunner:
                 result.sampled[rid] = sampled
         return result
 
-    def _sample_rows(self, logits: torch.Tensor, request_ids: list[str],
-                     drafts: dict[str, tuple[int, ...]]):
-        """The rows' tokens and logprobs; the sampling rows are made here (a grammar's masks
-        along proposals too), so that whatever fails fails inside the isolation above."""
-        rows = verification_rows(request_ids, self.sequences, drafts, self.config.vocab_size)
-        if self.fault_injector is not None:
-            for rid, row in zip(request_ids, rows):
-                self.fault_injector(rid, row)
-        return self.sampler(logits, rows)
+
+def _logits(compute_logits, hidden: torch.Tensor, sample_indices: list[int]):
+    """The sampled rows' logits (on a GPU [rows, vocab] stays there; grammar masks and
+    seeded draws travel in); None when nobody samples in this step."""
+    return compute_logits(hidden[sample_indices]) if sample_indices else None
 
 
 def _grammar_error(row: SamplingRow, token: int) -> str | None:

@@ -155,7 +155,12 @@ def compute_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: li
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]):
         """logits [N, vocab] float32 -> (token ids [N] list, logprobs list of TokenLogprob|None)."""
-        raw = logits
+        token_ids = self.draw(logits, rows)
+        return token_ids.tolist(), compute_logprobs(logits, token_ids, rows)
+
+    def draw(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The rows' tokens [N] where the logits are, not waited for (a grammar row whose
+        draw it refuses waits, to ask it); `logits` is left as it was, for the logprobs."""
         if any(r.params.logit_bias for r in rows):
             logits = apply_logit_bias(logits.clone(), rows)
         draw_first = [r.grammar is not None and _draws_before_mask(r.params) for r in rows]
@@ -171,7 +176,7 @@ class Sampler:
             again = [rows[i] for i in refused]
             masked = apply_grammar_masks(logits[refused], [r.grammar for r in again])
             token_ids[refused] = _draw(masked, again)
-        return token_ids.tolist(), compute_logprobs(raw, token_ids, rows)
+        return token_ids
 
 
 def _draws_before_mask(params: SamplingParams) -> bool:
