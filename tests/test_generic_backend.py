@@ -205,12 +205,16 @@ def test_cuda_graphs_need_the_gpu(tmp_path):
         LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device="cpu", cuda_graphs=True)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
-def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cache_dtype):
+@pytest.mark.parametrize("kv_cache_dtype,overlap", [("auto", False), ("int8", False),
+                                                    ("auto", True)])
+def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cache_dtype,
+                                                   overlap):
     """The graph path end to end (on the CPU its forward runs uncaptured over the static
     buffers, Triton under its interpreter): decode steps of 1-3 requests padded to the
     sizes, prefill steps eager; greedy output equal to the path without graphs. An int8
-    cache too (its layers once took a torch path that read host lists a graph has not)."""
+    cache too (its layers once took a torch path that read host lists a graph has not),
+    and overlapped steps (each decode token is then the step before's, written into the
+    graph's input buffer on the device)."""
     from pagedllm.engine import cuda_graphs
 
     build_engines_as_on_the_gpu(monkeypatch)
@@ -225,8 +229,9 @@ def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cac
     sizes = []
     run = cuda_graphs.DecodeGraphs.run
     monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
-                        lambda self, rows: sizes.append(len(rows)) or run(self, rows))
-    graphed = LLM(folder, cuda_graphs=True, max_num_seqs=4, **kwargs)
+                        lambda self, rows, *pending: sizes.append(len(rows))
+                        or run(self, rows, *pending))
+    graphed = LLM(folder, cuda_graphs=True, max_num_seqs=4, overlap_steps=overlap, **kwargs)
     assert graphed.engine.runner.graphs.sizes == (1, 2, 4)
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want
     assert sizes and set(sizes) <= {1, 2, 3}  # decode steps went through the buffers
@@ -298,7 +303,7 @@ def test_ngram_speculation_on_the_generic_path_keeps_greedy_output(tmp_path, mon
         build_engines_as_on_the_gpu(monkeypatch)
         run = cuda_graphs.DecodeGraphs.run
         monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
-                            lambda self, r: rows.append(len(r)) or run(self, r))
+                            lambda self, r, *pending: rows.append(len(r)) or run(self, r, *pending))
         kwargs.update(cuda_graphs=True, max_num_seqs=16)
     fast = LLM(folder, speculative=SpeculativeConfig(method="ngram"), **kwargs)
     assert [o.token_ids for o in fast.generate(prompts, params)] == want
@@ -363,7 +368,8 @@ def test_sliding_window_models_decode_through_the_graph_buffers(tmp_path, monkey
     sizes = []
     run = cuda_graphs.DecodeGraphs.run
     monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
-                        lambda self, rows: sizes.append(len(rows)) or run(self, rows))
+                        lambda self, rows, *pending: sizes.append(len(rows))
+                        or run(self, rows, *pending))
     graphed = LLM(folder, cuda_graphs=True, **kwargs)
     assert graphed.engine.runner.graphs.window_slots is not None
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want

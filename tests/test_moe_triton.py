@@ -100,7 +100,8 @@ def test_a_mixture_of_experts_decodes_small_batches_through_graph_buffers(arch, 
     sizes = []
     run = cuda_graphs.DecodeGraphs.run
     monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
-                        lambda self, rows: sizes.append(len(rows)) or run(self, rows))
+                        lambda self, rows, *pending: sizes.append(len(rows))
+                        or run(self, rows, *pending))
     graphed = LLM(folder, cuda_graphs=True, **kwargs)
     assert graphed.engine.runner.model.max_graph_batch == {"mixtral": 2, "qwen3_moe": 3}[arch]
     assert graphed.engine.runner.graphs.sizes == (1, 2)

@@ -196,6 +196,13 @@ class EngineConfig:
     # (models/int4_triton.py) instead of dense in dtype. Off until measured on a GPU.
     gpu_4bit_weights: bool = False
     lora: LoRAConfig = LoRAConfig()  # adapters and their slots (inactive unless asked)
+    # Plan and launch step t+1 while step t runs (engine/overlap.py); None: by device.
+    overlap_steps: bool | None = None
+
+    def overlaps_steps(self, device: str) -> bool:
+        """Whether steps overlap on `device`: as asked, else on a GPU (BENCHMARKS.md,
+        "Overlapped steps")."""
+        return self.overlap_steps if self.overlap_steps is not None else device == "cuda"
 
     def uses_cuda_graphs(self, device: str, capturable: bool = True) -> bool:
         """Whether decode steps replay as CUDA graphs on `device`: as asked, else on a GPU.

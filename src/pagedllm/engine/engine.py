@@ -15,7 +15,9 @@ from pagedllm.core.snapshot import EngineSnapshot, EngineStats, take_snapshot
 from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.engine.factory import EngineParts, build_parts, engine_config
 from pagedllm.engine.faults import Faults
+from pagedllm.engine.launched_step import LaunchedStep
 from pagedllm.engine.memory_guard import MemoryGuard
+from pagedllm.engine.overlap import StepOverlap
 from pagedllm.engine.request_maker import RequestMaker
 from pagedllm.errors import AdapterError
 
@@ -52,6 +54,9 @@ class LLMEngine:
         self.faults = faults or Faults()
         self.runner.fault_injector = self.faults.sampling_fault()
         self.memory_guard = MemoryGuard(config.max_memory)
+        # Overlapped steps: whether they apply, and the step launched and not yet collected.
+        self.overlap = StepOverlap(config.overlaps_steps(self.backend.device), self.speculator)
+        self._launched: LaunchedStep | None = None
         self._paused_logged = False
         self.detokenize = detokenize
         self._text_states: dict[str, RequestTextState] = {}
@@ -147,7 +152,8 @@ class LLMEngine:
         self.published = self._stats()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests not finished, or a step still to collect (overlapped steps)."""
+        return self.scheduler.has_unfinished_requests() or self._launched is not None
 
     # -- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -160,6 +166,12 @@ class LLMEngine:
         if self.loras is not None:
             for key in self.loras.take_unloaded():
                 self.scheduler.lora_slots.forget(key)
+        if self._launched is not None or self.overlap.applies(self.scheduler):
+            try:
+                return self._step_ahead()
+            except BaseException:
+                self._drop_launched()  # its requests are the caller's to fail, as any fault's
+                raise
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
@@ -170,6 +182,28 @@ class LLMEngine:
             result = RunnerOutput(failed={item.request_id: f"the model step failed: "
                                           f"{type(exc).__name__}: {exc}" for item in plan.scheduled})
         return self._update(plan, result)
+
+    def _step_ahead(self) -> list[RequestOutput]:
+        """An overlapped step (engine/overlap.py): draw step t's tokens on the device, plan
+        step t+1 with them as placeholders and make its model call, and only then wait for
+        step t's tokens and apply them, while step t+1 runs. The outputs are step t's."""
+        launched, self._launched = self._launched, None
+        if launched is not None:
+            self.runner.sample(launched)
+        if self.overlap.applies(self.scheduler):
+            plan = self.scheduler.schedule(ahead=True)
+            if not plan.is_empty:
+                self._launched = self.runner.launch(plan, launched)
+        if launched is None:
+            return []
+        if launched.error is not None:
+            logger.error("model step over %d requests failed: %s", len(launched.plan.scheduled),
+                         launched.error)
+        return self._update(launched.plan, self.runner.collect(launched))
+
+    def _drop_launched(self) -> None:
+        """Forget a step not collected (a fault outside any request: the caller ends them)."""
+        self._launched = None
 
     def _update(self, plan: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         """Fail what failed, append the sampled tokens, let the output processor decide every

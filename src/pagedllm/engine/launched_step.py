@@ -6,9 +6,7 @@ waits for them once a step, when it collects them, after the next step is alread
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -31,7 +29,7 @@ class LaunchedStep:
     plan: SchedulerOutput
     sampled_ids: list[str] = field(default_factory=list)  # the request of each logits row
     drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    logits: Future | None = None  # [rows, vocab]: queued, running, or done
+    logits: torch.Tensor | None = None  # [sampled rows, vocab]: on a GPU, still being computed
     error: str | None = None  # the whole step failed (every request in it fails)
     draws: list[SampledRows] = field(default_factory=list)  # after sample()
     failed: dict[str, str] = field(default_factory=dict)  # requests whose sampling failed
@@ -56,13 +54,3 @@ class LaunchedStep:
             row_of = {**row_of}
         rows = [row_of.get(rid, len(tokens) - 1) for rid in request_ids]
         return tokens.to(device)[torch.tensor(rows, dtype=torch.long, device=device)]
-
-
-def run_now(call: Callable[[], torch.Tensor]) -> Future:
-    """The model call made here (queued kernels on a GPU; the whole step on a CPU)."""
-    future: Future = Future()
-    try:
-        future.set_result(call())
-    except Exception as exc:  # noqa: BLE001 - handed to whoever waits, as a worker would
-        future.set_exception(exc)
-    return future

@@ -6,9 +6,6 @@ metadata is built here once and passed down explicitly.
 """
 from __future__ import annotations
 
-from concurrent.futures import Executor
-from typing import Callable
-
 import torch
 
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
@@ -16,7 +13,7 @@ from pagedllm.config import ModelConfig
 from pagedllm.core.request import SamplingParams
 from pagedllm.core.step_records import PLACEHOLDER, RunnerOutput, SchedulerOutput
 from pagedllm.engine.cuda_graphs import DecodeRow
-from pagedllm.engine.launched_step import LaunchedStep, SampledRows, run_now
+from pagedllm.engine.launched_step import LaunchedStep, SampledRows
 from pagedllm.engine.sampler import Sampler, SamplingRow, compute_logprobs
 from pagedllm.engine.verify import accepted_tokens, verification_rows
 
@@ -105,10 +102,9 @@ class ModelRunner:
         self.sample(step)
         return self.collect(step)
 
-    def launch(self, plan: SchedulerOutput, previous: LaunchedStep | None = None,
-               worker: Executor | None = None) -> LaunchedStep:
-        """Make the step's model call without waiting for its logits: queued on a GPU, on
-        `worker` (one thread) or here on a CPU. A PLACEHOLDER token is the one its request
+    def launch(self, plan: SchedulerOutput, previous: LaunchedStep | None = None) -> LaunchedStep:
+        """Make the step's model call without waiting for its logits (on a GPU its kernels
+        are queued; on a CPU it runs here). A PLACEHOLDER token is the one its request
         sampled in `previous`, taken from there where it is (engine/launched_step.py).
 
         A request that verifies proposals (num_draft_tokens > 0) enters the batch as one
@@ -120,16 +116,15 @@ class ModelRunner:
         if plan.is_empty:
             return step
         try:
-            call = self._prepare(plan, previous, step)
+            step.logits = self._forward(plan, previous, step)
         except Exception as exc:  # noqa: BLE001 - every request of this step fails
             step.error = f"the model step failed: {type(exc).__name__}: {exc}"
-            return step
-        step.logits = worker.submit(call) if worker is not None else run_now(call)
         return step
 
-    def _prepare(self, plan: SchedulerOutput, previous: LaunchedStep | None,
-                 step: LaunchedStep) -> Callable[[], torch.Tensor | None]:
-        """The step's inputs, made here on the engine's thread; returns the model call."""
+    def _forward(self, plan: SchedulerOutput, previous: LaunchedStep | None,
+                 step: LaunchedStep) -> torch.Tensor | None:
+        """The step's inputs and its model call; the sampled rows' logits (on a GPU [rows,
+        vocab] stays there; grammar masks and seeded draws travel in), None if none samples."""
         input_ids, positions, slot_mapping = [], [], []
         query_start_loc, seq_lens, block_tables = [0], [], []
         window_slots, window_tables = [], []
@@ -170,7 +165,6 @@ class ModelRunner:
                        previous.tokens_for(pending_of, device))
         if self.lora is not None:
             self._set_lora_batch(plan)
-        logits = self.model.compute_logits
         # Every query a single token (decode tokens, and a verifying request's positions,
         # each its own query): the step is a decode step to the model, which a graph replays.
         if (self.graphs is not None and len(input_ids) == len(seq_lens)
@@ -181,8 +175,7 @@ class ModelRunner:
                        else [(None, None)] * len(input_ids))
             rows = [DecodeRow(*row, *window) for row, window in zip(
                 zip(input_ids, positions, slot_mapping, map(tuple, block_tables)), windows)]
-            graphs = self.graphs
-            return lambda: _logits(logits, graphs.run(rows, pending), sample_indices)
+            return self._logits(self.graphs.run(rows, pending), sample_indices)
         meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs,
                                        device)
         meta.num_requests = len(plan.scheduled)
@@ -193,8 +186,7 @@ class ModelRunner:
         if pending is not None:
             ids[pending[0]] = pending[1]
         position_ids = torch.tensor(positions, dtype=torch.long, device=device)
-        model, caches = self.model, self.kv_caches
-        return lambda: _logits(logits, model(ids, position_ids, caches, meta), sample_indices)
+        return self._logits(self.model(ids, position_ids, self.kv_caches, meta), sample_indices)
 
     def _set_lora_batch(self, plan: SchedulerOutput) -> None:
         """Each token's adapter slot for this step; an adapter new to its slot is copied in."""
@@ -206,20 +198,17 @@ class ModelRunner:
             token_scales += [item.lora_scale] * item.num_new_tokens
         self.lora.set_batch(token_slots, token_scales)
 
+    def _logits(self, hidden: torch.Tensor, sample_indices: list[int]) -> torch.Tensor | None:
+        return self.model.compute_logits(hidden[sample_indices]) if sample_indices else None
+
     def sample(self, step: LaunchedStep) -> None:
-        """Draw the step's tokens where its logits are (waiting for the model call to have
-        run, not for the tokens), for the requests still here; the batch at once (a
+        """Draw the step's tokens where its logits are (not waiting for them), for the
+        requests still here; the batch at once (a
         verifying request's rows each as if the proposals before them had been accepted),
         and if that fails request by request, so that only the requests that fail alone fail."""
-        if step.logits is None:  # nothing ran (empty, or failed before its model call)
+        if step.logits is None:  # nobody samples, or the step failed
             return
-        try:  # waited for even when nobody samples: the next step's inputs change what it reads
-            logits = step.logits.result()
-        except Exception as exc:  # noqa: BLE001 - every request of this step fails
-            step.error = f"the model step failed: {type(exc).__name__}: {exc}"
-            return
-        if not step.sampled_ids:
-            return
+        logits = step.logits
         here = [i for i, rid in enumerate(step.sampled_ids) if rid in self.sequences]
         request_ids = [step.sampled_ids[i] for i in here]
         if len(here) < len(step.sampled_ids):
@@ -274,12 +263,6 @@ class ModelRunner:
                 row.output_token_ids.extend(s.token_id for s in sampled)
                 result.sampled[rid] = sampled
         return result
-
-
-def _logits(compute_logits, hidden: torch.Tensor, sample_indices: list[int]):
-    """The sampled rows' logits (on a GPU [rows, vocab] stays there; grammar masks and
-    seeded draws travel in); None when nobody samples in this step."""
-    return compute_logits(hidden[sample_indices]) if sample_indices else None
 
 
 def _grammar_error(row: SamplingRow, token: int) -> str | None:
