@@ -3,6 +3,7 @@ tiny model, without HTTP: its outputs are exactly the in-process engine's (the f
 detokenizes and finds stop strings from the engine's token ids), aborts free the engine's
 blocks, and a killed engine process fails its requests with an error and is restarted."""
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -97,9 +98,26 @@ def test_restarts_wait_longer_while_the_engine_keeps_dying():
     assert backoff.crashes_in_a_row == 1
 
 
-def test_outputs_are_exactly_the_in_process_engines(process_client, local_client):
+@pytest.fixture(scope="module")
+def overlapped_process_client(config):
+    """An engine process whose steps overlap (engine/overlap.py: off by default on a CPU)."""
+    client = ProcessEngineClient(dataclasses.replace(config, overlap_steps=True))
+    thread = threading.Thread(target=client.run, daemon=True)
+    thread.start()
+    yield client
+    client.shutdown()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_outputs_are_exactly_the_in_process_engines(request, local_client, overlap):
     """Greedy, seeded sampling, logprobs, stop tokens and stop strings (found on text in the
-    front end, split across tokens or not): token ids, text, deltas and finish reasons equal."""
+    front end, split across tokens or not): token ids, text, deltas and finish reasons equal;
+    also when the engine process overlaps its steps (a stop string then ends a request a
+    step later in the engine, never in what the client gets)."""
+    process_client = request.getfixturevalue(
+        "overlapped_process_client" if overlap else "process_client")
     greedy = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
     def seeded(**stops):

@@ -140,9 +140,15 @@ def test_a_request_whose_sampling_fails_fails_alone_under_overlapped_steps():
     assert got["good"].finish_reason == "length" and len(got["good"].token_ids) == 8
 
 
-def test_steps_overlap_by_default_on_a_gpu_only():
+def test_steps_overlap_by_default_on_a_gpu_only_and_the_command_line_says_otherwise():
+    from pagedllm.cli import build_parser, engine_config
     from pagedllm.config import EngineConfig
 
     assert EngineConfig().overlaps_steps("cuda") and not EngineConfig().overlaps_steps("cpu")
     assert EngineConfig(overlap_steps=True).overlaps_steps("cpu")
     assert not EngineConfig(overlap_steps=False).overlaps_steps("cuda")
+    parse = lambda *flags: engine_config(build_parser().parse_args(["serve", *flags]))  # noqa: E731
+    assert parse().overlap_steps is None
+    assert parse("--overlap-steps").overlap_steps is True
+    assert parse("--async-scheduling").overlap_steps is True  # vLLM's name
+    assert parse("--no-overlap-steps").overlap_steps is False

@@ -159,6 +159,12 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
     group.add_argument("--enforce-eager", dest="cuda_graphs", action="store_false",
                        default=None, help="no CUDA graphs (vLLM's option; --no-cuda-graphs; default: "
                             "graphs on a GPU)")
+    group.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=None,
+                       help="plan and launch each step before the one in flight is applied, "
+                            "so a GPU never waits for the host (same tokens); default: on a "
+                            "GPU, off on a CPU, where it gains nothing")
+    group.add_argument("--async-scheduling", dest="overlap_steps", action="store_true",
+                       default=None, help="--overlap-steps (vLLM's option)")
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")
@@ -188,6 +194,7 @@ def engine_config(args) -> EngineConfig:
                         max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         cuda_graphs=args.cuda_graphs, gpu_4bit_weights=args.gpu_4bit_weights,
+                        overlap_steps=args.overlap_steps,
                         speculative=SpeculativeConfig(
                             method=args.speculative,
                             num_speculative_tokens=args.num_speculative_tokens,
