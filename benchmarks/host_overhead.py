@@ -8,11 +8,14 @@ tokens, so no LM head over 49k words hides the host's work): what is measured is
 
     .venv/bin/python benchmarks/host_overhead.py [--concurrency 64,256] [--max-tokens 128]
         [--model PATH|default] [--engine-threads N] [--one-process-only]
-        [--serve-args "--device cuda"] [--json OUT.json]
+        [--serve-args "--device cuda"] [--overlap-ab] [--json OUT.json]
 
 Each configuration starts once and runs every level. Prints, per N: tokens/s of the engine
 alone, of one process and of two (each over the engine alone), TTFT and TPOT medians as
 served, and the server's CPU (every process of it) in seconds per 1,000 output tokens. The
+--overlap-ab runs the engine alone and the --engine-process server with --no-overlap-steps
+and with --overlap-steps (engine/overlap.py) instead of once at the default, and prints
+their ratios (the other lines then use the overlapped ones). The
 load comes from this process over raw sockets (a client library's own CPU per token, on
 the same cores, hid the server's), tokens counted from the final usage chunk.
 """
@@ -143,6 +146,9 @@ def main() -> None:
                              "a commit before --engine-process: its `src` first on PYTHONPATH)")
     parser.add_argument("--serve-args", default="",
                         help="more serve options for all three (\"--device cuda\")")
+    parser.add_argument("--overlap-ab", action="store_true",
+                        help="also the engine alone and --engine-process with and without "
+                             "--overlap-steps")
     parser.add_argument("--json", default=None, help="write the figures here too")
     parser.add_argument("--model", default=None,
                         help="a GGUF file or folder, or `default` (default: a tiny random model)")
@@ -173,11 +179,32 @@ def main() -> None:
                 json.dump({"model": model, "max_tokens": args.max_tokens, "serve_args": extra,
                            "levels": figures}, f, indent=1)
 
-    keep("alone", engine_alone(model, levels, args.max_tokens, extra))
+    # With --overlap-ab the engine alone and the engine process run both ways (instead of
+    # once at the default), steps one at a time first.
+    ways = ([("overlap_off", ["--no-overlap-steps"]), ("overlap_on", ["--overlap-steps"])]
+            if args.overlap_ab else [("default", [])])
+    for way, flags in ways:
+        keep(f"alone_{way}", engine_alone(model, levels, args.max_tokens, [*extra, *flags]))
+    figures["alone"] = figures[f"alone_{ways[-1][0]}"]
     keep("one_process", served(model, levels, args.max_tokens, False, extra))
     if not args.one_process_only:
-        keep("engine_process", served(model, levels, args.max_tokens, True, extra,
-                                      args.engine_threads))
+        for way, flags in ways:
+            keep(f"engine_process_{way}", served(model, levels, args.max_tokens, True,
+                                                 [*extra, *flags], args.engine_threads))
+        figures["engine_process"] = figures[f"engine_process_{ways[-1][0]}"]
+    if args.overlap_ab:
+        for n in levels:
+            on, off = (figures[f"alone_overlap_{x}"][n]["tokens_per_s"] for x in ("on", "off"))
+            served_on, served_off = (figures.get(f"engine_process_overlap_{x}", {}).get(n)
+                                     for x in ("on", "off"))
+            if served_on is None:
+                print(f"N={n}: overlapped steps / one at a time: engine alone {on / off:.2f}x")
+                continue
+            print(f"N={n}: overlapped steps / one at a time: engine alone {on:,.0f} / {off:,.0f} "
+                  f"tok/s ({on / off:.2f}x); --engine-process {served_on['tokens_per_s']:,.0f} / "
+                  f"{served_off['tokens_per_s']:,.0f} tok/s "
+                  f"({served_on['tokens_per_s'] / served_off['tokens_per_s']:.2f}x, TPOT "
+                  f"{served_on['tpot_ms']:.1f} / {served_off['tpot_ms']:.1f} ms)", flush=True)
     for n in levels:
         alone, one = figures["alone"][n]["tokens_per_s"], figures["one_process"][n]
         line = (f"N={n}: engine alone {alone:,.0f} tok/s; one process {one['tokens_per_s']:,.0f} "

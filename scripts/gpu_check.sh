@@ -15,7 +15,9 @@
 #   3. benchmarks/host_overhead.py on the same file (issue 45): `pagedllm serve` in one
 #      process and with --engine-process under a streamed load at N = 1, 8, 32, 128, 256,
 #      512-token answers (tokens/s, TTFT, TPOT, the server's CPU per 1,000 tokens) beside
-#      the engine alone, in one run;
+#      the engine alone, in one run; the engine alone and the engine process each with
+#      and without overlapped steps (--overlap-ab: the host plans step t+1 while the GPU
+#      runs step t; issue 45);
 #   4. scripts/gpu_profile_decode.py: eager decode steps kernel by kernel.
 # (Measured in earlier runs and left out for time: transformers' generate as a baseline,
 # dense against --gpu-4bit-weights, eager steps; `benchmarks/gpu_decode.py --help`.)
@@ -38,7 +40,7 @@ else
     DEVICE=cuda
     BENCH_ARGS=(--work /tmp/pagedllm-gpu)
     SERVED_ARGS=(--model /tmp/pagedllm-gpu/smollm2-1.7b-random-F16.gguf --concurrency 1,8,32,128,256
-                 --max-tokens 512 --serve-args "--device cuda")
+                 --max-tokens 512 --serve-args "--device cuda" --overlap-ab)
     export PAGEDLLM_NO_KERNELS=1  # the GPU path needs no C++ CPU kernels: none compiled there
     if [ -d gpu-wheels ]; then  # only what the machine lacks: its own torch stack stays
         for wheel in gpu-wheels/*.whl; do
@@ -61,7 +63,7 @@ PY
 # Most wanted first (a run cut short by its limit keeps what is done): the GPU tests (the
 # Triton kernels compiled there for the first time), the benchmark as served (CUDA graphs,
 # the default), the 4-bit A/B, the profile, eager for comparison.
-timeout 140 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     tests/test_int4_triton.py tests/test_triton_layer_ops.py tests/test_triton_attention.py \
     tests/test_launch_count.py tests/test_moe_triton.py \
     tests/test_lora_model.py::test_the_triton_kernels_equal_the_per_token_reference --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
@@ -76,7 +78,7 @@ else
     echo "exit: $?" >> "$OUT/gpu_decode.log"
 fi
 # As a user runs it: the server (one process, and the engine in its own) under streamed load.
-timeout 190 "$PYTHON" benchmarks/host_overhead.py "${SERVED_ARGS[@]}" --json "$OUT/served.json" \
+timeout 220 "$PYTHON" benchmarks/host_overhead.py "${SERVED_ARGS[@]}" --json "$OUT/served.json" \
     > "$OUT/served.log" 2>&1
 echo "exit: $?" >> "$OUT/served.log"
 if [ "$DEVICE" = cuda ]; then  # the 1.7B file the benchmark wrote, eager steps kernel by kernel
