@@ -164,7 +164,7 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                             "so a GPU never waits for the host (same tokens); default: on a "
                             "GPU, off on a CPU, where it gains nothing")
     group.add_argument("--async-scheduling", dest="overlap_steps", action="store_true",
-                       default=None, help="--overlap-steps (vLLM's option)")
+                       default=None, help="--overlap-steps (vLLM's option; default: on a GPU, off on a CPU)")
     group.add_argument("--threads", type=positive_int, default=None,
                        help="compute threads (default: every core; on a machine shared with "
                             "other work give fewer)")
