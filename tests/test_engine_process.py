@@ -30,7 +30,10 @@ def config(tiny_llama_folder):
 
 @pytest.fixture(scope="module")
 def process_client(config):
-    client = ProcessEngineClient(config)
+    yield from _running(ProcessEngineClient(config))
+
+
+def _running(client):
     thread = threading.Thread(target=client.run, daemon=True)
     thread.start()
     yield client
@@ -101,13 +104,7 @@ def test_restarts_wait_longer_while_the_engine_keeps_dying():
 @pytest.fixture(scope="module")
 def overlapped_process_client(config):
     """An engine process whose steps overlap (engine/overlap.py: off by default on a CPU)."""
-    client = ProcessEngineClient(dataclasses.replace(config, overlap_steps=True))
-    thread = threading.Thread(target=client.run, daemon=True)
-    thread.start()
-    yield client
-    client.shutdown()
-    thread.join(30)
-    assert not thread.is_alive()
+    yield from _running(ProcessEngineClient(dataclasses.replace(config, overlap_steps=True)))
 
 
 @pytest.mark.parametrize("overlap", [False, True])
