@@ -170,7 +170,7 @@ class LLMEngine:
             try:
                 return self._step_ahead()
             except BaseException:
-                self._drop_launched()  # its requests are the caller's to fail, as any fault's
+                self._launched = None  # its requests are the caller's to fail, as any fault's
                 raise
         plan = self.scheduler.schedule()
         if plan.is_empty:
@@ -200,10 +200,6 @@ class LLMEngine:
             logger.error("model step over %d requests failed: %s", len(launched.plan.scheduled),
                          launched.error)
         return self._update(launched.plan, self.runner.collect(launched))
-
-    def _drop_launched(self) -> None:
-        """Forget a step not collected (a fault outside any request: the caller ends them)."""
-        self._launched = None
 
     def _update(self, plan: SchedulerOutput, result: RunnerOutput) -> list[RequestOutput]:
         """Fail what failed, append the sampled tokens, let the output processor decide every

@@ -33,24 +33,17 @@ class LaunchedStep:
     error: str | None = None  # the whole step failed (every request in it fails)
     draws: list[SampledRows] = field(default_factory=list)  # after sample()
     failed: dict[str, str] = field(default_factory=dict)  # requests whose sampling failed
-    _device_tokens: tuple[torch.Tensor | None, dict[str, int]] | None = None
 
     def tokens_for(self, request_ids: list[str], device) -> torch.Tensor:
         """The token each request sampled here, where it was sampled, without waiting for it
         (the next step's PLACEHOLDER inputs). A request whose sampling failed gets 0: it
         fails when this step is collected, and the row computed with it is never read."""
-        if self._device_tokens is None:
-            row_of, offset = {}, 0
-            for draw in self.draws:
-                for i, rid in enumerate(draw.request_ids):
-                    row_of[rid] = offset + i  # a verifying request's last row (never ahead)
-                offset += len(draw.request_ids)
-            tokens = torch.cat([d.token_ids for d in self.draws]) if self.draws else None
-            self._device_tokens = (tokens, row_of)
-        tokens, row_of = self._device_tokens
-        if tokens is None or not all(rid in row_of for rid in request_ids):
-            fallback = torch.zeros(1, dtype=torch.long, device=device)
-            tokens = fallback if tokens is None else torch.cat([tokens.to(device), fallback])
-            row_of = {**row_of}
-        rows = [row_of.get(rid, len(tokens) - 1) for rid in request_ids]
-        return tokens.to(device)[torch.tensor(rows, dtype=torch.long, device=device)]
+        row_of, offset = {}, 0
+        for draw in self.draws:
+            for i, rid in enumerate(draw.request_ids):
+                row_of[rid] = offset + i  # a verifying request's last row (never ahead)
+            offset += len(draw.request_ids)
+        tokens = torch.cat([*(d.token_ids.to(device) for d in self.draws),
+                            torch.zeros(1, dtype=torch.long, device=device)])
+        rows = [row_of.get(rid, offset) for rid in request_ids]  # offset: the zero row
+        return tokens[torch.tensor(rows, dtype=torch.long, device=device)]
