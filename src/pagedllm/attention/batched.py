@@ -5,7 +5,9 @@ pagedllm/kernels reads K/V straight from the blocks; without it, their block tab
 to the longest, gather K/V in one indexing op and a length mask hides the padding. Prefill
 chunks (several queries) take one kernel call per sequence, each token attending over its
 causal context; without the kernel, one SDPA call per sequence (fused causal kernel when
-the chunk is the whole sequence). Per-step index
+the chunk is the whole sequence). Where the AMX tiles are in use (prefill_sdpa), large chunks
+take that SDPA call too: oneDNN multiplies on the tiles, faster than the kernel's AVX512-BF16
+dot products on those cores. Per-step index
 tensors are built once in AttentionMetadata, never per layer. The torch reference backend
 is the oracle this one is tested against. Gemma's and Mistral's options (a query scale of
 their own, soft-capped scores, a sliding window) go to the kernel too; without it, to the
@@ -22,6 +24,10 @@ from pagedllm.attention.softcap import SoftcapBackend
 
 # The head sizes the kernels are built for (kernels/dtype.h); any group of query heads.
 KERNEL_HEAD_DIMS = (64, 80, 96, 128, 256)
+# With prefill_sdpa, a chunk goes to SDPA from this many scores (heads x queries x context):
+# below it the gather and SDPA's set-up cost more than the kernel's whole product (the
+# crossover measured between 2^17 and 2^19; BENCHMARKS.md, "Prefill attention on the tiles").
+SDPA_MIN_SCORES = 1 << 18
 
 
 class BatchedBackend:
@@ -29,8 +35,10 @@ class BatchedBackend:
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, kernels=None,
                  *, scale: float | None = None, softcap: float | None = None,
-                 window: int | None = None):
-        """kernels: the backend's compiled C++ module (None: the torch path)."""
+                 window: int | None = None, prefill_sdpa: bool = False):
+        """kernels: the backend's compiled C++ module (None: the torch path). prefill_sdpa:
+        prefill chunks go to torch's fused SDPA even with the kernels (Backend.prefill_sdpa:
+        where oneDNN multiplies on the AMX tiles)."""
         # The kernel is specialised for these shapes; others take the torch path.
         supported = head_dim in KERNEL_HEAD_DIMS
         self.kernel = kernels if supported else None
@@ -41,6 +49,8 @@ class BatchedBackend:
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.softcap = softcap or 0.0  # the kernels' "none"
         self.window = window or 0
+        # Only plain attention: the kernel alone takes Gemma's and Mistral's options.
+        self.prefill_sdpa = prefill_sdpa and not (scale is not None or softcap or window)
         self.fallback = None
         if self.kernel is None and (scale is not None or softcap or window):
             self.fallback = SoftcapBackend(num_heads, num_kv_heads, head_dim, scale=scale,
@@ -81,12 +91,17 @@ class BatchedBackend:
         out = torch.matmul(scores.softmax(dim=-1), values.transpose(1, 2))  # [S, kv_heads, group, D]
         return out.view(num_seqs, self.num_heads, self.head_dim).to(query.dtype)
 
+    def _sdpa_takes(self, num_queries: int, seq_len: int, kv: LayerKVCache) -> bool:
+        return (self.prefill_sdpa and not kv.quantized
+                and self.num_heads * num_queries * seq_len >= SDPA_MIN_SCORES)
+
     def _prefill(self, query, kv: LayerKVCache, meta, i) -> torch.Tensor:
         seq_len = meta.seq_lens[i]
         blocks = meta.context_block_ids[i]
-        if self.kernel is not None:
+        if self.kernel is not None and not self._sdpa_takes(query.shape[0], seq_len, kv):
             # Each token over its own causal context, straight from the blocks: no K/V gather,
-            # no expanded KV heads (4.6x SDPA at 450 tokens, benchmarks/attention_kernels.py).
+            # no expanded KV heads (4.6x SDPA at 450 tokens on AVX512-BF16 without the tiles,
+            # benchmarks/attention_kernels.py).
             return self.kernel.paged_prefill_attention(query, kv.key, kv.value, blocks,
                                                        seq_len - query.shape[0], self.scale,
                                                        kv.key_scale, kv.value_scale,

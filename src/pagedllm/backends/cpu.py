@@ -40,6 +40,14 @@ class Backend:
         return (not self.generic and self.cpu.native_bf16
                 and self.torch_ops.onednn_prepack)
 
+    @property
+    def prefill_sdpa(self) -> bool:
+        """Whether prefill attention goes to torch's fused SDPA rather than pagedllm's tiled
+        kernel: where the AMX tiles are in use, oneDNN multiplies q.k and p.v on them, ~4x
+        the tiled kernel's AVX512-BF16 dot products (which Intel's cores issue at a quarter
+        of the integer rate; BENCHMARKS.md, "Prefill attention on the tiles")."""
+        return not self.generic and self.kernels is not None and self.cpu.amx
+
     def layer_ops(self, reference: bool = False):
         """The fused C++ layer ops where built, the generic path's Triton ones where chosen,
         else the torch reference (always for the reference attention backend: a pure-torch

@@ -69,7 +69,7 @@ class RotaryEmbedding:
 
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops,
-                 kernels, layer_index: int = 0):
+                 kernels, layer_index: int = 0, prefill_sdpa: bool = False):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_heads, config.num_kv_heads, config.head_dim)
@@ -94,7 +94,7 @@ class Attention(nn.Module):
                    ("softcap", config.attn_softcap), ("window", self.window)) if value is not None}
         shape = (self.num_heads, self.num_kv_heads, self.head_dim)
         if backend == "batched":
-            self.backend = BatchedBackend(*shape, kernels, **options)
+            self.backend = BatchedBackend(*shape, kernels, prefill_sdpa=prefill_sdpa, **options)
         elif backend == "triton":
             from pagedllm.attention.triton_backend import TritonBackend
 
@@ -138,10 +138,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops, kernels):
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str, ops, kernels,
+                 prefill_sdpa: bool = False):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = Attention(config, rotary, backend, ops, kernels)
+        self.self_attn = Attention(config, rotary, backend, ops, kernels, prefill_sdpa=prefill_sdpa)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.mlp = MoE(config, ops) if config.num_experts else MLP(config, ops)
 
@@ -178,19 +179,21 @@ class DecoderStack(nn.Module):
         reference = attention_backend == "torch-reference"
         ops = backend.layer_ops(reference)
         kernels = None if reference else backend.kernels
+        sdpa = not reference and backend.prefill_sdpa
         self.layers = nn.ModuleList(
             self._layer(config, local_rotary if i in config.sliding_layers else rotary,
-                        attention_backend, ops, kernels, i)
+                        attention_backend, ops, kernels, i, sdpa)
             for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     @staticmethod
-    def _layer(config: ModelConfig, rotary, backend: str, ops, kernels, index: int) -> nn.Module:
+    def _layer(config: ModelConfig, rotary, backend: str, ops, kernels, index: int,
+               prefill_sdpa: bool) -> nn.Module:
         if config.sandwich_norms:  # Gemma 2 and 3
             return SandwichDecoderLayer(
-                config, Attention(config, rotary, backend, ops, kernels, index),
+                config, Attention(config, rotary, backend, ops, kernels, index, prefill_sdpa),
                 lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, ops))
-        return DecoderLayer(config, rotary, backend, ops, kernels)
+        return DecoderLayer(config, rotary, backend, ops, kernels, prefill_sdpa)
 
     def serve_context(self, max_model_len: int) -> bool:
         """LongRoPE: rotate with the long factors when the served context is longer than the
