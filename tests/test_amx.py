@@ -340,6 +340,24 @@ def test_the_fused_product_multiplies_the_weights_rounded_to_bfloat16(make, shap
                            got[r])
 
 
+@pytest.mark.parametrize("make", [q4_k, q6_k])
+def test_the_fused_product_takes_many_rows_in_sweeps_that_fit_in_l2(make):
+    """Over 8192 inputs a sweep is 64 rows (1 MiB of activations, kernels/amx_tiles.h):
+    300 rows are five sweeps, the last shorter, stitched with every row where it belongs and
+    each row's result the one it has alone."""
+    ops = tiles_kernels()
+    weight = make(32, 8192)
+    six = make is q6_k
+    packed = ops.q6_pack(weight.codes, weight.scales, weight.d) if six else weight.kernel_pack(ops)
+    gemm = ops.q6_bf16_gemm if six else ops.q4_bf16_gemm
+    x = torch.randn(300, 8192, generator=torch.Generator().manual_seed(5)).bfloat16()
+    got = gemm(x, packed)
+    rounded = weight.dequantize().to(torch.bfloat16).float()
+    assert relative(got, x.float() @ rounded.T) < 3e-3
+    for r in (0, 63, 64, 255, 256, 299):
+        assert torch.equal(gemm(x[r:r + 1], packed)[0], got[r])
+
+
 def test_the_fused_products_fall_back_where_the_tiles_are_not_usable(ops):
     if ops.amx_tiles_usable():
         pytest.skip("the tiles are usable at this level: the test above covers them")

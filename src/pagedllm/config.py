@@ -16,6 +16,10 @@ DEFAULT_DTYPE = "bfloat16"
 DEFAULT_BLOCK_SIZE = 16
 # Tokens one step may compute (chunked prefill); measured: BENCHMARKS.md, "step budget".
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
+# ... and a step in which no request decodes, by default on a CPU: 256 keeps the steps of
+# requests decoding meanwhile short, and without them a prompt of up to 512 tokens is
+# prefilled in one step, not two (BENCHMARKS.md, "Prefill attention on the tiles").
+DEFAULT_PREFILL_ALONE_TOKENS = 512
 # On a GPU a step of thousands of tokens costs little more than one of a few hundred (the
 # launches and the host's work per step dominate): vLLM's default of 2048.
 GPU_MAX_NUM_BATCHED_TOKENS = 2048
@@ -221,6 +225,13 @@ class EngineConfig:
         """The tokens one step computes on `device` (cpu or cuda)."""
         return self.max_num_batched_tokens or default_step_budget(device)
 
+    def prefill_alone_budget(self, device: str) -> int:
+        """The tokens a step in which no request decodes computes: more than step_budget on
+        a CPU by default; a budget the user gives is the one bound of every step."""
+        if self.max_num_batched_tokens is not None or device == "cuda":
+            return self.step_budget(device)
+        return max(DEFAULT_PREFILL_ALONE_TOKENS, self.step_budget(device))
+
     def __post_init__(self):
         if not isinstance(self.speculative, SpeculativeConfig):
             raise ValueError(f"speculative must be a SpeculativeConfig, got {self.speculative!r}")
@@ -284,6 +295,14 @@ class SchedulerConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 2048
+    # The budget of a step in which no running request decodes (nobody's next token waits on
+    # it); None: max_num_batched_tokens.
+    prefill_alone_tokens: int | None = None
+
+    @property
+    def largest_step(self) -> int:
+        """The most tokens any step computes (what sizing reserves room for)."""
+        return max(self.max_num_batched_tokens, self.prefill_alone_tokens or 0)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from pagedllm.config import (DEFAULT_BLOCK_SIZE, DEFAULT_DTYPE, DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                             DEFAULT_PREFILL_ALONE_TOKENS,
                              GPU_MAX_NUM_BATCHED_TOKENS,
                              DEVICES, KV_CACHE_DTYPES, MODEL_DTYPES, SPECULATIVE_METHODS,
                              EngineConfig, LoRAConfig, SpeculativeConfig)
@@ -115,8 +116,9 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                             "requests as the KV cache holds, at most 64; 256 on a GPU)")
     group.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
                        help="tokens one step computes (long prompts are prefilled in chunks); "
-                            f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS} on a CPU, "
-                            f"{GPU_MAX_NUM_BATCHED_TOKENS} on a GPU")
+                            f"default {DEFAULT_MAX_NUM_BATCHED_TOKENS} on a CPU "
+                            f"({DEFAULT_PREFILL_ALONE_TOKENS} in a step where no request "
+                            f"decodes), {GPU_MAX_NUM_BATCHED_TOKENS} on a GPU")
     group.add_argument("--kv-cache-memory", type=memory_amount, default=None,
                        help="KV-cache size: bytes (64MiB, 2GiB) or a fraction (0-1] of available "
                             "memory (default: room for 4 requests at the model's full context, "

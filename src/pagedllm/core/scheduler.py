@@ -86,6 +86,8 @@ class Scheduler:
         pending token is its last (max_tokens, the context) is not planned again."""
         out = SchedulerOutput(ahead=ahead)
         budget = self.config.max_num_batched_tokens
+        if self.config.prefill_alone_tokens and not any(map(_decodes, self.running)):
+            budget = self.config.prefill_alone_tokens
 
         # Running requests first, oldest first; when blocks run out, preempt the newest
         # request of the user furthest above its fair share.
@@ -246,6 +248,12 @@ class Scheduler:
 def _num_tokens(request: Request) -> int:
     """Its known tokens and the one pending, if any (planned ahead)."""
     return request.num_tokens + request.num_pending_tokens
+
+
+def _decodes(request: Request) -> bool:
+    """Its client waits for its next token: its prompt is computed, or (preempted, now
+    recomputing) it has answered already."""
+    return request.num_computed_tokens >= request.num_prompt_tokens or request.num_output_tokens > 0
 
 
 def _ends_with_pending(request: Request) -> bool:

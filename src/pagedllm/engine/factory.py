@@ -168,7 +168,7 @@ def _draft_proposer(path: str, served: ModelConfig, cache: CacheConfig,
                 config.speculative.num_speculative_tokens)
     return DraftProposer(net, cache.num_blocks, cache.block_size, dtype,
                          min(draft_config.max_position_embeddings, scheduler.max_model_len),
-                         scheduler.max_num_batched_tokens)
+                         scheduler.largest_step)
 
 
 def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch.dtype,
@@ -198,7 +198,7 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
     pools = sizing.pool_sizes(
         kv_memory_bytes, model_config, element_size, block_size, kv_cache_dtype,
         config.max_num_seqs, min(config.max_model_len or longest, num_blocks * block_size),
-        config.step_budget(device))
+        config.prefill_alone_budget(device))
     capacity = pools.num_blocks * block_size
     max_model_len = config.max_model_len
     if max_model_len is None:
@@ -225,7 +225,8 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
                                kv_cache_dtype)
     scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                        max_num_batched_tokens=config.step_budget(device),
-                                       max_model_len=max_model_len)
+                                       max_model_len=max_model_len,
+                                       prefill_alone_tokens=config.prefill_alone_budget(device))
     return kv_memory_bytes, cache_config, scheduler_config, pools.window_num_blocks
 
 

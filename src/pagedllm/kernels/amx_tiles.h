@@ -104,7 +104,7 @@ __attribute__((target("amx-tile"))) inline void store_block(int blk, float* c) {
 // of 32 inputs -> out [rows, n] bfloat16. make_b(t, g, b) writes tile t's group g as a B tile
 // (16 rows of 64 bytes: row p, inputs 2p and 2p + 1 of the 16 output rows, bfloat16 pairs).
 template <class MakeB>
-__attribute__((target("amx-tile,amx-bf16"))) void bf16_gemm(
+__attribute__((target("amx-tile,amx-bf16"))) void bf16_gemm_sweep(
     int64_t tiles, int64_t groups, const pagedllm::bf16* x, int64_t k, int64_t rows,
     pagedllm::bf16* out, int64_t n, const MakeB& make_b) {
   const int64_t threads = pagedllm::num_threads();
@@ -148,6 +148,22 @@ __attribute__((target("amx-tile,amx-bf16"))) void bf16_gemm(
       }
     release_tiles();
   });
+}
+
+// The activation rows a sweep of the output tiles reads, in bytes: every output tile reads all
+// of a sweep's rows, so they should stay in L2 (2 MB a core on Sapphire Rapids) beside the
+// tile's B buffer; more rows are taken in several sweeps, each writing its B tiles again
+// (1 MiB: 256 rows over 2048 inputs, 64 over 8192; against one sweep of everything, 480-512
+// rows of SmolLM2-1.7B's 16384 x 2048 took ~0.8x the time, 2048 x 8192 ~0.85x, and 512 KiB
+// or 2 MiB sweeps did no better: BENCHMARKS.md, "Prefill attention on the tiles").
+constexpr int64_t kSweepBytes = 1 << 20;
+
+template <typename MakeB>
+void bf16_gemm(int64_t tiles, int64_t groups, const pagedllm::bf16* x, int64_t k, int64_t rows,
+               pagedllm::bf16* out, int64_t n, const MakeB& make_b) {
+  const int64_t sweep = std::max<int64_t>(kAmxPassRows, kSweepBytes / (2 * k) / kAmxPassRows * kAmxPassRows);
+  for (int64_t r0 = 0; r0 < rows; r0 += sweep)
+    bf16_gemm_sweep(tiles, groups, x + r0 * k, k, std::min(sweep, rows - r0), out + r0 * n, n, make_b);
 }
 
 }  // namespace pagedllm::amx
