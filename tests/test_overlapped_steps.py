@@ -152,3 +152,34 @@ def test_steps_overlap_by_default_on_a_gpu_only_and_the_command_line_says_otherw
     assert parse("--overlap-steps").overlap_steps is True
     assert parse("--async-scheduling").overlap_steps is True  # vLLM's name
     assert parse("--no-overlap-steps").overlap_steps is False
+
+
+def test_a_fault_outside_any_request_drops_the_launched_step_and_the_engine_goes_on(engines):
+    """A step that fails outside any one request (here the scheduler, while a step is in
+    flight) raises to the caller with the launched step dropped; the caller fails its
+    requests (AsyncEngine aborts them), every block comes back, and the next request gets
+    the tokens a fresh run gives it."""
+    engine = LLM(**SETTINGS, overlap_steps=True).engine
+    prompts = make_prompt_token_ids(engine.tokenizer, [40, 60, 30], seed=7)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    for i in (0, 1):
+        engine.add_request(f"r{i}", prompts[i], greedy)
+    for _ in range(3):
+        engine.step()
+    assert engine._launched is not None  # a step is in flight
+
+    def broken(ahead=False):
+        raise RuntimeError("scheduler fault")
+
+    engine.scheduler.schedule = broken
+    with pytest.raises(RuntimeError, match="scheduler fault"):
+        engine.step()
+    del engine.scheduler.schedule  # the class's own again
+    assert engine._launched is None
+    for rid in engine.request_ids():
+        assert engine.abort_request(rid).finish_reason == "abort"
+    assert not engine.has_unfinished_requests()
+    assert engine.kv_manager.num_free_blocks == engine.cache_config.num_blocks
+    after = run(engine, [("next", prompts[2], greedy)])
+    fresh = run(engines[False], [("next", prompts[2], greedy)])
+    assert summary(after) == summary(fresh)

@@ -198,7 +198,7 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
     pools = sizing.pool_sizes(
         kv_memory_bytes, model_config, element_size, block_size, kv_cache_dtype,
         config.max_num_seqs, min(config.max_model_len or longest, num_blocks * block_size),
-        config.prefill_alone_budget(device))
+        config.step_budget(device))
     capacity = pools.num_blocks * block_size
     max_model_len = config.max_model_len
     if max_model_len is None:
@@ -223,10 +223,14 @@ def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch
             max_num_seqs = min(max_num_seqs, pools.max_num_seqs)
     cache_config = CacheConfig(block_size, pools.num_blocks, config.enable_prefix_caching,
                                kv_cache_dtype)
+    # A window pool is sized for steps of step_budget tokens (sizing.window_pool_blocks, as
+    # `pagedllm plan` counts it): its models keep that bound in every step.
+    alone = (config.step_budget(device) if pools.window_num_blocks is not None
+             else config.prefill_alone_budget(device))
     scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                        max_num_batched_tokens=config.step_budget(device),
                                        max_model_len=max_model_len,
-                                       prefill_alone_tokens=config.prefill_alone_budget(device))
+                                       prefill_alone_tokens=alone)
     return kv_memory_bytes, cache_config, scheduler_config, pools.window_num_blocks
 
 

@@ -51,6 +51,10 @@ class LiveView:
                 data = (await self.state.client.snapshot(replica)).to_json()
             except LookupError as exc:  # a store's model unloaded meanwhile
                 raise APIError(404, str(exc), "replica", "not_found") from exc
+        # Read again: the snapshot waited for the step in flight, and the figures must be those
+        # of the same moment (a long prefill step lies between the two reads otherwise).
+        figures = self.state.client.figures()
+        replicas = [f for f in figures if f.labels or f.model]
         stats = sum_stats([f.stats for f in figures])
         if replicas:
             data["replica"] = replica
