@@ -100,7 +100,7 @@ class BatchedBackend:
         blocks = meta.context_block_ids[i]
         if self.kernel is not None and not self._sdpa_takes(query.shape[0], seq_len, kv):
             # Each token over its own causal context, straight from the blocks: no K/V gather,
-            # no expanded KV heads (4.6x SDPA at 450 tokens on AVX512-BF16 without the tiles,
+            # no expanded KV heads (4.6x SDPA at 450 tokens on an AMD AVX512-BF16 host,
             # benchmarks/attention_kernels.py).
             return self.kernel.paged_prefill_attention(query, kv.key, kv.value, blocks,
                                                        seq_len - query.shape[0], self.scale,
