@@ -88,7 +88,31 @@ def test_manager_refuses_without_changing_anything():
     kv = KVCacheManager(num_blocks=2, block_size=4)
     req = make_request("a", list(range(12)))
     assert not kv.allocate_slots(req, 12)
-    assert kv.num_free_blocks == 2 and kv.block_table("a") == []
+    assert kv.num_free_blocks == 2 and kv.block_table("a") == ()
+
+
+def test_block_table_is_one_tuple_until_the_blocks_change():
+    """The plan carries the manager's tuple and the model runner rewrites its row of the
+    batch's tables only for a new one: the same tuple while no block changes, a new one,
+    with the right ids, after every change (a new block, a trim, a free)."""
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    req = make_request("a", list(range(6)))
+    assert kv.allocate_slots(req, 6)
+    first = kv.block_table("a")
+    assert first == tuple(b.block_id for b in kv.req_blocks["a"]) and len(first) == 2
+    req.num_computed_tokens = 6
+    assert kv.allocate_slots(req, 1)  # slot 7 of 8: the same blocks
+    assert kv.block_table("a") is first
+    req.num_computed_tokens = 8
+    assert kv.allocate_slots(req, 3)  # a third block
+    grown = kv.block_table("a")
+    assert grown is not first and grown[:2] == first and len(grown) == 3
+    req.num_computed_tokens = 6
+    kv.trim(req)  # back to the blocks of 6 tokens
+    assert kv.block_table("a") == first and kv.block_table("a") is not grown
+    kv.free(req)
+    assert kv.block_table("a") == () and "a" not in kv._tables
+    assert kv.block_table("never-seen") == () and "never-seen" not in kv._tables
 
 
 def test_prefix_hit_shares_blocks_and_never_covers_last_token():
@@ -99,7 +123,7 @@ def test_prefix_hit_shares_blocks_and_never_covers_last_token():
     # Same 12 tokens: 3 full blocks cached, but the hit is capped at 2 (last token must run).
     second = make_request("b", list(range(12)))
     blocks, num_tokens = kv.get_computed_blocks(second)
-    assert num_tokens == 8 and [b.block_id for b in blocks] == kv.block_table("a")[:2]
+    assert num_tokens == 8 and tuple(b.block_id for b in blocks) == kv.block_table("a")[:2]
     assert kv.allocate_slots(second, 4, blocks)
     assert kv.block_table("b")[:2] == kv.block_table("a")[:2]
     assert [b.ref_cnt for b in kv.req_blocks["b"]] == [2, 2, 1]

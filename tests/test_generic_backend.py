@@ -194,7 +194,7 @@ def test_the_attention_reads_a_padded_layout_as_the_graphs_give_it():
                    (list(range(4)), padded.ctx_lens, static.tolist()))
     given = AttentionMetadata(slot_mapping=torch.tensor(padded.slots, device=TENSOR_DEVICE),
                               query_start_loc=list(range(5)), seq_lens=[1] * 4, block_size=bs,
-                              context_block_ids=[], device=TENSOR_DEVICE, token_layout=layout)
+                              device=TENSOR_DEVICE, token_layout=layout)
     got = paged_attention(query, keys, values, given, d ** -0.5)
     assert torch.equal(got[:2], want)
 
@@ -329,8 +329,11 @@ def test_an_int8_cache_on_the_gpus_kernels_gives_the_torch_paths_logits(arch, tm
         logits[name] = run_paged(model, seqs, chunk=7, kv_cache_dtype="int8",
                                  device=TENSOR_DEVICE)
     for seq, got, want in zip(seqs, logits["triton"], logits["torch"]):
-        # (2e-6 to 4e-6 here; a GPU may put a value at a tie one code apart)
-        assert (got - want).abs().max() < (1e-4 if DEVICE != "cuda" else 1e-3), len(seq)
+        # 2e-6 to 4e-6 on most hosts. A key or value that sits at a rounding tie may get
+        # codes one apart on the two paths (their float sums differ in the last bit), and
+        # every later position then differs by ~1e-3: 2.7e-3 for Gemma 2 on an AMD EPYC
+        # under Triton's interpreter, ~1e-3 on a GPU. A wrong scale or block is ~0.1 and up.
+        assert (got - want).abs().max() < 1e-2, len(seq)
         with torch.no_grad():
             exact = reference(torch.tensor([seq])).logits[0]
         assert (got - exact).abs().max() < 0.1  # (4e-3 to 4e-2 here)

@@ -56,7 +56,7 @@ def test_prefill_kernel_matches_reference(ops, dtype, heads, kv_heads, head_dim,
     meta = AttentionMetadata.build(slots, [0, chunk], [seq_len], [table], block_size)
     reference = TorchReferenceBackend(heads, kv_heads, head_dim).forward(
         query.float(), LayerKVCache(key_cache.float(), value_cache.float()), meta)
-    out = ops.paged_prefill_attention(query, key_cache, value_cache, meta.context_block_ids[0],
+    out = ops.paged_prefill_attention(query, key_cache, value_cache, meta.blocks_of(0),
                                       start, head_dim ** -0.5)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     assert (out.float().flatten(1) - reference).abs().max() < tolerance

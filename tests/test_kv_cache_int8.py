@@ -127,7 +127,7 @@ def test_prefill_kernel_over_int8_cache_matches_reference(ops, dtype, start, chu
     slots = [table[p // block_size] * block_size + p % block_size for p in range(start, seq_len)]
     meta = AttentionMetadata.build(slots, [0, chunk], [seq_len], [table], block_size)
     reference = TorchReferenceBackend(heads, kv_heads, head_dim).forward(query.float(), dequantized(cache), meta)
-    out = ops.paged_prefill_attention(query, cache.key, cache.value, meta.context_block_ids[0], start,
+    out = ops.paged_prefill_attention(query, cache.key, cache.value, meta.blocks_of(0), start,
                                       head_dim ** -0.5, cache.key_scale, cache.value_scale)
     assert out.dtype == dtype
     assert (out.float().flatten(1) - reference).abs().max() < 3e-2

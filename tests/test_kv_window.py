@@ -68,7 +68,7 @@ def test_a_step_is_refused_when_the_window_pool_is_short_and_nothing_changes():
     assert kv.allocate_slots(first, 20)  # 5 of the 6 window blocks
     free_full = kv.num_free_blocks
     assert not kv.allocate_slots(second, 20)
-    assert kv.num_free_blocks == free_full and kv.block_table("b") == []
+    assert kv.num_free_blocks == free_full and kv.block_table("b") == ()
     assert kv.window_block_table("b") == []
 
 

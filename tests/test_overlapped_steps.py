@@ -35,6 +35,8 @@ def run(engine, requests, abort_at: dict[str, int] | None = None):
             if step == steps and rid not in finished:
                 finished[rid] = engine.abort_request(rid)
     assert engine.kv_manager.num_free_blocks == engine.cache_config.num_blocks
+    # Nor a row of the runner's block tables kept across steps (engine/block_table_rows.py).
+    assert len(engine.runner.table_rows) == 0
     return finished
 
 

@@ -179,6 +179,76 @@ def test_candidate_mask_equals_full_sort_on_a_large_vocabulary():
     assert fast[4].sum() > TRUNCATION_CANDIDATES  # a flat row really went past the candidates
 
 
+def test_the_sync_free_candidate_mask_is_the_full_sorts_too():
+    """On a GPU no row's need of the full sort is read: every row gets it and the rows that
+    need it take it. The same mask as the host's choice."""
+    from pagedllm.engine.sampler import _full_sort_mask
+
+    torch.manual_seed(6)
+    vocab = 3000
+    logits = torch.cat([torch.randn(3, vocab) * 6, torch.randn(3, vocab) * 0.05])
+    top_k = torch.tensor([0, 40, 1500, 0, 2500, 5])
+    top_p = torch.tensor([0.9, 1.0, 0.9, 0.95, 0.8, 1.0])
+    min_p = torch.tensor([0.0, 0.1, 0.0, 0.0, 0.0, 0.0])
+    host = truncation_mask(logits, top_k, top_p, min_p)
+    assert torch.equal(truncation_mask(logits, top_k, top_p, min_p, sync_free=True), host)
+    k = torch.where(top_k > 0, top_k, vocab)
+    assert torch.equal(host, _full_sort_mask(logits, k, top_p, min_p))
+
+
+def _sync_free_batch(vocab):
+    """Rows of every kind the sampler treats apart, seeded where they draw."""
+    return [
+        dict(temperature=0),
+        dict(temperature=0.8, seed=1),
+        dict(temperature=1.0, seed=2, top_k=5),
+        dict(temperature=1.2, seed=3, top_p=0.9),  # flat logits: past the candidates
+        dict(temperature=0.7, seed=4, min_p=0.2),
+        dict(temperature=0.9, seed=5, repetition_penalty=1.3, presence_penalty=0.5,
+             frequency_penalty=0.4, prompt=[1, 2, 3]),
+        dict(temperature=0, logit_bias={7: 100.0}),
+        dict(temperature=1.0, seed=6, logit_bias={3: -100.0}, top_p=0.5),
+    ]
+
+
+def _rows(specs, vocab):
+    rows = []
+    for spec in specs:
+        spec = dict(spec)
+        prompt = spec.pop("prompt", [0])
+        r = row(**spec)
+        r.prompt_token_ids = prompt
+        r.output_token_ids.extend([4, 4, 9 % vocab])
+        rows.append(r)
+    return rows
+
+
+def test_a_sync_free_draw_gives_the_tokens_of_the_hosts_and_never_reads_the_device(
+        monkeypatch):
+    """Sampler(sync_free=True), the GPU's path, run on the CPU: the same tokens as the
+    host's path for greedy, seeded, top-k/top-p/min-p (one past the candidates), penalties
+    and logit_bias rows, and not one value read back to the host while it draws."""
+    torch.manual_seed(7)
+    vocab = 2000
+    logits = torch.randn(8, vocab) * 3
+    logits[3] = torch.randn(vocab) * 0.05
+    specs = _sync_free_batch(vocab)
+    want = Sampler(sync_free=False).draw(logits, _rows(specs, vocab))
+
+    def read(*args, **kwargs):
+        raise AssertionError("a device value read on the host while drawing")
+
+    rows = _rows(specs, vocab)
+    sampler = Sampler(sync_free=True)
+    with monkeypatch.context() as patch:
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__",
+                     "nonzero", "numpy"):
+            patch.setattr(torch.Tensor, name, read)
+        got = sampler.draw(logits, rows)
+    assert torch.equal(got, want)
+    assert Sampler().sync_free is None  # by the logits' device unless a test says
+
+
 def test_logit_bias_bans_and_forces_per_row_before_sampling():
     logits = torch.tensor([[0.1, 3.0, 2.9, -1, 0, 0, 0, 0]] * 3)
     rows = [row(temperature=0, logit_bias={1: -100.0}), row(temperature=0),

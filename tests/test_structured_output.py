@@ -170,6 +170,30 @@ def test_a_draw_the_grammar_allows_costs_no_mask(compiler, yes_no, monkeypatch):
     assert sample(SamplingParams(top_p=0.5), {hello: 0.7, no: 0.2, yes: 0.1}) == no and masks == [1]
 
 
+def test_a_sync_free_draw_masks_every_grammar_row_first(compiler, yes_no, monkeypatch):
+    """On a GPU (sync_free) asking the grammar about a drawn token would read the token
+    back: every grammar row is masked first instead, allows() is never asked, and the token
+    is the grammar's (greedy: the masked argmax, as drawing first gives)."""
+    import pagedllm.engine.sampler as sampler_module
+    from pagedllm.engine.sampler import Sampler, SamplingRow
+
+    matcher, yes, no, hello = yes_no
+    masks = []
+    real_apply = sampler_module.apply_grammar_masks
+    monkeypatch.setattr(sampler_module, "apply_grammar_masks",
+                        lambda logits, ms: masks.append(len(ms)) or real_apply(logits, ms))
+    monkeypatch.setattr(type(matcher), "allows", lambda self, token: pytest.fail("asked"))
+    vocab = compiler.lltokenizer.vocab_size
+    rows = [SamplingRow(SamplingParams(temperature=0), [1], [], grammar=matcher),
+            SamplingRow(SamplingParams(temperature=1.0, seed=3), [1], [], grammar=matcher,
+                        generator=torch.Generator().manual_seed(3)),
+            SamplingRow(SamplingParams(temperature=0), [1], [])]
+    logits = _one_hot_logits(3, vocab, {hello: 0.7, yes: 0.2, no: 0.1})
+    tokens = Sampler(sync_free=True).draw(logits, rows).tolist()
+    assert tokens[0] == yes and tokens[1] in (yes, no) and tokens[2] == hello
+    assert masks == [3]  # one mask call, over the batch (the free row left alone)
+
+
 def test_drawing_first_keeps_the_distribution_of_masked_sampling(compiler, yes_no):
     """p(hello) = 0.6 is refused; kept or redrawn, yes must come 0.3 / 0.4 of the time."""
     from pagedllm.engine.sampler import Sampler, SamplingRow

@@ -27,7 +27,7 @@ def reference(query, key_cache, value_cache, meta, scale, softcap=None, window=N
     group = query.shape[1] // key_cache.shape[2]
     for i in range(meta.num_seqs):
         start, seq_len, nq = meta.query_start_loc[i], meta.seq_lens[i], meta.num_queries(i)
-        blocks = meta.context_block_ids[i]
+        blocks = meta.blocks_of(i)
         keys = key_cache[blocks].flatten(0, 1)[:seq_len].double()
         values = value_cache[blocks].flatten(0, 1)[:seq_len].double()
         for j in range(nq):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -31,7 +33,6 @@ class AttentionMetadata:
     query_start_loc: list[int]  # [num_seqs + 1], host-side: no device syncs inside layers
     seq_lens: list[int]  # [num_seqs] context length of each sequence after this step
     block_size: int
-    context_block_ids: list[torch.Tensor]  # per sequence: its blocks covering seq_lens[i]
     # The same tokens in the sliding-window layers' own blocks, where the model keeps them
     # apart (core/kv_cache/window.py); those layers read and write through it.
     window: AttentionMetadata | None = None
@@ -47,37 +48,45 @@ class AttentionMetadata:
     # The Triton attention's query tiles of a step with prefill chunks, by tile size
     # (triton_prefill.py: prefill_tiles), made on first use; False: the step has none.
     prefill_tiles: dict | bool | None = None
-    # [sequences, widest table] the block tables, padded with block 0: build() makes it
-    # (a CUDA graph's metadata has token_layout instead).
+    # [sequences, widest table] the block tables, each row the blocks covering seq_lens[i]
+    # and then block 0: build() or from_tables() makes it (a CUDA graph's metadata has
+    # token_layout instead).
     block_tables: torch.Tensor | None = None
     _prefill_masks: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, slot_mapping: list[int], query_start_loc: list[int], seq_lens: list[int],
-              block_tables: list[list[int]], block_size: int,
+              block_tables: list[Sequence[int]], block_size: int,
               device: str = "cpu") -> AttentionMetadata:
-        # The tables padded into one tensor, copied to the device once a step; each
-        # sequence's blocks are a view of its row (a copy per sequence cost a transfer each,
-        # ~0.3 ms a request a step on a GPU).
-        counts = [(seq_len + block_size - 1) // block_size
-                  for seq_len in seq_lens]
-        width = max(counts, default=0) or 1
-        padded = torch.tensor([table[:n] + [0] * (width - n)
-                               for table, n in zip(block_tables, counts)] or [[0]],
-                              dtype=torch.long)
+        """From each sequence's own table (lists or tuples of block ids)."""
+        width = max(-(-max(seq_lens, default=0) // block_size), 1)
+        padded = np.zeros((max(len(block_tables), 1), width), dtype=np.int64)
+        for row, (table, seq_len) in enumerate(zip(block_tables, seq_lens)):
+            n = -(-seq_len // block_size)
+            padded[row, :n] = table[:n]
+        return cls.from_tables(slot_mapping, query_start_loc, seq_lens, padded, block_size,
+                               device)
+
+    @classmethod
+    def from_tables(cls, slot_mapping: list[int], query_start_loc: list[int],
+                    seq_lens: list[int], block_tables: np.ndarray, block_size: int,
+                    device: str = "cpu") -> AttentionMetadata:
+        """From the step's tables already padded ([sequences, widest], block 0 past each
+        row's blocks), as the model runner gathers them (engine/block_table_rows.py). They
+        are copied to the device once a step; each sequence's blocks are a view of its row
+        (a copy per sequence cost a transfer each, ~0.3 ms a request a step on a GPU)."""
+        padded = torch.from_numpy(block_tables)
         slots = torch.tensor(slot_mapping, dtype=torch.long)
         if device != "cpu":
             padded = padded.to(device, non_blocking=True)
             slots = slots.to(device, non_blocking=True)
-        return cls(
-            slot_mapping=slots,
-            query_start_loc=list(query_start_loc),
-            seq_lens=list(seq_lens),
-            block_size=block_size,
-            context_block_ids=[padded[i, :n] for i, n in enumerate(counts)],
-            device=device,
-            block_tables=padded,
-        )
+        return cls(slot_mapping=slots, query_start_loc=list(query_start_loc),
+                   seq_lens=list(seq_lens), block_size=block_size, device=device,
+                   block_tables=padded)
+
+    def blocks_of(self, i: int) -> torch.Tensor:
+        """Sequence i's blocks covering its seq_lens[i] tokens (a view of its table's row)."""
+        return self.block_tables[i, :-(-self.seq_lens[i] // self.block_size)]
 
     @property
     def num_seqs(self) -> int:

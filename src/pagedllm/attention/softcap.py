@@ -37,7 +37,7 @@ class SoftcapBackend:
             if self.window is not None:
                 first_block = max(0, seq_len - num_queries - self.window + 1) // meta.block_size
             first_key = first_block * meta.block_size
-            blocks = meta.context_block_ids[i][first_block:]
+            blocks = meta.blocks_of(i)[first_block:]
             keys = kv_cache.keys(blocks).flatten(0, 1)[:seq_len - first_key].to(query.dtype)
             values = kv_cache.values(blocks).flatten(0, 1)[:seq_len - first_key].to(query.dtype)
             keys = keys.repeat_interleave(self.group, dim=1).transpose(0, 1)  # [heads, L, D]

@@ -43,7 +43,7 @@ class TorchReferenceBackend:
             start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
             seq_len = meta.seq_lens[i]
             num_queries = end - start
-            blocks = meta.context_block_ids[i]
+            blocks = meta.blocks_of(i)
             keys = kv_cache.keys(blocks).flatten(0, 1)[:seq_len].to(query.dtype)  # [L, kv_heads, D]
             values = kv_cache.values(blocks).flatten(0, 1)[:seq_len].to(query.dtype)
             # Query j sits at position seq_len - num_queries + j and sees keys up to it.

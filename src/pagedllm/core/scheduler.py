@@ -156,7 +156,7 @@ class Scheduler:
         return ScheduledRequest(
             request.request_id, FairQueue.user_of(request), start,
             (*known, *[PLACEHOLDER] * (num_new - len(known)), *drafts),
-            tuple(self.kv.block_table(request.request_id)), end == _num_tokens(request),
+            self.kv.block_table(request.request_id), end == _num_tokens(request),
             None if window_table is None else tuple(window_table), len(drafts),
             -1 if request.lora_key is None else self.lora_slots.slot_of[request.lora_key],
             request.params.lora_scale)

@@ -133,7 +133,7 @@ class DecodeGraphs:
         def meta(slots, tables) -> AttentionMetadata:
             return AttentionMetadata(
                 slot_mapping=slots[:size], query_start_loc=list(range(size + 1)),
-                seq_lens=[1] * size, block_size=self.block_size, context_block_ids=[],
+                seq_lens=[1] * size, block_size=self.block_size,
                 device=str(self.input_ids.device), num_requests=size,
                 token_layout=(self.seq_of_token[:size], self.ctx_lens[:size], tables[:size]))
         step = meta(self.slots, self.tables)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedllm.backends.host_values import to_device
 from pagedllm.core.step_records import SchedulerOutput
 
 
@@ -46,4 +47,4 @@ class LaunchedStep:
         tokens = torch.cat([*(d.token_ids.to(device) for d in self.draws),
                             torch.zeros(1, dtype=torch.long, device=device)])
         rows = [row_of.get(rid, offset) for rid in request_ids]  # offset: the zero row
-        return tokens[torch.tensor(rows, dtype=torch.long, device=device)]
+        return tokens[to_device(rows, torch.long, device)]

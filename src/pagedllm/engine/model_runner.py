@@ -9,9 +9,11 @@ from __future__ import annotations
 import torch
 
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
+from pagedllm.backends.host_values import to_device
 from pagedllm.config import ModelConfig
 from pagedllm.core.request import SamplingParams
 from pagedllm.core.step_records import PLACEHOLDER, RunnerOutput, SchedulerOutput
+from pagedllm.engine.block_table_rows import BlockTableRows
 from pagedllm.engine.cuda_graphs import DecodeRow
 from pagedllm.engine.launched_step import LaunchedStep, SampledRows
 from pagedllm.engine.sampler import Sampler, SamplingRow, compute_logprobs
@@ -51,6 +53,9 @@ class ModelRunner:
                         tensor[window_num_blocks].zero_()
                 self.kv_caches[layer] = cache
         self.sampler = Sampler()
+        # The running requests' block tables, kept across steps (each group's own).
+        self.table_rows = BlockTableRows()
+        self.window_table_rows = BlockTableRows()
         # What sampling needs of each request, by request id: registered when the engine
         # accepts it, its output grown by the tokens sampled here, dropped by forget(). A
         # seeded request's random stream is made at its first sample and kept across
@@ -94,6 +99,8 @@ class ModelRunner:
         """The request finished or was aborted: its sampling state goes."""
         self.sequences.pop(request_id, None)
         self.adapters.pop(request_id, None)
+        self.table_rows.forget(request_id)
+        self.window_table_rows.forget(request_id)
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         """Run one step of the plan and sample for the requests whose plan says so: launch,
@@ -126,13 +133,16 @@ class ModelRunner:
         """The step's inputs and its model call; the sampled rows' logits (on a GPU [rows,
         vocab] stays there; grammar masks and seeded draws travel in), None if none samples."""
         input_ids, positions, slot_mapping = [], [], []
-        query_start_loc, seq_lens, block_tables = [0], [], []
-        window_slots, window_tables = [], []
+        query_start_loc, seq_lens, tables = [0], [], []
+        rows, counts, window_slots, window_rows, window_tables = [], [], [], [], []
         sample_indices, pending_at, pending_of = [], [], []
         bs = self.block_size
         for item in plan.scheduled:
             start, end, table = item.start, item.start + item.num_new_tokens, item.block_table
             window = item.window_block_table
+            row = self.table_rows.row_of(item.request_id, table)
+            if window is not None:
+                window_row = self.window_table_rows.row_of(item.request_id, window)
             for offset, token in enumerate(item.token_ids):
                 if token == PLACEHOLDER:  # sampled by `previous`: filled in on the device
                     pending_at.append(len(input_ids) + offset)
@@ -149,9 +159,12 @@ class ModelRunner:
             for num_queries, seq_len in queries:
                 query_start_loc.append(query_start_loc[-1] + num_queries)
                 seq_lens.append(seq_len)
-                block_tables.append(list(table))
+                rows.append(row)
+                counts.append(-(-seq_len // bs))
+                tables.append(table)
                 if window is not None:
-                    window_tables.append(list(window))
+                    window_rows.append(window_row)
+                    window_tables.append(window)
                 if item.samples:
                     sample_indices.append(query_start_loc[-1] - 1)
                     step.sampled_ids.append(item.request_id)
@@ -161,7 +174,7 @@ class ModelRunner:
         device = self.device
         pending = None
         if pending_at:
-            pending = (torch.tensor(pending_at, dtype=torch.long, device=device),
+            pending = (to_device(pending_at, torch.long, device),
                        previous.tokens_for(pending_of, device))
         if self.lora is not None:
             self._set_lora_batch(plan)
@@ -170,22 +183,23 @@ class ModelRunner:
         if (self.graphs is not None and len(input_ids) == len(seq_lens)
                 and (self.lora is None or not self.lora.active)
                 and self.graphs.applies(len(input_ids))
-                and all(len(t) <= self.graphs.width for t in block_tables + window_tables)):
+                and all(len(t) <= self.graphs.width for t in tables + window_tables)):
             windows = (zip(window_slots, map(tuple, window_tables)) if window_tables
                        else [(None, None)] * len(input_ids))
-            rows = [DecodeRow(*row, *window) for row, window in zip(
-                zip(input_ids, positions, slot_mapping, map(tuple, block_tables)), windows)]
-            return self._logits(self.graphs.run(rows, pending), sample_indices)
-        meta = AttentionMetadata.build(slot_mapping, query_start_loc, seq_lens, block_tables, bs,
-                                       device)
+            graph_rows = [DecodeRow(*row, *window) for row, window in zip(
+                zip(input_ids, positions, slot_mapping, map(tuple, tables)), windows)]
+            return self._logits(self.graphs.run(graph_rows, pending), sample_indices)
+        meta = AttentionMetadata.from_tables(slot_mapping, query_start_loc, seq_lens,
+                                             self.table_rows.gather(rows, counts), bs, device)
         meta.num_requests = len(plan.scheduled)
         if window_tables:
-            meta.window = AttentionMetadata.build(window_slots, query_start_loc, seq_lens,
-                                                  window_tables, bs, device)
-        ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+            meta.window = AttentionMetadata.from_tables(
+                window_slots, query_start_loc, seq_lens,
+                self.window_table_rows.gather(window_rows, counts), bs, device)
+        ids = to_device(input_ids, torch.long, device)
         if pending is not None:
             ids[pending[0]] = pending[1]
-        position_ids = torch.tensor(positions, dtype=torch.long, device=device)
+        position_ids = to_device(positions, torch.long, device)
         return self._logits(self.model(ids, position_ids, self.kv_caches, meta), sample_indices)
 
     def _set_lora_batch(self, plan: SchedulerOutput) -> None:
@@ -199,7 +213,10 @@ class ModelRunner:
         self.lora.set_batch(token_slots, token_scales)
 
     def _logits(self, hidden: torch.Tensor, sample_indices: list[int]) -> torch.Tensor | None:
-        return self.model.compute_logits(hidden[sample_indices]) if sample_indices else None
+        if not sample_indices:
+            return None
+        return self.model.compute_logits(hidden[to_device(sample_indices, torch.long,
+                                                          hidden.device)])
 
     def sample(self, step: LaunchedStep) -> None:
         """Draw the step's tokens where its logits are (not waiting for them), for the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from pagedllm.backends.host_values import to_device
 from pagedllm.structured.compiler import fill_bitmasks
 
 # Byte value -> its 8 bits, lowest first, True where the token is NOT allowed: a bitmask read
@@ -22,10 +23,11 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: list) -> torch.Tensor:
     bitmask = torch.zeros(len(rows), words, dtype=torch.int32)
     fill_bitmasks([matchers[i] for i in rows], bitmask.data_ptr(), words * 4)
     forbidden = _FORBIDDEN_BY_BYTE[bitmask.view(torch.uint8).long()].view(len(rows), -1)
-    forbidden = forbidden[:, :vocab].to(logits.device)
+    # (non_blocking: a blocking copy to a GPU waits for the work queued before it)
+    forbidden = forbidden[:, :vocab].to(logits.device, non_blocking=True)
     if len(rows) == logits.shape[0]:
         logits.masked_fill_(forbidden, float("-inf"))
     else:
-        index = torch.tensor(rows, device=logits.device)
+        index = to_device(rows, torch.long, logits.device)
         logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
     return logits

@@ -24,6 +24,11 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching)
         self.window = window
         self.req_blocks: dict[str, list[KVBlock]] = {}
+        # Each request's table as block ids, made when its blocks change (every block_size
+        # tokens while it decodes), not every step: the plan carries this very tuple, and the
+        # model runner rewrites its row of the batch's tables only when the tuple is a new one
+        # (engine/block_table_rows.py).
+        self._tables: dict[str, tuple[int, ...]] = {}
         self._req_hashes: dict[str, list[BlockHash]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # blocks of the request registered so far
         # The window group's share of the last prefix hit found, by request: get_computed_blocks
@@ -42,8 +47,14 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage()
 
-    def block_table(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        table = self._tables.get(request_id)
+        if table is None:
+            blocks = self.req_blocks.get(request_id)
+            if blocks is None:  # no table (never allocated, or freed): nothing kept for it
+                return ()
+            table = self._tables[request_id] = tuple(b.block_id for b in blocks)
+        return table
 
     def window_block_table(self, request_id: str) -> list[int] | None:
         """The request's table in the window layers' blocks (None: the model has none)."""
@@ -111,6 +122,8 @@ class KVCacheManager:
         blocks.extend(computed_blocks)
         if num_new_blocks > 0:
             blocks.extend(self.pool.allocate(num_new_blocks))
+        if computed_blocks or num_new_blocks > 0:
+            self._tables.pop(rid, None)
         self._cache_full_blocks(request, blocks, total_tokens)
         if self.window is not None:
             num_full = min(total_tokens, request.num_tokens) // self.block_size
@@ -141,6 +154,7 @@ class KVCacheManager:
         if len(blocks) > keep:
             extra = blocks[keep:]
             del blocks[keep:]
+            self._tables.pop(request.request_id, None)
             self.pool.free(reversed(extra))
         if self.window is not None:
             self.window.trim(request.request_id, keep)
@@ -148,6 +162,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, and forget its table."""
         blocks = self.req_blocks.pop(request.request_id, [])
+        self._tables.pop(request.request_id, None)
         self.pool.free(reversed(blocks))
         if self.window is not None:
             self.window.free(request.request_id)
