@@ -18,7 +18,7 @@ from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.llama import DecoderStack, LlamaForCausalLM
 from pagedllm.models.low_bit import (EMBEDDING_NAMES, FUSED_PROJECTIONS, install_projections,
                                      kept_originals, uninitialised_linears)
-from pagedllm.models.output_head import ExactHead, TokenEmbedding, output_head
+from pagedllm.models.output_head import DeviceHead, ExactHead, TokenEmbedding, output_head
 from pagedllm.models.moe import MoE
 from pagedllm.models.quant_linear import (ALL_ROWS, DenseLinear, Int8ActivationLinear, QuantLinear,
                                           StackedLinear)
@@ -61,7 +61,9 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     if backend.generic:  # every matrix dense in the model dtype, on the backend's device
         if four_bit_on_device:  # (but these)
             _use_device_int4(stack, fuse_quantized(four_bit_on_device, config.num_layers))
-        return LlamaForCausalLM(stack, embedding, ExactHead(head_weight)).to_device(backend.device)
+        head = (DeviceHead(head_weight, LOGIT_REFINE_CANDIDATES) if dtype == torch.bfloat16
+                else ExactHead(head_weight))
+        return LlamaForCausalLM(stack, embedding, head).to_device(backend.device)
     if dtype != torch.bfloat16:
         return LlamaForCausalLM(stack, embedding, ExactHead(head_weight))
     head = _bfloat16_head(head_weight, embedding, kept, tied, backend)

@@ -246,10 +246,8 @@ class LlamaForCausalLM(nn.Module):
             rotary.cos, rotary.sin = rotary.cos.to(device), rotary.sin.to(device)
         tied = getattr(self.head, "weight", None) is self.embedding.weight
         self.embedding.to_device(device)
-        if tied:  # one matrix on the device, as on the host
-            self.head.weight = self.embedding.weight
-        else:
-            self.head.to_device(device)
+        # (tied: one matrix on the device, as on the host)
+        self.head.to_device(device, self.embedding.weight if tied else None)
         return self
 
     @property

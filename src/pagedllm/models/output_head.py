@@ -55,11 +55,35 @@ class ExactHead:
     def __init__(self, weight: torch.Tensor):
         self.weight = weight
 
-    def to_device(self, device: str) -> None:
-        self.weight = self.weight.to(device)
+    def to_device(self, device: str, tied_to: torch.Tensor | None = None) -> None:
+        """tied_to: the embedding's matrix, already there, when the head is that matrix."""
+        self.weight = tied_to if tied_to is not None else self.weight.to(device)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.float() @ self.weight.T
+
+
+class DeviceHead(ExactHead):
+    """The bfloat16 model's head on the generic backend (a GPU's): the product over the
+    vocabulary in bfloat16 (half the bytes of float32, and a bfloat16 GEMM where float32 ran
+    a slower one), then each row's top candidates recomputed exactly from the float32 rows,
+    as RefinedHead does on the CPU: rounded logits alone flip greedy choices. float32 logits
+    come out, for the sampler."""
+
+    def __init__(self, weight: torch.Tensor, top: int):
+        super().__init__(weight)
+        self.rounded = weight.to(torch.bfloat16)
+        self.top = top
+
+    def to_device(self, device: str, tied_to: torch.Tensor | None = None) -> None:
+        super().to_device(device, tied_to)
+        self.rounded = self.rounded.to(device)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = (hidden.to(torch.bfloat16) @ self.rounded.T).float()
+        top = logits.topk(min(self.top, logits.shape[1]), dim=-1).indices  # [N, k]
+        exact = torch.einsum("nh,nkh->nk", hidden.float(), self.weight[top])
+        return logits.scatter_(1, top, exact)
 
 
 class Q8Head:
