@@ -40,6 +40,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # ti
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea. " * 3
 
 
+def model_path(model: str | None) -> str:
+    """--model: a path, `default` (the default model), or None: the tiny random model."""
+    if model == "default":
+        from pagedllm.weights import default_model_path
+
+        return default_model_path()
+    if model:
+        return model
+    from tiny_models import tiny_hf_model, write_hf_folder
+
+    return write_hf_folder(tiny_hf_model("qwen3"), tempfile.mkdtemp())
+
+
 def serve_args(model: str, concurrency: int, extra: list[str]) -> list[str]:
     kv = [] if "--device" in extra else ["--kv-cache-memory", str(256 << 20)]
     return ["--model", model, "--max-num-seqs", str(concurrency), *kv, *extra]
@@ -153,16 +166,7 @@ def main() -> None:
     parser.add_argument("--model", default=None,
                         help="a GGUF file or folder, or `default` (default: a tiny random model)")
     args = parser.parse_args()
-    if args.model == "default":
-        from pagedllm.weights import default_model_path
-
-        model = default_model_path()
-    elif args.model:
-        model = args.model
-    else:
-        from tiny_models import tiny_hf_model, write_hf_folder
-
-        model = write_hf_folder(tiny_hf_model("qwen3"), tempfile.mkdtemp())
+    model = model_path(args.model)
     import torch
 
     levels = [int(n) for n in args.concurrency.split(",")]

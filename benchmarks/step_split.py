@@ -16,7 +16,6 @@ import argparse
 import os
 import shlex
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -70,16 +69,7 @@ def main() -> None:
     from pagedllm.engine.engine import LLMEngine
 
     torch.set_num_threads(args.threads)
-    if args.model == "default":
-        from pagedllm.weights import default_model_path
-
-        model = default_model_path()
-    elif args.model:
-        model = args.model
-    else:
-        from tiny_models import tiny_hf_model, write_hf_folder
-
-        model = write_hf_folder(tiny_hf_model("qwen3"), tempfile.mkdtemp())
+    model = host_overhead.model_path(args.model)
     serve = argparse.ArgumentParser()
     add_serve_args(serve)
     engine = LLMEngine(engine_config(serve.parse_args(host_overhead.serve_args(
