@@ -378,6 +378,9 @@ def test_q6_k_rows_go_to_the_tiles_from_onednns_rows(amx_backend):
     assert tiles.tiles_gemm is not None and kernel.tiles_gemm is None
     x = torch.randn(AMX_MIN_ROWS, 512).bfloat16()
     reference = x.float() @ weight.dequantize().to(torch.bfloat16).float().T
-    assert relative(tiles(x), reference) < 3e-3
+    if HOST_HAS_AMX:
+        assert relative(tiles(x), reference) < 3e-3
+    else:  # no tiles to run on: q6_bf16_gemm is the int8 kernel's product, rounded
+        assert torch.equal(tiles(x), kernel(x).bfloat16())
     assert relative(kernel(x), reference) < 0.02  # (its activations rounded to int8)
     assert torch.equal(tiles(x[:8]), kernel(x[:8]))  # few rows: the int8 kernel

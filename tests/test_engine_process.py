@@ -62,8 +62,22 @@ def _answers(client, cases):
     return asyncio.run(main())
 
 
-def _comparable(outputs):
-    return [(o.token_ids, o.text, o.new_text, o.finish_reason, o.stop_string, o.logprobs)
+def near_float32(value):
+    return pytest.approx(value, rel=1e-5, abs=1e-6)
+
+
+def _comparable(outputs, near=lambda value: value):
+    """Everything but the logprobs' values exactly; those within float32 rounding: the two
+    engines see the concurrent requests arrive in different steps, and a batch of another
+    size may round the last bit differently (seen in the full suite on a loaded host); near
+    wraps one side's values in pytest.approx."""
+    def logprobs(o):
+        if o.logprobs is None:
+            return None
+        return [(lp.token_id, near(lp.logprob),
+                 [(t, near(v)) for t, v in lp.top])
+                for lp in o.logprobs]
+    return [(o.token_ids, o.text, o.new_text, o.finish_reason, o.stop_string, logprobs(o))
             for o in outputs]
 
 
@@ -136,7 +150,7 @@ def test_outputs_are_exactly_the_in_process_engines(request, local_client, overl
     local = _answers(local_client, cases)
     remote = _answers(process_client, cases)
     for here, there in zip(local, remote):
-        assert _comparable(there) == _comparable(here)
+        assert _comparable(there) == _comparable(here, near_float32)
     assert remote[2][-1].stop_string == stop and remote[2][-1].finish_reason == "stop"
 
 

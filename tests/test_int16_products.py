@@ -215,11 +215,15 @@ def test_layers_take_the_int16_rows_the_cpu_chooses(int16, amx):
         assert layer.amx_exact_min_rows == max(AMX_EXACT_MIN_ROWS, layer.int16_max_rows + 1)
     ops = backend.kernels
     x = torch.randn(12, 512).bfloat16()
+    assert layer.exact_max_rows == (ALL_ROWS if amx else Q4_EXACT_MAX_ROWS[ops.isa()])
     for rows in (1, 4, 5, 8):
-        if rows <= layer.int16_max_rows:
+        # int16 is an exact-range product: past exact_max_rows (1 row at avx2) int8 rows win
+        if rows <= min(layer.int16_max_rows, layer.exact_max_rows):
             assert torch.equal(layer(x[:rows]), ops.q4_i16_gemm(x[:rows], layer.packed)), rows
-        elif not amx and rows <= Q4_EXACT_MAX_ROWS[ops.isa()]:
+        elif not amx and rows <= layer.exact_max_rows:
             assert torch.equal(layer(x[:rows]), ops.q4_gemm(x[:rows], layer.packed)), rows
+        elif not amx:
+            assert torch.equal(layer(x[:rows]), ops.q4_q8_gemm(x[:rows], layer.packed)), rows
 
 
 def test_verifying_proposals_takes_int16_as_the_requests_plain_step_would():
