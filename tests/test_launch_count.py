@@ -93,7 +93,7 @@ def test_a_decode_layer_launches_nine_kernels_on_the_gpus_path(gpu_ops_llm, batc
 
 def test_a_prefill_step_runs_the_query_tiles_once_a_layer(gpu_ops_llm):
     """A step with prefill chunks (a 40-token prompt beside a decoding request): one launch
-    of the tiled kernel a layer, for every row; the per-token kernel not at all."""
+    of the attention kernel a layer, in query tiles for every row; no split to merge."""
     engine = gpu_ops_llm.engine
     model = engine.runner.model
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -103,7 +103,7 @@ def test_a_prefill_step_runs_the_query_tiles_once_a_layer(gpu_ops_llm):
     with count_launches({"layer": model.stack.layers[1]}) as count:
         engine.step()
     layer = count.by_scope["layer"]
-    assert layer["triton:_paged_prefill"] == 1 and "triton:_paged_attention" not in layer
+    assert layer["triton:_paged_attention"] == 1 and "triton:_merge_splits" not in layer
     assert sum(layer.values()) == 9
     while engine.has_unfinished_requests():
         engine.step()

@@ -110,6 +110,15 @@ def test_prefill_chunks_from_the_start_and_continuing(done, new, block_size):
     run_case([(done, new)], 4, 2, 64, block_size=block_size)
 
 
+@pytest.mark.parametrize("heads,kv_heads,dtype", [(6, 2, torch.float32), (6, 2, torch.bfloat16),
+                                                 (32, 1, torch.bfloat16), (4, 4, torch.bfloat16)])
+def test_groups_of_every_width_share_a_tile(heads, kv_heads, dtype):
+    """A group of 3 (padded to 4 rows a token), a multi-query group of 32 (one token a tile),
+    one head a group: prefill chunks beside decode tokens, and a decode step alone."""
+    run_case([(0, 40), (9, 1), (20, 13)], heads, kv_heads, 64, dtype=dtype, seed=heads)
+    run_case([(0, 1), (30, 1), (70, 1)], heads, kv_heads, 64, dtype=dtype, seed=heads)
+
+
 def test_a_mixed_batch_and_a_verifying_request_layout():
     # Prefill chunks, decode tokens, and one request's positions as single-token queries
     # (how a request verifies proposals: engine/model_runner.py) in one step.
@@ -154,26 +163,35 @@ def test_an_int8_caches_scales_must_be_alike():
                         key_scales=scales, value_scales=scales.transpose(0, 1))
 
 
-# -- query tiles: a step with prefill chunks (TILE_QUERIES tokens of a sequence a program) ----
+# -- query tiles: a step with prefill chunks (a sequence's tokens times a group's heads) --------
 
 def test_a_step_with_prefill_chunks_is_cut_into_query_tiles():
-    from pagedllm.attention.triton_prefill import TILE_QUERIES, prefill_tiles, tile_queries
+    from pagedllm.attention.triton_paged import TileShape, prefill_tiles, tile_shape
 
     lengths, new = [70, 21, 40], [70, 1, 35]
     starts = [0, 70, 71, 106]
     tables = [list(range(i * 5, i * 5 + 5)) for i in range(3)]
     slots = [0] * starts[-1]
     meta = AttentionMetadata.build(slots, starts, lengths, tables, 16)
-    assert TILE_QUERIES == 32 and tile_queries(128) == 32 and tile_queries(256) == 16
-    tiles = prefill_tiles(meta).tolist()
+    tiles = prefill_tiles(meta, 32).tolist()
     assert list(zip(*tiles)) == [(0, 0, 32), (0, 32, 32), (0, 64, 6), (1, 70, 1),
                                  (2, 71, 32), (2, 103, 3)]
-    assert prefill_tiles(meta) is meta.prefill_tiles[32]  # once a step
-    assert list(zip(*prefill_tiles(meta, tile=16).tolist()))[:5] == [
+    assert prefill_tiles(meta, 32) is meta.prefill_tiles[32]  # once a step
+    assert list(zip(*prefill_tiles(meta, 16).tolist()))[:5] == [
         (0, 0, 16), (0, 16, 16), (0, 32, 16), (0, 48, 16), (0, 64, 6)]
     decode = AttentionMetadata.build([0, 1], [0, 1, 2], [5, 9], [[0], [1]], 16)
-    assert prefill_tiles(decode) is None and decode.prefill_tiles is False
+    assert prefill_tiles(decode, 32) is None and decode.prefill_tiles is False
     assert sum(new) == starts[-1]
+    bf16, f32 = torch.bfloat16, torch.float32
+    # rows: a tile's tokens times the group's heads (a power of two)
+    assert tile_shape(4, 128, bf16, decode=False) == TileShape(16, 64, 64)
+    assert tile_shape(3, 64, bf16, decode=False) == TileShape(16, 64, 64)
+    assert tile_shape(4, 256, bf16, decode=False) == TileShape(8, 32, 32)  # wide heads
+    assert tile_shape(1, 64, f32, decode=False) == TileShape(32, 32, 32)  # float32 operands
+    assert tile_shape(128, 64, bf16, decode=False) == TileShape(1, 128, 64)  # a wide group
+    # decode: one token, its group padded to the products' least 16 rows
+    assert tile_shape(4, 128, bf16, decode=True) == TileShape(1, 16, 64)
+    assert tile_shape(32, 128, bf16, decode=True) == TileShape(1, 32, 64)
 
 
 @pytest.mark.parametrize("case", ["plain", "window", "softcap", "int8", "bfloat16",

@@ -46,7 +46,7 @@ class AttentionMetadata:
     # None: the Triton attention builds them from the lists above.
     token_layout: tuple | None = None
     # The Triton attention's query tiles of a step with prefill chunks, by tile size
-    # (triton_prefill.py: prefill_tiles), made on first use; False: the step has none.
+    # (triton_paged.py: prefill_tiles), made on first use; False: the step has none.
     prefill_tiles: dict | bool | None = None
     # [sequences, widest table] the block tables, each row the blocks covering seq_lens[i]
     # and then block 0: build() or from_tables() makes it (a CUDA graph's metadata has

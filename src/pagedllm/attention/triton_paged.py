@@ -1,20 +1,17 @@
 """Paged attention in Triton, for the GPU backend (issue 32): decode tokens, prefill chunks
 and mixed batches, over the same block tables, prefix sharing, sliding windows and soft caps
 as the CPU kernels, from caches in the model's dtype or int8 codes with a float32 scale a
-row (dequantized as they are read). Two kernels:
+row (dequantized as they are read). One kernel (triton_tiles.py), launched with tiles of
+query rows that share a KV head:
 
 - A decode step (every query a single token: decode tokens, a verifying request's
-  positions): one program a query head a token walks its sequence's blocks through the
-  block table up to its own position, one KV block at a time, with the online softmax, in
-  float32 whatever the cache dtype. Grouped-query heads read their KV head (head // group);
-  the heads are the grid's first (fastest) axis, so the programs of a group run side by
-  side and read its KV blocks through the cache once. A step of few tokens with long
-  contexts reads each context in splits, in parallel, and merges their partial softmaxes
-  (flash-decoding, as vLLM's paged attention v2): decode at N=1 would otherwise run only
-  `heads` programs, each walking its whole context. The split is chosen from shapes alone,
-  so a CUDA graph's is fixed.
-- A step with prefill chunks: query tiles, each KV block read once for a tile of a
-  sequence's tokens (triton_prefill.py).
+  positions): one token a tile, its group's heads the tile's rows. A step of few tokens
+  with long contexts reads each context in splits, in parallel, and merges their partial
+  softmaxes (flash-decoding, as vLLM's paged attention v2): decode at N=1 would otherwise
+  run only `kv_heads` programs, each walking its whole context. The split is chosen from
+  shapes alone, so a CUDA graph's is fixed.
+- A step with prefill chunks: each sequence's query tokens cut into tiles of
+  `tile_shape(...).tokens`, each KV tile read once for a tile's tokens and heads.
 
 On a machine without a GPU the same kernels run under Triton's interpreter
 (`TRITON_INTERPRET=1`, CPU tensors; set before this module is imported), which is how CI
@@ -23,20 +20,20 @@ Triton kernels: backends/triton_layer_ops.py, models/int4_triton.py, models/moe_
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
-import triton.language as tl
 
 from pagedllm.attention.metadata import AttentionMetadata
-from pagedllm.attention.triton_prefill import prefill_attention, prefill_tiles, tile_queries
-from pagedllm.attention.triton_softcap import tanh
+from pagedllm.attention.triton_tiles import _merge_splits, _paged_attention
 
 # Flash-decoding: a step of at most SPLIT_MAX_TOKENS query tokens whose widest block table
 # is longer than SPLIT_BLOCKS blocks reads each context in parallel splits and merges them:
-# one program per (token, head) would walk a long context alone (decode at N=1 runs only
-# `heads` programs). Whether to split comes from the shapes (static in a CUDA graph, whose
-# table width is the longest context served); a split step always has MAX_SPLITS, among
-# which each token's own context is divided on the device, by its length (so a short
+# one program per (token, KV head) would walk a long context alone (decode at N=1 runs only
+# `kv_heads` programs). Whether to split comes from the shapes (static in a CUDA graph,
+# whose table width is the longest context served); a split step always has MAX_SPLITS,
+# among which each token's own context is divided on the device, by its length (so a short
 # context in a graph sized for long ones is read in parallel too). One count, not one by
 # width: each count is a kernel variant, compiled when first met, which mid-serving stalls
 # every request. Above SPLIT_MAX_TOKENS the step has programs enough, and the partials'
@@ -44,120 +41,30 @@ from pagedllm.attention.triton_softcap import tanh
 SPLIT_BLOCKS = 16
 MAX_SPLITS = 16
 SPLIT_MAX_TOKENS = 16
-@triton.jit
-def _attend(q, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, seq, kv_head, lo, hi, first, ctx,
-            scale, softcap, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            stride_sb, stride_ss, stride_tb,
-            HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-            BLOCK_P2: tl.constexpr, USE_SOFTCAP: tl.constexpr, QUANTIZED: tl.constexpr):
-    """Online softmax over the positions [lo, hi) of the sequence that this query sees
-    (first <= position < ctx), lo a multiple of BLOCK_SIZE: (running max, sum, weighted
-    values), unnormalised. An empty range gives (-inf, 0, 0). QUANTIZED: the cache holds
-    int8 codes, each (slot, KV head) row with its float32 scale (ks_ptr, vs_ptr: [blocks,
-    block_size, kv_heads], the KV head's stride 1), dequantized as they are read."""
-    dims = tl.arange(0, DIM_P2)
-    dim_ok = dims < HEAD_DIM
-    offsets = tl.arange(0, BLOCK_P2)
-    m_i = tl.full([1], -float("inf"), tl.float32)
-    l_i = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([DIM_P2], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_SIZE):
-        block = tl.load(tables_ptr + seq * stride_tb + start // BLOCK_SIZE)
-        positions = start + offsets
-        visible = (offsets < BLOCK_SIZE) & (positions < ctx) & (positions >= first)
-        rows = offsets[:, None]
-        k = tl.load(k_ptr + block * stride_kb + rows * stride_ks + kv_head * stride_kh + dims[None, :],
-                    mask=visible[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
-        if QUANTIZED:
-            row_scales = block * stride_sb + offsets * stride_ss + kv_head
-            k = k * tl.load(ks_ptr + row_scales, mask=visible, other=0.0)[:, None]
-        scores = tl.sum(k * q[None, :], axis=1) * scale
-        if USE_SOFTCAP:  # cap * tanh(s / cap)
-            scores = softcap * tanh(scores / softcap)
-        scores = tl.where(visible, scores, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
-        p = tl.exp(scores - m_new)
-        alpha = tl.exp(m_i - m_new)
-        v = tl.load(v_ptr + block * stride_vb + rows * stride_vs + kv_head * stride_vh + dims[None, :],
-                    mask=visible[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
-        if QUANTIZED:
-            v = v * tl.load(vs_ptr + row_scales, mask=visible, other=0.0)[:, None]
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m_i = m_new
-    return m_i, l_i, acc
+
+# The products' least side (tl.dot's): a decode tile's rows are padded up to it.
+MIN_ROWS = 16
 
 
-# Arguments that change from step to step (the tables' width, the tiles' count) are not
-# specialised on (Triton compiles a variant for 1, multiples of 16 and the rest): a step
-# that met a new class would otherwise stall every request for a compile.
-@triton.jit(do_not_specialize=["stride_tb"])
-def _paged_attention(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, tables_ptr, seq_of_token_ptr,
-                     ctx_len_ptr, part_ml_ptr, part_acc_ptr, scale, softcap, window,
-                     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh,
-                     stride_vb, stride_vs, stride_vh, stride_sb, stride_ss, stride_tb,
-                     stride_ot, stride_oh,
-                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr,
-                     BLOCK_SIZE: tl.constexpr, BLOCK_P2: tl.constexpr,
-                     USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr,
-                     QUANTIZED: tl.constexpr, SPLITS: tl.constexpr):
-    """SPLITS == 1: the whole context, the output written. Else program (head, token, split)
-    takes its share of the context's blocks (whole blocks, the token's blocks over SPLITS,
-    rounded up; the last shares may be empty) and writes its partial (max, sum) and
-    weighted values, which _merge_splits combines (flash-decoding: a long context's blocks
-    read in parallel instead of by one program)."""
-    head = tl.program_id(0)  # heads vary fastest: a group's programs read its KV together
-    token = tl.program_id(1)
-    kv_head = head // GROUP
-    seq = tl.load(seq_of_token_ptr + token)
-    ctx = tl.load(ctx_len_ptr + token)  # this token sees positions first .. ctx - 1
-    first = ctx * 0
-    if USE_WINDOW:
-        first = tl.maximum(ctx - window, 0)
-    dims = tl.arange(0, DIM_P2)
-    dim_ok = dims < HEAD_DIM
-    q = tl.load(q_ptr + token * stride_qt + head * stride_qh + dims, mask=dim_ok, other=0.0)
-    q = q.to(tl.float32)
-    lo = first // BLOCK_SIZE * BLOCK_SIZE
-    hi = ctx
-    if SPLITS > 1:
-        share = (ctx - lo + SPLITS * BLOCK_SIZE - 1) // (SPLITS * BLOCK_SIZE) * BLOCK_SIZE
-        lo = lo + tl.program_id(2) * share
-        hi = tl.minimum(lo + share, ctx)
-    m_i, l_i, acc = _attend(q, k_ptr, v_ptr, ks_ptr, vs_ptr, tables_ptr, seq, kv_head, lo, hi,
-                            first, ctx, scale, softcap, stride_kb, stride_ks, stride_kh,
-                            stride_vb, stride_vs, stride_vh, stride_sb, stride_ss, stride_tb,
-                            HEAD_DIM, DIM_P2, BLOCK_SIZE, BLOCK_P2, USE_SOFTCAP, QUANTIZED)
-    if SPLITS > 1:
-        part = (token * tl.num_programs(0) + head) * SPLITS + tl.program_id(2)
-        two = tl.arange(0, 2)
-        tl.store(part_ml_ptr + part * 2 + two, tl.where(two == 0, tl.max(m_i, axis=0),
-                                                         tl.sum(l_i, axis=0)))
-        tl.store(part_acc_ptr + part * DIM_P2 + dims, acc)
-    else:
-        out = acc / l_i
-        tl.store(out_ptr + token * stride_ot + head * stride_oh + dims,
-                 out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+class TileShape(NamedTuple):
+    """A program's share: `tokens` query tokens of one sequence times the group's heads
+    (padded to a power of two) as `rows`, against KV tiles of `kv_tile` positions."""
+
+    tokens: int
+    rows: int
+    kv_tile: int
 
 
-@triton.jit
-def _merge_splits(part_ml_ptr, part_acc_ptr, out_ptr, stride_ot, stride_oh,
-                  HEAD_DIM: tl.constexpr, DIM_P2: tl.constexpr, SPLITS: tl.constexpr):
-    """One (head, token): its splits' partial softmaxes as one (empty splits weigh 0)."""
-    head = tl.program_id(0)
-    token = tl.program_id(1)
-    base = (token * tl.num_programs(0) + head) * SPLITS
-    splits = tl.arange(0, SPLITS)
-    maxima = tl.load(part_ml_ptr + (base + splits) * 2)
-    sums = tl.load(part_ml_ptr + (base + splits) * 2 + 1)
-    top = tl.max(maxima, axis=0)  # the first split is never empty: finite
-    weights = tl.where(maxima == -float("inf"), 0.0, tl.exp(maxima - top))
-    dims = tl.arange(0, DIM_P2)
-    values = tl.load(part_acc_ptr + (base + splits)[:, None] * DIM_P2 + dims[None, :])
-    total = tl.sum(sums * weights, axis=0)
-    out = tl.sum(values * weights[:, None], axis=0) / total
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims,
-             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+def tile_shape(group: int, head_dim: int, dtype: torch.dtype, decode: bool) -> TileShape:
+    """Half-precision operands for heads up to 128 wide take tiles of 64 (FlashAttention-2's
+    sizes, within a smaller card's shared memory); float32 ones and wider heads 32. A
+    group wider than the tile (multi-query attention) takes one token, all its heads."""
+    group_p2 = triton.next_power_of_2(group)
+    size = 32 if head_dim > 128 or dtype == torch.float32 else 64
+    if decode:
+        return TileShape(1, max(MIN_ROWS, group_p2), size)
+    rows = max(size, group_p2)
+    return TileShape(rows // group_p2, rows, size)
 
 
 def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
@@ -184,6 +91,31 @@ def token_layout(meta: AttentionMetadata, device: torch.device | str = "cpu"
     return meta.token_layout
 
 
+def prefill_tiles(meta: AttentionMetadata, tokens: int, device: torch.device | str = "cpu"
+                  ) -> torch.Tensor | None:
+    """[3, tiles] (sequence, first token row, tokens) of the step's query tiles: each
+    sequence's queries cut into `tokens`; None where every sequence has one query (a decode
+    step: a token a tile, with its splits). Made once a step (per tile size), one copy."""
+    if meta.prefill_tiles is False:  # decided this step already: a decode step
+        return None
+    if meta.prefill_tiles is None:
+        if all(meta.num_queries(i) == 1 for i in range(meta.num_seqs)):
+            meta.prefill_tiles = False
+            return None
+        meta.prefill_tiles = {}
+    if tokens not in meta.prefill_tiles:
+        seqs, starts, counts = [], [], []
+        for i in range(meta.num_seqs):
+            first, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+            for start in range(first, end, tokens):
+                seqs.append(i)
+                starts.append(start)
+                counts.append(min(tokens, end - start))
+        meta.prefill_tiles[tokens] = torch.tensor([seqs, starts, counts], dtype=torch.int64).to(
+            device, non_blocking=True)
+    return meta.prefill_tiles[tokens]
+
+
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, softcap: float | None = None,
                     window: int | None = None, split_blocks: int | None = None,
@@ -201,7 +133,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     out = torch.empty_like(query)
     if num_tokens == 0:
         return out
-    dim_p2 = triton.next_power_of_2(head_dim)
+    dim_p2 = max(MIN_ROWS, triton.next_power_of_2(head_dim))
     quantized = key_scales is not None
     if quantized and not (key_scales.is_contiguous() and value_scales.is_contiguous()
                           and key_scales.stride() == value_scales.stride()):
@@ -209,24 +141,30 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     # (unread where the cache is not int8)
     scales = (key_scales, value_scales) if quantized else (ctx_len, ctx_len)
     scale_strides = key_scales.stride()[:2] if quantized else (0, 0)
-    tiles = prefill_tiles(meta, query.device, tile_queries(head_dim))
-    if tiles is not None:  # a step with prefill chunks: query tiles, a block read once each
-        return prefill_attention(query, key_cache, value_cache, out, tables, ctx_len, tiles,
-                                 scale, softcap, window, scales, scale_strides)
-    splits = _splits(num_tokens, tables.shape[1], split_blocks)
+    group = num_heads // num_kv_heads
+    shape = tile_shape(group, head_dim, query.dtype, decode=True)
+    tiles = prefill_tiles(meta, tile_shape(group, head_dim, query.dtype, False).tokens,
+                          query.device)
+    if tiles is not None:  # a step with prefill chunks: tiles of a sequence's tokens
+        shape = tile_shape(group, head_dim, query.dtype, decode=False)
+        splits, num_tiles = 1, tiles.shape[1]
+    else:
+        splits, num_tiles = _splits(num_tokens, tables.shape[1], split_blocks), num_tokens
     parts = (num_tokens * num_heads * splits) if splits > 1 else 1
     part_ml = torch.empty(parts * 2, dtype=torch.float32, device=query.device)
     part_acc = torch.empty(parts * dim_p2, dtype=torch.float32, device=query.device)
-    _paged_attention[(num_heads, num_tokens, splits)](
-        query, key_cache, value_cache, *scales, out, tables, seq_of_token, ctx_len, part_ml,
-        part_acc, scale, softcap or 1.0, window or 0,
+    _paged_attention[(num_tiles, num_kv_heads, splits)](
+        query, key_cache, value_cache, *scales, out, tables, seq_of_token, ctx_len,
+        seq_of_token if tiles is None else tiles, part_ml, part_acc, num_tiles,
+        scale, softcap or 1.0, window or 0,
         query.stride(0), query.stride(1), key_cache.stride(0), key_cache.stride(1),
         key_cache.stride(2), value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         *scale_strides, tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, DIM_P2=dim_p2,
-        BLOCK_SIZE=block_size, BLOCK_P2=triton.next_power_of_2(block_size),
+        NUM_HEADS=num_heads, GROUP=group, GROUP_P2=triton.next_power_of_2(group),
+        TILE_TOKENS=shape.tokens, ROWS=shape.rows, HEAD_DIM=head_dim, DIM_P2=dim_p2,
+        BLOCK_SIZE=block_size, KV_TILE=shape.kv_tile,
         USE_SOFTCAP=softcap is not None, USE_WINDOW=window is not None, QUANTIZED=quantized,
-        SPLITS=splits)
+        SPLITS=splits, IEEE=query.dtype == torch.float32, UPCAST=query.device.type != "cuda")
     if splits > 1:
         _merge_splits[(num_heads, num_tokens)](part_ml, part_acc, out, out.stride(0),
                                                out.stride(1), HEAD_DIM=head_dim, DIM_P2=dim_p2,

@@ -1,4 +1,4 @@
-"""The soft cap's tanh for the Triton attention kernels (triton_paged.py, triton_prefill.py):
+"""The soft cap's tanh for the Triton attention kernels (triton_tiles.py):
 Gemma 2's scores -> cap * tanh(s / cap)."""
 from __future__ import annotations
 
