@@ -18,7 +18,9 @@
 #      the engine alone, in one run; the engine alone and the engine process each with
 #      and without overlapped steps (--overlap-ab: the host plans step t+1 while the GPU
 #      runs step t; issue 45);
-#   4. scripts/gpu_profile_decode.py: eager decode steps kernel by kernel.
+#   4. benchmarks/gpu_attention.py: the attention kernel alone, decode against the bytes it
+#      must read (the copy bandwidth's share) and prefill against torch's SDPA (issue 46);
+#   5. scripts/gpu_profile_decode.py: eager decode steps kernel by kernel.
 # (Measured in earlier runs and left out for time: transformers' generate as a baseline,
 # dense against --gpu-4bit-weights, eager steps; `benchmarks/gpu_decode.py --help`.)
 # (scripts/gpu_probe_gemma2.py, the module-by-module Gemma 2 probe, is run by hand.)
@@ -63,11 +65,16 @@ PY
 # Most wanted first (a run cut short by its limit keeps what is done): the GPU tests (the
 # Triton kernels compiled there for the first time), the benchmark as served (CUDA graphs,
 # the default), the 4-bit A/B, the profile, eager for comparison.
-timeout 120 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
+timeout 110 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     tests/test_int4_triton.py tests/test_triton_layer_ops.py tests/test_triton_attention.py \
     tests/test_launch_count.py tests/test_moe_triton.py \
     tests/test_lora_model.py::test_the_triton_kernels_equal_the_per_token_reference --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/gpu_tests.log"
+# The attention kernel alone against the bytes it must read and torch's SDPA (issue 46).
+ATTENTION_ARGS=(--json "$OUT/gpu_attention.json")
+[ "$DEVICE" = cuda ] || ATTENTION_ARGS+=(--smoke)
+timeout 40 "$PYTHON" benchmarks/gpu_attention.py "${ATTENTION_ARGS[@]}" > "$OUT/gpu_attention.log" 2>&1
+echo "exit: $?" >> "$OUT/gpu_attention.log"
 if [ "$DEVICE" = cuda ]; then  # graphs are captured on a GPU only
     timeout 100 "$PYTHON" benchmarks/gpu_decode.py "${BENCH_ARGS[@]}" --cuda-graphs \
         --models 1.7b --json "$OUT/gpu_decode_graphs.json" > "$OUT/gpu_decode_graphs.log" 2>&1
@@ -78,7 +85,7 @@ else
     echo "exit: $?" >> "$OUT/gpu_decode.log"
 fi
 # As a user runs it: the server (one process, and the engine in its own) under streamed load.
-timeout 220 "$PYTHON" benchmarks/host_overhead.py "${SERVED_ARGS[@]}" --json "$OUT/served.json" \
+timeout 200 "$PYTHON" benchmarks/host_overhead.py "${SERVED_ARGS[@]}" --json "$OUT/served.json" \
     > "$OUT/served.log" 2>&1
 echo "exit: $?" >> "$OUT/served.log"
 if [ "$DEVICE" = cuda ]; then  # the 1.7B file the benchmark wrote, eager steps kernel by kernel
@@ -86,6 +93,7 @@ if [ "$DEVICE" = cuda ]; then  # the 1.7B file the benchmark wrote, eager steps 
     echo "exit: $?" >> "$OUT/decode_profile.log"
 fi
 cat "$OUT"/environment.json
-grep -E "N=|copy|wrote|exit|Error|transformers" "$OUT"/gpu_decode*.log "$OUT"/served.log
+grep -E "N=|copy|wrote|exit|Error|transformers|prefill" "$OUT"/gpu_decode*.log "$OUT"/served.log \
+    "$OUT"/gpu_attention.log
 tail -n 3 "$OUT/gpu_tests.log"
 [ -f "$OUT/decode_profile.log" ] && cut -c1-600 "$OUT/decode_profile.log"
