@@ -2,6 +2,7 @@
 model, by perplexity on a held-out text and by the answers to fixed questions.
 
     .venv/bin/python benchmarks/quality_gate.py [--model PATH] [--tokens 1024]
+        [--settings "bfloat16 (default),generic + fp8 weights"]
 
 Settings (each a way to run `pagedllm serve`):
   float32                     --dtype float32: the reference (equals transformers)
@@ -14,6 +15,10 @@ Settings (each a way to run `pagedllm serve`):
   bfloat16 + ngram            --speculative ngram: by construction the same greedy tokens
                               (checked here on the questions) and, sampled, the same
                               distribution (tests/test_speculative_engine.py counts it)
+  generic bfloat16            --device torch-cpu: the GPU's code path (every matrix dense
+                              in bfloat16), here on the CPU
+  generic + fp8 weights       --device torch-cpu --gpu-fp8-weights: its projections as
+                              float8 (e4m3) with a scale a row, activations per token
 
 Perplexity: the held-out text is the docstrings of a few Python standard-library modules
 (English prose, not in the bundled corpus the other benchmarks draw from), tokenized once,
@@ -54,6 +59,8 @@ SETTINGS = {
     "bfloat16 exact activations": dict(dtype="bfloat16", exact_activations=True),
     "bfloat16 + int8 KV": dict(dtype="bfloat16", kv_cache_dtype="int8"),
     "bfloat16 + ngram": dict(dtype="bfloat16", speculative=SpeculativeConfig(method="ngram")),
+    "generic bfloat16": dict(dtype="bfloat16", device="torch-cpu"),
+    "generic + fp8 weights": dict(dtype="bfloat16", device="torch-cpu", gpu_fp8_weights=True),
 }
 CHUNK = 256
 
@@ -107,9 +114,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=1024, help="held-out tokens scored")
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help="which, comma-separated (float32, the reference, always runs)")
     args = parser.parse_args()
+    chosen = ["float32"] + [n for n in args.settings.split(",") if n and n != "float32"]
+    unknown = [n for n in chosen if n not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown settings {unknown}; known: {list(SETTINGS)}")
     rows, reference = [], None
-    for name, settings in SETTINGS.items():
+    for name in chosen:
+        settings = SETTINGS[name]
         llm = LLM(args.model, kv_cache_memory=256 << 20, **settings)
         tokens = llm.tokenizer.encode(held_out_text(), add_special_tokens=False)[:args.tokens + 1]
         prefill_ppl = perplexity(llm, tokens, one_at_a_time=False)

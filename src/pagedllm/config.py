@@ -199,6 +199,9 @@ class EngineConfig:
     # On the generic backend (a GPU): a GGUF's 4-bit projections stay 4-bit on the device
     # (models/int4_triton.py) instead of dense in dtype. Off until measured on a GPU.
     gpu_4bit_weights: bool = False
+    # On the generic backend: a bfloat16 model's projections as float8 (e4m3) with a scale
+    # a row, activations rounded per token (models/fp8_linear.py). Off until measured on a GPU.
+    gpu_fp8_weights: bool = False
     lora: LoRAConfig = LoRAConfig()  # adapters and their slots (inactive unless asked)
     # Plan and launch step t+1 while step t runs (engine/overlap.py); None: by device.
     overlap_steps: bool | None = None

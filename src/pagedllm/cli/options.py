@@ -158,6 +158,11 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                        help="with --device cuda: a GGUF's 4-bit projections stay 4-bit on the "
                             "GPU (a Triton kernel unpacks them for decode steps) instead of "
                             "dense in --dtype; new, not yet measured on a GPU (default: off)")
+    group.add_argument("--gpu-fp8-weights", action="store_true",
+                       help="with --device cuda on an Ada or Hopper card and --dtype bfloat16: "
+                            "the projections as float8 (e4m3) with a scale a row, activations "
+                            "rounded per token (vLLM's --quantization fp8); half the weight "
+                            "bytes; new, not yet measured on a GPU (default: off)")
     group.add_argument("--enforce-eager", dest="cuda_graphs", action="store_false",
                        default=None, help="no CUDA graphs (vLLM's option; --no-cuda-graphs; default: "
                             "graphs on a GPU)")
@@ -196,6 +201,7 @@ def engine_config(args) -> EngineConfig:
                         max_num_batched_tokens=args.max_num_batched_tokens, device=args.device,
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         cuda_graphs=args.cuda_graphs, gpu_4bit_weights=args.gpu_4bit_weights,
+                        gpu_fp8_weights=args.gpu_fp8_weights,
                         overlap_steps=args.overlap_steps,
                         speculative=SpeculativeConfig(
                             method=args.speculative,

@@ -55,6 +55,28 @@ def engine_config(config: EngineConfig | str | None, settings: dict) -> EngineCo
     return dataclasses.replace(config, **settings) if settings else config
 
 
+def check_fp8_weights(config: EngineConfig, backend) -> None:
+    """--gpu-fp8-weights: a bfloat16 model on the generic backend, on a card with float8
+    products (compute capability 8.9: Ada, Hopper and later), without --gpu-4bit-weights."""
+    if not config.gpu_fp8_weights:
+        return
+    if not backend.generic:
+        raise ValueError("--gpu-fp8-weights needs --device cuda (or torch-cpu, the generic "
+                         "path on the CPU)")
+    if config.dtype != "bfloat16":
+        raise ValueError("--gpu-fp8-weights needs --dtype bfloat16")
+    if config.gpu_4bit_weights:
+        raise ValueError("--gpu-fp8-weights and --gpu-4bit-weights exclude each other: "
+                         "choose one form for the projections")
+    if backend.device.startswith("cuda"):
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(backend.device)
+        if (major, minor) < (8, 9):
+            raise ValueError(f"--gpu-fp8-weights needs a GPU with float8 products (compute "
+                             f"capability 8.9 or later); this one has {major}.{minor}")
+
+
 def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     # The backend first: a bad PAGEDLLM_CPU_ISA or an unusable --device is a clear error
     # before any loading.
@@ -70,9 +92,10 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     if config.gpu_4bit_weights and config.dtype == "float32":
         raise ValueError("--gpu-4bit-weights needs --dtype bfloat16 (float32 is the exact "
                          "reference: every matrix dense)")
+    check_fp8_weights(config, backend)
     net = build_model(model_config, checkpoint.weights, checkpoint.quantized, torch_dtype,
                       backend, int8_activations=not exact_activations_for(config, model_config),
-                      device_four_bit=config.gpu_4bit_weights)
+                      device_four_bit=config.gpu_4bit_weights, device_fp8=config.gpu_fp8_weights)
     del checkpoint
     _return_freed_memory()
     kv_memory_bytes, cache_config, scheduler_config, window_blocks = _size_kv(

@@ -35,13 +35,14 @@ PROJECTIONS = tuple((part, fused) for part, fused, _ in FUSED_PROJECTIONS)
 def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quantized: dict | None = None,
                 dtype: torch.dtype = torch.float32, backend: Backend | None = None,
                 attention_backend: str = "batched", int8_activations: bool = True,
-                device_four_bit: bool = False) -> LlamaForCausalLM:
+                device_four_bit: bool = False, device_fp8: bool = False) -> LlamaForCausalLM:
     """Canonical weights (float32 tensors) and, optionally, their GGUF originals -> a ready
     model. In bfloat16 with the C++ kernels, quantized projections, embedding and head run on
     their codes (low_bit.py: int8-rounded activations for large steps unless int8_activations
     is off) and are never read from `weights`; everything else is. backend: the engine's
     (None: this process's CPU backend, for a model built alone). device_four_bit: on the
-    generic backend, 4-bit projections stay 4-bit on its device (int4_triton.py)."""
+    generic backend, 4-bit projections stay 4-bit on its device (int4_triton.py).
+    device_fp8: on the generic backend, the projections as float8 (fp8_linear.py)."""
     backend = backend or cpu_backend()
     four_bit_on_device = {}
     if backend.generic and device_four_bit:
@@ -61,6 +62,8 @@ def build_model(config: ModelConfig, weights: Mapping[str, torch.Tensor], quanti
     if backend.generic:  # every matrix dense in the model dtype, on the backend's device
         if four_bit_on_device:  # (but these)
             _use_device_int4(stack, fuse_quantized(four_bit_on_device, config.num_layers))
+        if device_fp8:
+            _use_device_fp8(stack)
         head = (DeviceHead(head_weight, LOGIT_REFINE_CANDIDATES) if dtype == torch.bfloat16
                 else ExactHead(head_weight))
         return LlamaForCausalLM(stack, embedding, head).to_device(backend.device)
@@ -193,6 +196,20 @@ def _use_device_int4(model: DecoderStack, quantized: dict) -> None:
     from pagedllm.models.int4_triton import Int4Linear
 
     _replace_4bit_projections(model, quantized, lambda i, dense, q4: Int4Linear(q4, dense.bias))
+
+
+def _use_device_fp8(model: DecoderStack) -> None:
+    """The generic backend's projections as float8 with a scale a row (fp8_linear.py), from
+    their dense matrices; one whose sides do not fit stays dense, as do a mixture of
+    experts' stacked matrices."""
+    from pagedllm.models.fp8_linear import Fp8Linear, fits
+
+    for layer in model.layers:
+        for part, name in PROJECTIONS:
+            parent = getattr(layer, part, None)
+            dense = getattr(parent, name, None)
+            if isinstance(dense, torch.nn.Linear) and fits(dense.weight):
+                setattr(parent, name, Fp8Linear(dense.weight, dense.bias))
 
 
 def _replace_4bit_projections(model: DecoderStack, quantized: dict, make) -> None:
