@@ -31,7 +31,6 @@ when it is the same text.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 
 import torch

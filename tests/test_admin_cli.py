@@ -126,6 +126,7 @@ NON_DEFAULTS = {
     "threads-per-replica": 1, "router": "pow2", "models-dir": "/srv/models",
     "max-loaded-models": 2, "keep-alive": "10m", "embedding-dtype": "float32",
     "pooling": "mean", "gpu-memory-utilization": 0.8, "cuda-graphs": True, "overlap-steps": True, "gpu-4bit-weights": True,
+    "gpu-fp8-weights": True,
     "engine-process": True, "insecure-ray-cluster": True,
     "lora": "sql=/srv/sql-lora,tone=/srv/tone.gguf", "enable-lora": True, "max-loras": 2,
     "max-lora-rank": 64,
