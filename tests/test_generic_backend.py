@@ -241,6 +241,47 @@ def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cac
     assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
 
 
+def test_query_tiles_of_a_graph_are_padded_with_empty_ones():
+    from pagedllm.engine.mixed_graphs import query_tiles
+
+    assert query_tiles([0, 5, 6, 9], 2, 8, 99) == [[0, 0, 0, 1, 2, 2, 99, 99],
+                                                   [0, 2, 4, 5, 6, 8, 0, 0],
+                                                   [2, 2, 1, 1, 2, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_prefill_steps_go_through_the_mixed_graph_buffers(tmp_path, monkeypatch, family):
+    """Steps with prefill chunks through engine/mixed_graphs.py's buffers (on the CPU their
+    forward uncaptured, Triton under its interpreter): prompts longer than the step budget
+    (chunked) beside decoding requests, padded to the token sizes; greedy output equal to
+    the path without graphs, every block back. The llama with an int8 cache and overlapped
+    steps (a decode token then the step before's, written into the ids on the device);
+    Gemma 2 with its window layers' own pool."""
+    from pagedllm.engine import mixed_graphs
+
+    build_engines_as_on_the_gpu(monkeypatch)
+    folder = write_hf_folder(tiny_hf_model(family, seed=5), tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompts = [list(range(5, 80)), [11, 12], [7] * 30]
+    kwargs = dict(dtype="float32", kv_cache_memory=8 << 20, device=DEVICE, max_num_seqs=4,
+                  max_num_batched_tokens=64)
+    if family == "llama":
+        kwargs.update(kv_cache_dtype="int8", overlap_steps=True)
+    want = [o.token_ids for o in LLM(folder, cuda_graphs=False, **kwargs).generate(prompts, params)]
+    assert all(len(ids) == 4 for ids in want)
+    tokens = []
+    run = mixed_graphs.MixedGraphs.run
+    monkeypatch.setattr(mixed_graphs.MixedGraphs, "run",
+                        lambda self, step, *pending: tokens.append(len(step.input_ids))
+                        or run(self, step, *pending))
+    graphed = LLM(folder, cuda_graphs=True, **kwargs)
+    assert graphed.engine.runner.mixed_graphs.sizes == (64,)
+    assert [o.token_ids for o in graphed.generate(prompts, params)] == want
+    assert 64 in tokens and any(n < 64 for n in tokens)  # full steps and padded ones
+    manager = graphed.engine.kv_manager
+    assert manager.num_free_blocks == manager.num_blocks
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs are captured on a GPU only "
                     "(their buffers and the attention's use of them are tested above)")
 def test_graph_replay_equals_eager_on_the_gpu(tmp_path):

@@ -61,6 +61,32 @@ def graph_size(batch: int, sizes: tuple[int, ...]) -> int | None:
     return next((size for size in sizes if size >= batch), None)
 
 
+def capture_sizes(sizes: tuple[int, ...], forward, device: torch.device, pool=None
+                  ) -> tuple[dict, object]:
+    """{size: (graph, its output)} for forward(size) captured at every size, largest first
+    (the memory pool is then shared by the smaller ones, and by later captures given it),
+    and the pool. Off a GPU (the generic path on the CPU, in tests) nothing is captured:
+    each size maps to (None, None), and run() does the same forward eagerly."""
+    if device.type != "cuda":
+        return {size: (None, None) for size in sizes}, pool
+    graphs = {}
+    for size in reversed(sizes):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: compiles the kernels outside the capture
+                forward(size)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = forward(size)
+        if pool is None:
+            pool = graph.pool()
+        graphs[size] = (graph, out)
+    torch.cuda.synchronize()
+    return graphs, pool
+
+
 def pad_decode(rows: list[DecodeRow], size: int, width: int, block_size: int,
                scratch_block: int, window_scratch_block: int | None = None) -> PaddedDecode:
     """Rows, then padding up to `size`: padding writes its K/V into the scratch block's first
@@ -146,26 +172,8 @@ class DecodeGraphs:
                           self._meta(size))
 
     def capture(self) -> None:
-        """Every size, largest first (the memory pool is then shared by the smaller ones).
-        Off a GPU (the generic path on the CPU, in tests) nothing is captured: run() then
-        does the same forward over the same static buffers eagerly."""
-        if self.input_ids.device.type != "cuda":
-            self.graphs = {size: (None, None) for size in self.sizes}
-            return
-        for size in reversed(self.sizes):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: compiles the kernels outside the capture
-                    self._forward(size)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self._forward(size)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[size] = (graph, out)
-        torch.cuda.synchronize()
+        self.graphs, self.pool = capture_sizes(self.sizes, self._forward, self.input_ids.device,
+                                               self.pool)
 
     def applies(self, batch: int) -> bool:
         return graph_size(batch, self.sizes) is not None and bool(self.graphs)

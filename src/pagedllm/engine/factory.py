@@ -126,7 +126,12 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     loras = _lora(config, model_config, net, torch_dtype, backend)
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
                          config.kv_cache_dtype, window_blocks, backend.device,
-                         graph_batch if graphs else None, scheduler_config.max_model_len)
+                         graph_batch if graphs else None, scheduler_config.max_model_len,
+                         # Steps with prefill chunks too, unless a mixture of experts routes
+                         # their tokens on the host; a verifying request adds a sequence a row.
+                         graph_tokens=scheduler_config.max_num_batched_tokens
+                         if graph_limit is None else None,
+                         graph_sequences=graph_batch + config.speculative.max_rows)
     runner.lora = net.lora
     # A verifying step stays on the fused decode path, which takes up to max_rows rows.
     decode_loop = getattr(net, "decode_loop", None)

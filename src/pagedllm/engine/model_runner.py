@@ -15,6 +15,7 @@ from pagedllm.core.request import SamplingParams
 from pagedllm.core.step_records import PLACEHOLDER, RunnerOutput, SchedulerOutput
 from pagedllm.engine.block_table_rows import BlockTableRows
 from pagedllm.engine.cuda_graphs import DecodeRow
+from pagedllm.engine.mixed_graphs import MixedStep
 from pagedllm.engine.launched_step import LaunchedStep, SampledRows
 from pagedllm.engine.sampler import Sampler, SamplingRow, compute_logprobs
 from pagedllm.engine.verify import accepted_tokens, verification_rows
@@ -24,13 +25,16 @@ class ModelRunner:
     def __init__(self, model, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, kv_cache_dtype: str = "auto",
                  window_num_blocks: int | None = None, device: str = "cpu",
-                 graph_batch: int | None = None, max_model_len: int | None = None):
+                 graph_batch: int | None = None, max_model_len: int | None = None,
+                 graph_tokens: int | None = None, graph_sequences: int | None = None):
         """window_num_blocks: the sliding-window layers' own pool (KVCacheManager.window),
         where the model keeps them apart; those layers' tensors get one block more, the
         zeroed null block that freed table entries point at. device: where the model and
         its KV cache live (the backend's); logits come back to the host for sampling.
         graph_batch: capture decode steps of up to this many requests as CUDA graphs
-        (engine/cuda_graphs.py; the cache gets one scratch block more, for padding rows)."""
+        (engine/cuda_graphs.py; the cache gets one scratch block more, for padding rows).
+        graph_tokens: with graph_batch, steps with prefill chunks of up to this many tokens
+        and graph_sequences sequences as graphs too (engine/mixed_graphs.py)."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -78,6 +82,18 @@ class ModelRunner:
                 device=device, window_scratch_block=None if window_num_blocks is None
                 else window_num_blocks + 1)
             self.graphs.capture()
+        self.mixed_graphs = None
+        if graphs and graph_tokens:
+            from pagedllm.attention.triton_paged import tile_shape
+            from pagedllm.engine.mixed_graphs import MixedGraphs
+
+            tokens = tile_shape(config.num_heads // config.num_kv_heads, config.head_dim, dtype,
+                                decode=False).tokens
+            self.mixed_graphs = MixedGraphs(
+                model, self.kv_caches, graph_tokens, graph_sequences or graph_batch, width,
+                block_size, num_blocks, tokens, device, None if window_num_blocks is None
+                else window_num_blocks + 1, pool=self.graphs.pool)
+            self.mixed_graphs.capture()
 
     def add_request(self, request_id: str, params: SamplingParams, prompt_token_ids: list[int],
                     grammar=None, adapter=None) -> None:
@@ -189,6 +205,11 @@ class ModelRunner:
             graph_rows = [DecodeRow(*row, *window) for row, window in zip(
                 zip(input_ids, positions, slot_mapping, map(tuple, tables)), windows)]
             return self._logits(self.graphs.run(graph_rows, pending), sample_indices)
+        if self.mixed_graphs is not None and (self.lora is None or not self.lora.active):
+            mixed = MixedStep(input_ids, positions, slot_mapping, query_start_loc, seq_lens,
+                              tables, window_slots or None, window_tables or None)
+            if self.mixed_graphs.fits(mixed):
+                return self._logits(self.mixed_graphs.run(mixed, pending), sample_indices)
         meta = AttentionMetadata.from_tables(slot_mapping, query_start_loc, seq_lens,
                                              self.table_rows.gather(rows, counts), bs, device)
         meta.num_requests = len(plan.scheduled)
