@@ -10,7 +10,7 @@ context length, block table), which the attention takes ready-made from the meta
 (`AttentionMetadata.token_layout`) instead of building it from host lists. Only steps
 whose every query is a single token replay: decode tokens, and the positions of requests
 verifying proposals (each position its own query, reading its table up to itself); a step
-with a prefill chunk runs eagerly. Where the model keeps its sliding-window layers in a pool
+with a prefill chunk replays a graph of its own (mixed_graphs.py). Where the model keeps its sliding-window layers in a pool
 of their own (Gemma 2 and 3), their slots and tables have static buffers too, and a scratch
 block there. A mixture of experts is captured only for the sizes whose (token, expert)
 pairs run on the device (LlamaForCausalLM.max_graph_batch). On the CPU (the generic path in
