@@ -44,9 +44,10 @@ def test_codes_pack_two_to_a_byte_and_come_back_exactly():
 
 
 @pytest.mark.parametrize("make", [q4_0, q4_1, q4_k], ids=["Q4_0", "Q4_1", "Q4_K"])
-@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 20])
+@pytest.mark.parametrize("rows", [1, 3, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 20, 70])
 def test_products_equal_the_files_weights(make, rows):
-    """Every row count (the kernel up to GEMV_MAX_ROWS, the dequantized matmul above), outputs
+    """Every row count (the GEMV up to GEMV_MAX_ROWS, the product kernel above, 70: two row
+    tiles of 64), outputs
     not a multiple of the tile (100), inputs not a multiple of two groups (96 = 3 x 32 for
     Q4_0/Q4_1; Q4_K's super-blocks make it 256), with a bias."""
     cols = 256 if make is q4_k else 96
@@ -59,7 +60,7 @@ def test_products_equal_the_files_weights(make, rows):
         got = layer(x.to(TENSOR_DEVICE)).cpu()
         want = x.float() @ dense.T + bias
         assert got.dtype == dtype and got.shape == (rows, 100)
-        # bf16: the output's rounding (and the dequantized matrix's, above the kernel's rows);
+        # bf16: the output's rounding (and the weights', rounded to bf16 above the GEMV's rows);
         # float32: summing `cols` products in float32, in any order, stays within
         # cols * eps of the sum of their magnitudes (which reach ~100 here: an absolute bound
         # failed on an H200)

@@ -6,9 +6,10 @@ The weights are the file's (Q4_0, Q4_1, Q4_K as per-32 (d, m): weights/q4.py): w
 float32 per 32 inputs (exact: a float16 times a 6-bit integer). Steps of up to GEMV_MAX_ROWS
 rows (decode) run one Triton kernel that unpacks each tile in registers and multiplies it
 with every row (CUDA cores: at a few rows the step reads weights, it does not compute);
-larger steps (prefill) dequantize the matrix into the activations' dtype and use torch's
-matmul (the GPU's GEMM), a transient copy per call. Both run on the CPU too, the kernel under
-Triton's interpreter, which is how CI tests them (tests/test_int4_triton.py).
+larger steps (prefill) run a matrix-product kernel that unpacks each [K, N] tile of codes in
+registers, in the activations' dtype, and multiplies it on the tensor cores (Marlin's idea:
+each code read once a row tile, no dequantized copy of the matrix). Both run on the CPU too,
+under Triton's interpreter, which is how CI tests them (tests/test_int4_triton.py).
 """
 from __future__ import annotations
 
@@ -56,6 +57,54 @@ def _int4_gemv(x_ptr, packed_ptr, d_ptr, m_ptr, out_ptr, M, N, K,
              acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _int4_matmul(x_ptr, packed_ptr, d_ptr, m_ptr, out_ptr, M, N, K,
+                 stride_xm, stride_pn, stride_dn, stride_om,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """Program (output tile, row tile): x [BLOCK_M rows] @ W.T [BLOCK_N outputs], W's codes
+    unpacked a [BLOCK_K, BLOCK_N] tile at a time into the activations' dtype (as dequantize()
+    rounds them), the even and the odd inputs as two products. UPCAST: float32 operands
+    (Triton's interpreter multiplies bfloat16 operands' bits, not their values)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    half = tl.arange(0, BLOCK_K // 2)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        even = k0 + 2 * half
+        k_ok = even < K
+        tile_ok = k_ok[:, None] & n_ok[None, :]
+        byte = tl.load(packed_ptr + n[None, :] * stride_pn + (even // 2)[:, None],
+                       mask=tile_ok, other=0).to(tl.int32)  # [BLOCK_K/2, BLOCK_N]
+        group = (even // GROUP)[:, None]
+        d = tl.load(d_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
+        m = tl.load(m_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
+        x_ok = row_ok[:, None] & k_ok[None, :]
+        x_even = tl.load(x_ptr + rows[:, None] * stride_xm + even[None, :], mask=x_ok, other=0.0)
+        x_odd = tl.load(x_ptr + rows[:, None] * stride_xm + (even + 1)[None, :], mask=x_ok,
+                        other=0.0)
+        w_even = ((byte & 15).to(tl.float32) * d + m).to(x_even.dtype)
+        w_odd = ((byte >> 4).to(tl.float32) * d + m).to(x_even.dtype)
+        if UPCAST:
+            x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)
+            w_even, w_odd = w_even.to(tl.float32), w_odd.to(tl.float32)
+        if IEEE:
+            acc += tl.dot(x_even, w_even, input_precision="ieee")
+            acc += tl.dot(x_odd, w_odd, input_precision="ieee")
+        else:
+            acc += tl.dot(x_even, w_even)
+            acc += tl.dot(x_odd, w_odd)
+    tl.store(out_ptr + rows[:, None] * stride_om + n[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+def row_tile(rows: int) -> int:
+    """The product kernel's rows a program: the tensor cores' least 16, up to 64."""
+    return min(64, max(16, triton.next_power_of_2(rows)))
+
+
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     """[out, in] codes 0..15 -> [out, in / 2] bytes: even input low nibble, odd high."""
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
@@ -82,12 +131,17 @@ class Int4Linear(torch.nn.Module):
         return weight.view(self.out_features, self.in_features).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > GEMV_MAX_ROWS or rows.shape[0] == 0:
-            out = rows @ self.dequantize(x.dtype).T
-        else:
-            rows = rows.contiguous()
-            out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+        if rows.shape[0] > GEMV_MAX_ROWS:
+            tile = row_tile(rows.shape[0])
+            grid = (triton.cdiv(self.out_features, BLOCK_N), triton.cdiv(rows.shape[0], tile))
+            _int4_matmul[grid](rows, self.packed, self.d, self.m, out, rows.shape[0],
+                               self.out_features, self.in_features, rows.stride(0),
+                               self.packed.stride(0), self.d.stride(0), out.stride(0),
+                               BLOCK_M=tile, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP=GROUP_SIZE,
+                               IEEE=x.dtype == torch.float32, UPCAST=x.device.type != "cuda")
+        elif rows.shape[0] > 0:
             grid = (triton.cdiv(self.out_features, BLOCK_N),)
             _int4_gemv[grid](rows, self.packed, self.d, self.m, out, rows.shape[0],
                              self.out_features, self.in_features, rows.stride(0),
