@@ -129,7 +129,52 @@ def _padded(rows: list[DecodeRow], size: int, width: int, block_size: int, scrat
     return slots, tables
 
 
-class DecodeGraphs:
+class GraphSet:
+    """One model's forward captured per size over static buffers (DecodeGraphs here,
+    mixed_graphs.MixedGraphs): the subclass makes the buffers (input_ids, positions, slots,
+    tables; window_slots and window_tables or None), the sizes and the metadata a size's
+    forward reads (its _meta_for)."""
+
+    model = kv_caches = input_ids = positions = slots = tables = None
+    window_slots = window_tables = None
+    sizes: tuple[int, ...] = ()
+    graphs: dict = {}
+    pool = None
+
+    def _meta_for(self, size: int, slots: torch.Tensor, tables: torch.Tensor
+                  ) -> AttentionMetadata:
+        raise NotImplementedError
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        step = self._meta_for(size, self.slots, self.tables)
+        if self.window_slots is not None:
+            step.window = self._meta_for(size, self.window_slots, self.window_tables)
+        return step
+
+    def _forward(self, size: int) -> torch.Tensor:
+        return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches,
+                          self._meta(size))
+
+    def capture(self) -> None:
+        self.graphs, self.pool = capture_sizes(self.sizes, self._forward, self.input_ids.device,
+                                               self.pool)
+
+    def _replay(self, size: int, copies: list, pending) -> torch.Tensor:
+        """Fill each (buffer, values) from its first row, write pending (the step before's
+        tokens at their indices, on the device) over the ids, and replay `size`'s graph
+        (off a GPU: run its forward)."""
+        for target, values in copies:
+            target[:len(values)].copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
+        if pending is not None:
+            self.input_ids[pending[0]] = pending[1]
+        graph, out = self.graphs[size]
+        if graph is None:
+            return self._forward(size)
+        graph.replay()
+        return out
+
+
+class DecodeGraphs(GraphSet):
     """The captured graphs of one model and KV cache (a GPU's), by batch size."""
 
     def __init__(self, model, kv_caches, max_batch: int, width: int, block_size: int,
@@ -155,25 +200,13 @@ class DecodeGraphs:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
 
-    def _meta(self, size: int) -> AttentionMetadata:
-        def meta(slots, tables) -> AttentionMetadata:
-            return AttentionMetadata(
-                slot_mapping=slots[:size], query_start_loc=list(range(size + 1)),
-                seq_lens=[1] * size, block_size=self.block_size,
-                device=str(self.input_ids.device), num_requests=size,
-                token_layout=(self.seq_of_token[:size], self.ctx_lens[:size], tables[:size]))
-        step = meta(self.slots, self.tables)
-        if self.window_slots is not None:
-            step.window = meta(self.window_slots, self.window_tables)
-        return step
-
-    def _forward(self, size: int) -> torch.Tensor:
-        return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches,
-                          self._meta(size))
-
-    def capture(self) -> None:
-        self.graphs, self.pool = capture_sizes(self.sizes, self._forward, self.input_ids.device,
-                                               self.pool)
+    def _meta_for(self, size: int, slots: torch.Tensor, tables: torch.Tensor
+                  ) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=slots[:size], query_start_loc=list(range(size + 1)),
+            seq_lens=[1] * size, block_size=self.block_size,
+            device=str(self.input_ids.device), num_requests=size,
+            token_layout=(self.seq_of_token[:size], self.ctx_lens[:size], tables[:size]))
 
     def applies(self, batch: int) -> bool:
         return graph_size(batch, self.sizes) is not None and bool(self.graphs)
@@ -192,13 +225,4 @@ class DecodeGraphs:
         if self.window_slots is not None:
             copies += [(self.window_slots, padded.window_slots),
                        (self.window_tables[:, :used], padded.window_tables)]
-        for target, values in copies:
-            target[:size].copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
-        if pending is not None:
-            self.input_ids[pending[0]] = pending[1]
-        graph, out = self.graphs[size]
-        if graph is None:
-            out = self._forward(size)
-        else:
-            graph.replay()
-        return out[:len(rows)]
+        return self._replay(size, copies, pending)[:len(rows)]

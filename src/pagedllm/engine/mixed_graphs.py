@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.attention import AttentionMetadata
-from pagedllm.engine.cuda_graphs import capture_sizes, graph_size
+from pagedllm.engine.cuda_graphs import GraphSet, graph_size
 
 MIXED_SIZES = (64, 128, 256, 512, 1024, 2048)
 
@@ -54,7 +54,7 @@ def query_tiles(query_start_loc: list[int], tokens: int, size: int, scratch_row:
     return [seqs + [scratch_row] * pad, starts + [0] * pad, counts + [0] * pad]
 
 
-class MixedGraphs:
+class MixedGraphs(GraphSet):
     """The captured graphs of one model and KV cache for steps with prefill chunks."""
 
     def __init__(self, model, kv_caches, max_tokens: int, max_seqs: int, width: int,
@@ -84,26 +84,14 @@ class MixedGraphs:
         self.graphs: dict = {}
         self.pool = pool
 
-    def _meta(self, size: int) -> AttentionMetadata:
-        def meta(slots, tables) -> AttentionMetadata:
-            # (query_start_loc, seq_lens: unread, the layout and tiles being given)
-            return AttentionMetadata(
-                slot_mapping=slots[:size], query_start_loc=[0, size], seq_lens=[size],
-                block_size=self.block_size, device=str(self.input_ids.device),
-                token_layout=(self.seq_of_token[:size], self.ctx_lens[:size], tables),
-                prefill_tiles={self.tile_tokens: self.tiles[size]})
-        step = meta(self.slots, self.tables)
-        if self.window_slots is not None:
-            step.window = meta(self.window_slots, self.window_tables)
-        return step
-
-    def _forward(self, size: int) -> torch.Tensor:
-        return self.model(self.input_ids[:size], self.positions[:size], self.kv_caches,
-                          self._meta(size))
-
-    def capture(self) -> None:
-        self.graphs, self.pool = capture_sizes(self.sizes, self._forward, self.input_ids.device,
-                                               self.pool)
+    def _meta_for(self, size: int, slots: torch.Tensor, tables: torch.Tensor
+                  ) -> AttentionMetadata:
+        # (query_start_loc, seq_lens: unread, the layout and tiles being given)
+        return AttentionMetadata(
+            slot_mapping=slots[:size], query_start_loc=[0, size], seq_lens=[size],
+            block_size=self.block_size, device=str(self.input_ids.device),
+            token_layout=(self.seq_of_token[:size], self.ctx_lens[:size], tables),
+            prefill_tiles={self.tile_tokens: self.tiles[size]})
 
     def fits(self, step: MixedStep) -> bool:
         """Whether a graph holds the step: tokens, sequences and tables within the buffers."""
@@ -135,16 +123,7 @@ class MixedGraphs:
             copies.append((self.window_slots, step.window_slots + [self.window_scratch_slot] * pad))
             copies += self._table_copies(self.window_tables, step.window_tables,
                                          int(self.window_tables[-1, 0]))
-        for target, values in copies:
-            target[:len(values)].copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
-        if pending is not None:
-            self.input_ids[pending[0]] = pending[1]
-        graph, out = self.graphs[size]
-        if graph is None:
-            out = self._forward(size)
-        else:
-            graph.replay()
-        return out[:n]
+        return self._replay(size, copies, pending)[:n]
 
     @staticmethod
     def _table_copies(buffer: torch.Tensor, tables: list, scratch: int) -> list:

@@ -25,6 +25,20 @@ BLOCK_K = 64  # inputs a tile covers: two groups of 32
 
 
 @triton.jit
+def _weight_tiles(packed_ptr, d_ptr, m_ptr, n, n_ok, even, k_ok, stride_pn, stride_dn,
+                  GROUP: tl.constexpr):
+    """The weights at the even inputs `even` and the odd ones after them, of the outputs n:
+    two [len(even), len(n)] float32 tiles, code * d + m (0 where masked)."""
+    tile_ok = k_ok[:, None] & n_ok[None, :]
+    byte = tl.load(packed_ptr + n[None, :] * stride_pn + (even // 2)[:, None],
+                   mask=tile_ok, other=0).to(tl.int32)
+    group = (even // GROUP)[:, None]
+    d = tl.load(d_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
+    m = tl.load(m_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
+    return (byte & 15).to(tl.float32) * d + m, (byte >> 4).to(tl.float32) * d + m
+
+
+@triton.jit
 def _int4_gemv(x_ptr, packed_ptr, d_ptr, m_ptr, out_ptr, M, N, K,
                stride_xm, stride_pn, stride_dn, stride_om,
                ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -38,14 +52,8 @@ def _int4_gemv(x_ptr, packed_ptr, d_ptr, m_ptr, out_ptr, M, N, K,
     for k0 in range(0, K, BLOCK_K):
         even = k0 + 2 * half  # [BLOCK_K/2] the even inputs of the tile; odd = even + 1
         k_ok = even < K
-        tile_ok = k_ok[:, None] & n_ok[None, :]
-        byte = tl.load(packed_ptr + n[None, :] * stride_pn + (even // 2)[:, None],
-                       mask=tile_ok, other=0).to(tl.int32)  # [BLOCK_K/2, BLOCK_N]
-        group = (even // GROUP)[:, None]
-        d = tl.load(d_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
-        m = tl.load(m_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
-        w_even = (byte & 15).to(tl.float32) * d + m
-        w_odd = (byte >> 4).to(tl.float32) * d + m
+        w_even, w_odd = _weight_tiles(packed_ptr, d_ptr, m_ptr, n, n_ok, even, k_ok, stride_pn,
+                                      stride_dn, GROUP)
         x_ok = row_ok[:, None] & k_ok[None, :]
         x_even = tl.load(x_ptr + rows[:, None] * stride_xm + even[None, :], mask=x_ok,
                          other=0.0).to(tl.float32)  # [ROWS, BLOCK_K/2]
@@ -75,18 +83,13 @@ def _int4_matmul(x_ptr, packed_ptr, d_ptr, m_ptr, out_ptr, M, N, K,
     for k0 in range(0, K, BLOCK_K):
         even = k0 + 2 * half
         k_ok = even < K
-        tile_ok = k_ok[:, None] & n_ok[None, :]
-        byte = tl.load(packed_ptr + n[None, :] * stride_pn + (even // 2)[:, None],
-                       mask=tile_ok, other=0).to(tl.int32)  # [BLOCK_K/2, BLOCK_N]
-        group = (even // GROUP)[:, None]
-        d = tl.load(d_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
-        m = tl.load(m_ptr + n[None, :] * stride_dn + group, mask=tile_ok, other=0.0)
+        w_even, w_odd = _weight_tiles(packed_ptr, d_ptr, m_ptr, n, n_ok, even, k_ok, stride_pn,
+                                      stride_dn, GROUP)
         x_ok = row_ok[:, None] & k_ok[None, :]
         x_even = tl.load(x_ptr + rows[:, None] * stride_xm + even[None, :], mask=x_ok, other=0.0)
         x_odd = tl.load(x_ptr + rows[:, None] * stride_xm + (even + 1)[None, :], mask=x_ok,
                         other=0.0)
-        w_even = ((byte & 15).to(tl.float32) * d + m).to(x_even.dtype)
-        w_odd = ((byte >> 4).to(tl.float32) * d + m).to(x_even.dtype)
+        w_even, w_odd = w_even.to(x_even.dtype), w_odd.to(x_even.dtype)
         if UPCAST:
             x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)
             w_even, w_odd = w_even.to(tl.float32), w_odd.to(tl.float32)
