@@ -19,9 +19,15 @@ import triton.language as tl
 
 from pagedllm.weights.q4 import GROUP_SIZE, Q4KWeight, Q4Weight
 
-GEMV_MAX_ROWS = 8  # above: dequantize + torch's matmul
+GEMV_MAX_ROWS = 8  # above: the tensor-core product (_int4_matmul)
 BLOCK_N = 64
 BLOCK_K = 64  # inputs a tile covers: two groups of 32
+# The GEMV's outputs a program: few, so that a decode step's matrices fill the card with
+# programs (a 2048-output matrix in tiles of 64 ran 32 programs on an H200's 132 SMs, one
+# reason its 4-bit decode was 3x slower than dense); each program reads 64 bytes of codes a
+# row per step of GEMV_BLOCK_K inputs. Chosen by that count, not yet timed on a GPU.
+GEMV_BLOCK_N = 16
+GEMV_BLOCK_K = 128
 
 
 @triton.jit
@@ -145,12 +151,12 @@ class Int4Linear(torch.nn.Module):
                                BLOCK_M=tile, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP=GROUP_SIZE,
                                IEEE=x.dtype == torch.float32, UPCAST=x.device.type != "cuda")
         elif rows.shape[0] > 0:
-            grid = (triton.cdiv(self.out_features, BLOCK_N),)
+            grid = (triton.cdiv(self.out_features, GEMV_BLOCK_N),)
             _int4_gemv[grid](rows, self.packed, self.d, self.m, out, rows.shape[0],
                              self.out_features, self.in_features, rows.stride(0),
                              self.packed.stride(0), self.d.stride(0), out.stride(0),
                              ROWS=max(1, triton.next_power_of_2(rows.shape[0])),
-                             BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP=GROUP_SIZE)
+                             BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K, GROUP=GROUP_SIZE)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.view(*x.shape[:-1], self.out_features)
