@@ -6,7 +6,7 @@
 # from this tree. It runs:
 #   1. the GPU's tests (PAGEDLLM_TEST_DEVICE=cuda: tests/test_generic_backend.py,
 #      test_int4_triton.py, test_triton_layer_ops.py, test_triton_attention.py,
-#      test_launch_count.py, test_moe_triton.py): float32 logits equal transformers' for each family, bf16
+#      test_launch_count.py, test_moe_triton.py, test_fp8_linear.py): float32 logits equal transformers' for each family, bf16
 #      close, no leaked blocks, graph replay equal to eager, sampling on the card as on the
 #      host, the Triton kernels' results (int8 caches too), kernels per decode layer;
 #   2. benchmarks/gpu_decode.py with CUDA graphs on the 1.7B shape (random weights, the
@@ -67,7 +67,7 @@ PY
 # the default), the 4-bit A/B, the profile, eager for comparison.
 timeout 110 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_generic_backend.py \
     tests/test_int4_triton.py tests/test_triton_layer_ops.py tests/test_triton_attention.py \
-    tests/test_launch_count.py tests/test_moe_triton.py \
+    tests/test_launch_count.py tests/test_moe_triton.py tests/test_fp8_linear.py \
     tests/test_lora_model.py::test_the_triton_kernels_equal_the_per_token_reference --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "pytest exit: $?" >> "$OUT/gpu_tests.log"
 # The attention kernel alone against the bytes it must read and torch's SDPA (issue 46).
