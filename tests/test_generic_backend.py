@@ -205,16 +205,15 @@ def test_cuda_graphs_need_the_gpu(tmp_path):
         LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device="cpu", cuda_graphs=True)
 
 
-@pytest.mark.parametrize("kv_cache_dtype,overlap", [("auto", False), ("int8", False),
-                                                    ("auto", True)])
+@pytest.mark.parametrize("kv_cache_dtype,overlap", [("auto", False), ("int8", True)])
 def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cache_dtype,
                                                    overlap):
     """The graph path end to end (on the CPU its forward runs uncaptured over the static
     buffers, Triton under its interpreter): decode steps of 1-3 requests padded to the
-    sizes, prefill steps eager; greedy output equal to the path without graphs. An int8
-    cache too (its layers once took a torch path that read host lists a graph has not),
-    and overlapped steps (each decode token is then the step before's, written into the
-    graph's input buffer on the device)."""
+    sizes (prefill steps through mixed_graphs.py's); greedy output equal to the path without
+    graphs. An int8 cache with overlapped steps in one run (its layers once took a torch
+    path that read host lists a graph has not; each decode token is then the step before's,
+    written into the graph's input buffer on the device)."""
     from pagedllm.engine import cuda_graphs
 
     build_engines_as_on_the_gpu(monkeypatch)
@@ -275,7 +274,7 @@ def test_prefill_steps_go_through_the_mixed_graph_buffers(tmp_path, monkeypatch,
                         lambda self, step, *pending: tokens.append(len(step.input_ids))
                         or run(self, step, *pending))
     graphed = LLM(folder, cuda_graphs=True, **kwargs)
-    assert graphed.engine.runner.mixed_graphs.sizes == (64,)
+    assert graphed.engine.runner.mixed_graphs.sizes == (16, 32, 64)
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want
     assert 64 in tokens and any(n < 64 for n in tokens)  # full steps and padded ones
     manager = graphed.engine.kv_manager

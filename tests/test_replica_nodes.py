@@ -35,6 +35,18 @@ def wait_for(condition, timeout: float):
     raise AssertionError(f"not within {timeout} s")
 
 
+def compiled_kernels() -> dict:
+    """TORCH_EXTENSIONS_DIR at the folder of this host's compiled kernels (`make test`
+    builds them under the machine's HOME). A node given a HOME of its own would otherwise
+    compile them again in every replica, minutes on two cores, past the start timeouts
+    (why the README recipe's test failed in CI on an AVX2 host)."""
+    import os
+
+    from pagedllm.kernels import capabilities
+    from pagedllm.kernels.build import build_folder
+
+    return {"TORCH_EXTENSIONS_DIR": os.path.dirname(build_folder(capabilities().best))}
+
 @pytest.fixture
 def two_nodes(tmp_path, monkeypatch):
     from ray.cluster_utils import Cluster
@@ -47,6 +59,8 @@ def two_nodes(tmp_path, monkeypatch):
     # nothing read from or left in the machine's ~/.ray.
     import secrets
 
+    for name, value in compiled_kernels().items():  # (before HOME moves)
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
@@ -116,7 +130,7 @@ def _ray_cli(home, **env_extra):
 
     ray_cli = shutil.which("ray", path=os.path.dirname(sys.executable))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")},
-           **SERVE_PATIENCE, "HOME": str(home)}
+           **SERVE_PATIENCE, **compiled_kernels(), "HOME": str(home)}
 
     def ray(*args, **extra):
         return subprocess.run([ray_cli, *args], capture_output=True, text=True, timeout=180,
@@ -152,7 +166,8 @@ def test_the_readme_recipe_with_ray_start(tmp_path):
         assert joined.returncode == 0, joined.stderr[-2000:]
         server = ServerProcess("--replicas", "2", "--ray-address", head, "--kv-cache-memory",
                                "64MiB", log_path=str(tmp_path / "serve.log"), wait_ready=False,
-                               env={"RAY_AUTH_MODE": "", "HOME": str(head_home)})
+                               env={"RAY_AUTH_MODE": "", "HOME": str(head_home),
+                                    **compiled_kernels()})
         try:
             server.wait_ready(timeout=240)
             nodes = wait_for(lambda: (n := replica_nodes(server)) and len(n) == 2 and n, 60)
@@ -184,7 +199,8 @@ def test_a_cluster_without_authentication_is_refused(tmp_path):
         assert not (home / ".ray" / "auth_token").exists()
         server = ServerProcess("--replicas", "1", "--ray-address", f"127.0.0.1:{port}",
                                "--kv-cache-memory", "64MiB", log_path=str(tmp_path / "serve.log"),
-                               wait_ready=False, env={"RAY_AUTH_MODE": "", "HOME": str(home)})
+                               wait_ready=False, env={"RAY_AUTH_MODE": "", "HOME": str(home),
+                                                      **compiled_kernels()})
         assert server.proc.wait(240) == 2
         output = server.output()
         assert "runs without token authentication" in output

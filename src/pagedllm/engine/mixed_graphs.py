@@ -22,7 +22,8 @@ import torch
 from pagedllm.attention import AttentionMetadata
 from pagedllm.engine.cuda_graphs import GraphSet, graph_size
 
-MIXED_SIZES = (64, 128, 256, 512, 1024, 2048)
+# Small sizes too: a short prompt's step pads to 16, not 64 (each size costs a capture).
+MIXED_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 @dataclass(frozen=True)
