@@ -109,7 +109,7 @@ def test_an_older_card_is_refused(monkeypatch):
     from types import SimpleNamespace
 
     from pagedllm.config import EngineConfig
-    from pagedllm.engine.factory import check_fp8_weights
+    from pagedllm.models.fp8_linear import check_fp8_weights
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     config = EngineConfig("unused", dtype="bfloat16", gpu_fp8_weights=True)

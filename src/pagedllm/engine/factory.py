@@ -21,6 +21,7 @@ from pagedllm.engine.model_runner import ModelRunner
 from pagedllm.lora.registry import LoRARegistry
 from pagedllm.lora.slots import LoRASlots
 from pagedllm.models.build import build_model
+from pagedllm.models.fp8_linear import check_fp8_weights
 from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.tokenizer import Tokenizer
 from pagedllm.weights import load_checkpoint
@@ -53,28 +54,6 @@ def engine_config(config: EngineConfig | str | None, settings: dict) -> EngineCo
     if not isinstance(config, EngineConfig):
         return EngineConfig(model=config, **settings)
     return dataclasses.replace(config, **settings) if settings else config
-
-
-def check_fp8_weights(config: EngineConfig, backend) -> None:
-    """--gpu-fp8-weights: a bfloat16 model on the generic backend, on a card with float8
-    products (compute capability 8.9: Ada, Hopper and later), without --gpu-4bit-weights."""
-    if not config.gpu_fp8_weights:
-        return
-    if not backend.generic:
-        raise ValueError("--gpu-fp8-weights needs --device cuda (or torch-cpu, the generic "
-                         "path on the CPU)")
-    if config.dtype != "bfloat16":
-        raise ValueError("--gpu-fp8-weights needs --dtype bfloat16")
-    if config.gpu_4bit_weights:
-        raise ValueError("--gpu-fp8-weights and --gpu-4bit-weights exclude each other: "
-                         "choose one form for the projections")
-    if backend.device.startswith("cuda"):
-        import torch
-
-        major, minor = torch.cuda.get_device_capability(backend.device)
-        if (major, minor) < (8, 9):
-            raise ValueError(f"--gpu-fp8-weights needs a GPU with float8 products (compute "
-                             f"capability 8.9 or later); this one has {major}.{minor}")
 
 
 def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:

@@ -6,9 +6,6 @@ metadata is built here once and passed down explicitly.
 """
 from __future__ import annotations
 
-import logging
-import time
-
 import torch
 
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
@@ -22,14 +19,6 @@ from pagedllm.engine.mixed_graphs import MixedStep
 from pagedllm.engine.launched_step import LaunchedStep, SampledRows
 from pagedllm.engine.sampler import Sampler, SamplingRow, compute_logprobs
 from pagedllm.engine.verify import accepted_tokens, verification_rows
-
-
-logger = logging.getLogger("pagedllm")
-
-
-def _reserved(device: str) -> int:
-    """Bytes the device's caching allocator holds (0 off a GPU): a capture's memory."""
-    return torch.cuda.memory_reserved(device) if device.startswith("cuda") else 0
 
 
 class ModelRunner:
@@ -83,35 +72,13 @@ class ModelRunner:
         # request's adapter by request id (its weights go into its slot before its steps).
         self.lora = None
         self.adapters: dict[str, object] = {}
-        self.graphs = None
+        self.graphs = self.mixed_graphs = None
         if graphs:
-            from pagedllm.engine.cuda_graphs import DecodeGraphs
+            from pagedllm.engine.step_graphs import capture_step_graphs
 
-            started, reserved = time.monotonic(), _reserved(device)
-
-            width = -(-(max_model_len or config.max_position_embeddings) // block_size) + 1
-            self.graphs = DecodeGraphs(
-                model, self.kv_caches, graph_batch, width, block_size, scratch_block=num_blocks,
-                device=device, window_scratch_block=None if window_num_blocks is None
-                else window_num_blocks + 1)
-            self.graphs.capture()
-        self.mixed_graphs = None
-        if graphs and graph_tokens:
-            from pagedllm.attention.triton_paged import tile_shape
-            from pagedllm.engine.mixed_graphs import MixedGraphs
-
-            tokens = tile_shape(config.num_heads // config.num_kv_heads, config.head_dim, dtype,
-                                decode=False).tokens
-            self.mixed_graphs = MixedGraphs(
-                model, self.kv_caches, graph_tokens, graph_sequences or graph_batch, width,
-                block_size, num_blocks, tokens, device, None if window_num_blocks is None
-                else window_num_blocks + 1, pool=self.graphs.pool)
-            self.mixed_graphs.capture()
-        if graphs:
-            logger.info("CUDA graphs: decode steps of %s rows, steps with prefill chunks of %s "
-                        "tokens, captured in %.1f s, %d MiB", self.graphs.sizes,
-                        self.mixed_graphs.sizes if self.mixed_graphs else "no",
-                        time.monotonic() - started, (_reserved(device) - reserved) >> 20)
+            self.graphs, self.mixed_graphs = capture_step_graphs(
+                model, self.kv_caches, config, dtype, block_size, num_blocks, window_num_blocks,
+                device, graph_batch, max_model_len, graph_tokens, graph_sequences)
 
     def add_request(self, request_id: str, params: SamplingParams, prompt_token_ids: list[int],
                     grammar=None, adapter=None) -> None:

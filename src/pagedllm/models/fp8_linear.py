@@ -60,3 +60,23 @@ class Fp8Linear(torch.nn.Module):
                                out_dtype=x.dtype if x.dtype != torch.float32 else torch.bfloat16)
         out = out.to(x.dtype).reshape(*leading, self.out_features)
         return out if self.bias is None else out.add_(self.bias)  # (in the out's dtype)
+
+
+def check_fp8_weights(config, backend) -> None:
+    """--gpu-fp8-weights: a bfloat16 model on the generic backend, on a card with float8
+    products (compute capability 8.9: Ada, Hopper and later), without --gpu-4bit-weights."""
+    if not config.gpu_fp8_weights:
+        return
+    if not backend.generic:
+        raise ValueError("--gpu-fp8-weights needs --device cuda (or torch-cpu, the generic "
+                         "path on the CPU)")
+    if config.dtype != "bfloat16":
+        raise ValueError("--gpu-fp8-weights needs --dtype bfloat16")
+    if config.gpu_4bit_weights:
+        raise ValueError("--gpu-fp8-weights and --gpu-4bit-weights exclude each other: "
+                         "choose one form for the projections")
+    if backend.device.startswith("cuda"):
+        major, minor = torch.cuda.get_device_capability(backend.device)
+        if (major, minor) < (8, 9):
+            raise ValueError(f"--gpu-fp8-weights needs a GPU with float8 products (compute "
+                             f"capability 8.9 or later); this one has {major}.{minor}")
