@@ -60,6 +60,9 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     # The backend first: a bad PAGEDLLM_CPU_ISA or an unusable --device is a clear error
     # before any loading.
     backend = choose_backend(config.device)
+    # (before loading: the graphs' buffers are read by the Triton attention, the GPU's)
+    if config.cuda_graphs and not (backend.generic and backend.attention == "triton"):
+        raise ValueError("--cuda-graphs needs --device cuda")
     started = time.monotonic()
     checkpoint = load_checkpoint(config.model, load_progress)
     model_config, model_path = checkpoint.config, checkpoint.path
@@ -95,8 +98,6 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     if backend.device == "cuda" and graph_limit == 0 and config.cuda_graphs is None:
         logger.info("CUDA graphs off: this model's mixture-of-experts layers route tokens on "
                     "the host; its decode steps run eagerly")
-    if graphs and not (backend.generic and backend.attention == "triton"):
-        raise ValueError("--cuda-graphs needs --device cuda")
     graph_batch = scheduler_config.max_num_seqs
     if graphs and graph_limit is not None and graph_limit < graph_batch:
         logger.info("CUDA graphs for decode steps of up to %d requests: this mixture of "
