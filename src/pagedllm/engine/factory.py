@@ -75,6 +75,7 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
         raise ValueError("--gpu-4bit-weights needs --dtype bfloat16 (float32 is the exact "
                          "reference: every matrix dense)")
     check_fp8_weights(config, backend)
+    adapters = _adapters(config, model_config)  # (a bad one refused before the build)
     net = build_model(model_config, checkpoint.weights, checkpoint.quantized, torch_dtype,
                       backend, int8_activations=not exact_activations_for(config, model_config),
                       device_four_bit=config.gpu_4bit_weights, device_fp8=config.gpu_fp8_weights)
@@ -103,7 +104,7 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
         logger.info("CUDA graphs for decode steps of up to %d requests: this mixture of "
                     "experts routes larger steps' tokens on the host (eagerly)", graph_limit)
         graph_batch = graph_limit
-    loras = _lora(config, model_config, net, torch_dtype, backend)
+    loras = _lora(config, model_config, net, torch_dtype, backend, adapters)
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
                          config.kv_cache_dtype, window_blocks, backend.device,
                          graph_batch if graphs else None, scheduler_config.max_model_len,
@@ -131,23 +132,31 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
     return parts
 
 
-def _lora(config: EngineConfig, model_config: ModelConfig, net, dtype: torch.dtype,
-          backend: Backend) -> LoRARegistry | None:
-    """With LoRA on: the model's slots (its projections wrapped) and the adapters named at
-    start, each read and checked now (a bad one stops the start with its one-line reason)."""
+def _adapters(config: EngineConfig, model_config: ModelConfig) -> LoRARegistry | None:
+    """With LoRA on: the adapters named at start, each read and checked against the model's
+    config before the model is built (a bad one stops the start with its one-line reason,
+    without waiting for the load)."""
     if not config.lora.active:
         return None
-    net.lora = LoRASlots(net, model_config, config.lora, dtype, backend.device, backend.kernels)
-    loop = getattr(net, "decode_loop", None)
-    if loop is not None and not net.lora.attach_to_loop(loop):
-        logger.info("LoRA: decode steps with adapters run the Python layers (the C++ decode "
-                    "loop takes LoRA with the C++ kernels only)")
     registry = LoRARegistry(model_config, config.lora)
     for name, path in config.lora.adapters:
         adapter = registry.load(name, path)
         logger.info("LoRA adapter %s: %s (%s, rank %d, %s), %.1f MiB", name, path,
                     adapter.source, adapter.rank, ", ".join(adapter.targets),
                     adapter.num_bytes / 2**20)
+    return registry
+
+
+def _lora(config: EngineConfig, model_config: ModelConfig, net, dtype: torch.dtype,
+          backend: Backend, registry: LoRARegistry | None) -> LoRARegistry | None:
+    """With LoRA on: the model's slots (its projections wrapped) for the adapters read."""
+    if registry is None:
+        return None
+    net.lora = LoRASlots(net, model_config, config.lora, dtype, backend.device, backend.kernels)
+    loop = getattr(net, "decode_loop", None)
+    if loop is not None and not net.lora.attach_to_loop(loop):
+        logger.info("LoRA: decode steps with adapters run the Python layers (the C++ decode "
+                    "loop takes LoRA with the C++ kernels only)")
     logger.info("LoRA: %d slots of rank %d (--max-loras, --max-lora-rank), %.1f MiB",
                 config.lora.max_loras, config.lora.max_lora_rank, net.lora.num_bytes / 2**20)
     return registry
