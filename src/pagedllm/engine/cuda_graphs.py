@@ -135,11 +135,15 @@ class GraphSet:
     tables; window_slots and window_tables or None), the sizes and the metadata a size's
     forward reads (its _meta_for)."""
 
-    model = kv_caches = input_ids = positions = slots = tables = None
-    window_slots = window_tables = None
-    sizes: tuple[int, ...] = ()
-    graphs: dict = {}
-    pool = None
+    # (each set by the subclass's __init__; no shared class-level defaults)
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    tables: torch.Tensor
+    window_slots: torch.Tensor | None
+    window_tables: torch.Tensor | None
+    sizes: tuple[int, ...]
+    graphs: dict
 
     def _meta_for(self, size: int, slots: torch.Tensor, tables: torch.Tensor
                   ) -> AttentionMetadata:
