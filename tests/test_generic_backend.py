@@ -26,6 +26,11 @@ from tiny_models import tiny_hf_model, write_hf_folder  # noqa: E402
 
 skip_without_the_gpu()
 SEQS = [list(range(3, 60)), [7, 3, 9, 200, 15, 15, 16, 80, 81], [42], list(range(100, 140))]
+# A graphed engine's block tables are as wide as its longest context, and over SPLIT_BLOCKS
+# blocks a decode step reads every context in 16 splits: 16 times the programs, which Triton's
+# interpreter runs one by one. Graph tests take this context (9 blocks: unsplit) but one,
+# which keeps the model's 512 and so the splits inside the graphs.
+UNSPLIT_LEN = 128
 
 
 @pytest.fixture(scope="module")
@@ -205,9 +210,10 @@ def test_cuda_graphs_need_the_gpu(tmp_path):
         LLM(folder, dtype="float32", kv_cache_memory=8 << 20, device="cpu", cuda_graphs=True)
 
 
-@pytest.mark.parametrize("kv_cache_dtype,overlap", [("auto", False), ("int8", True)])
+@pytest.mark.parametrize("kv_cache_dtype,overlap,max_model_len",
+                         [("auto", False, UNSPLIT_LEN), ("int8", True, None)])
 def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cache_dtype,
-                                                   overlap):
+                                                   overlap, max_model_len):
     """The graph path end to end (on the CPU its forward runs uncaptured over the static
     buffers, Triton under its interpreter): decode steps of 1-3 requests padded to the
     sizes (prefill steps through mixed_graphs.py's); greedy output equal to the path without
@@ -218,20 +224,22 @@ def test_decode_steps_go_through_the_graph_buffers(tmp_path, monkeypatch, kv_cac
 
     build_engines_as_on_the_gpu(monkeypatch)
     folder = write_hf_folder(tiny_hf_model("llama", seed=5), tmp_path)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = [[5, 6, 7, 8, 9], [11, 12], [40, 41, 42, 43, 44, 45, 46]]
     kwargs = dict(dtype="float32", kv_cache_memory=8 << 20, device=DEVICE,
                   kv_cache_dtype=kv_cache_dtype)
     plain = LLM(folder, cuda_graphs=False, **kwargs)
     want = [o.token_ids for o in plain.generate(prompts, params)]
-    assert all(len(ids) == 12 for ids in want)  # no request failed
+    assert all(len(ids) == 8 for ids in want)  # no request failed
     sizes = []
     run = cuda_graphs.DecodeGraphs.run
     monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
                         lambda self, rows, *pending: sizes.append(len(rows))
                         or run(self, rows, *pending))
-    graphed = LLM(folder, cuda_graphs=True, max_num_seqs=4, overlap_steps=overlap, **kwargs)
+    graphed = LLM(folder, cuda_graphs=True, max_num_seqs=4, overlap_steps=overlap,
+                  max_model_len=max_model_len, **kwargs)
     assert graphed.engine.runner.graphs.sizes == (1, 2, 4)
+    assert graphed.engine.runner.graphs.width == (9 if max_model_len else 33)  # 33: split
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want
     assert sizes and set(sizes) <= {1, 2, 3}  # decode steps went through the buffers
     one = graphed.generate([prompts[0]], params)[0].token_ids
@@ -344,7 +352,7 @@ def test_ngram_speculation_on_the_generic_path_keeps_greedy_output(tmp_path, mon
         run = cuda_graphs.DecodeGraphs.run
         monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
                             lambda self, r, *pending: rows.append(len(r)) or run(self, r, *pending))
-        kwargs.update(cuda_graphs=True, max_num_seqs=16)
+        kwargs.update(cuda_graphs=True, max_num_seqs=16, max_model_len=UNSPLIT_LEN)
     fast = LLM(folder, speculative=SpeculativeConfig(method="ngram"), **kwargs)
     assert [o.token_ids for o in fast.generate(prompts, params)] == want
     assert fast.engine.speculator.stats.num_drafts > 0
@@ -413,7 +421,7 @@ def test_sliding_window_models_decode_through_the_graph_buffers(tmp_path, monkey
     monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
                         lambda self, rows, *pending: sizes.append(len(rows))
                         or run(self, rows, *pending))
-    graphed = LLM(folder, cuda_graphs=True, **kwargs)
+    graphed = LLM(folder, cuda_graphs=True, max_model_len=UNSPLIT_LEN, **kwargs)
     assert graphed.engine.runner.graphs.window_slots is not None
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want
     assert sizes  # decode steps went through the buffers

@@ -102,7 +102,8 @@ def test_a_mixture_of_experts_decodes_small_batches_through_graph_buffers(arch, 
     monkeypatch.setattr(cuda_graphs.DecodeGraphs, "run",
                         lambda self, rows, *pending: sizes.append(len(rows))
                         or run(self, rows, *pending))
-    graphed = LLM(folder, cuda_graphs=True, **kwargs)
+    # (a short context: tables of 9 blocks, read unsplit; tests/test_generic_backend.py)
+    graphed = LLM(folder, cuda_graphs=True, max_model_len=128, **kwargs)
     assert graphed.engine.runner.model.max_graph_batch == {"mixtral": 2, "qwen3_moe": 3}[arch]
     assert graphed.engine.runner.graphs.sizes == (1, 2)
     assert [o.token_ids for o in graphed.generate(prompts, params)] == want
