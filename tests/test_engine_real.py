@@ -7,6 +7,7 @@ from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 LENGTHS = [30, 600, 75, 250, 140, 410, 45, 330]
+PREEMPTED_LENGTHS = [n // 2 for n in LENGTHS]  # (a smaller pool preempts at half the cost)
 
 
 def run_until_done(engine):
@@ -19,17 +20,17 @@ def run_until_done(engine):
 
 
 def test_preemption_keeps_outputs_exact(real_llm):
-    prompts = make_prompt_token_ids(real_llm.tokenizer, LENGTHS, seed=1)
-    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    prompts = make_prompt_token_ids(real_llm.tokenizer, PREEMPTED_LENGTHS, seed=1)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     expected = [o.token_ids for o in real_llm.generate(prompts, params)]
-    # 45 blocks of 16 tokens (46080 bytes a token in float32): the 600-token request alone
-    # grows to 41 blocks, so the others must be preempted while it decodes.
-    small = LLM(dtype="float32", kv_cache_memory=45 * 16 * 46080, max_model_len=700, max_num_seqs=8)
-    assert small.engine.cache_config.num_blocks == 45
+    # 26 blocks of 16 tokens (46080 bytes a token in float32): the 300-token request alone
+    # grows to 21 blocks, so the others must be preempted while it decodes.
+    small = LLM(dtype="float32", kv_cache_memory=26 * 16 * 46080, max_model_len=400, max_num_seqs=8)
+    assert small.engine.cache_config.num_blocks == 26
     outputs = small.generate(prompts, params)
     assert small.engine.stats().num_preemptions > 0
     assert [o.token_ids for o in outputs] == expected
-    assert small.engine.kv_manager.num_free_blocks == 45
+    assert small.engine.kv_manager.num_free_blocks == 26
 
 
 def test_request_added_mid_run_joins_next_step_and_finishes_first(real_llm):

@@ -88,12 +88,12 @@ def test_an_abort_while_a_step_is_in_flight_frees_its_blocks_and_spares_the_rest
 
 
 def test_preemption_while_steps_overlap_keeps_every_output():
-    # 45 blocks of 16: the 600-token request alone grows to 41, so others are preempted.
-    small = {overlap: LLM(dtype="float32", kv_cache_memory=45 * 16 * 46080, max_model_len=700,
+    # 26 blocks of 16: the 300-token request alone grows to 21, so others are preempted.
+    small = {overlap: LLM(dtype="float32", kv_cache_memory=26 * 16 * 46080, max_model_len=400,
                           max_num_seqs=8, overlap_steps=overlap).engine for overlap in (False, True)}
-    prompts = make_prompt_token_ids(small[False].tokenizer, LENGTHS, seed=1)
-    requests = [(f"r{i}", p, SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
-                 if i % 2 else SamplingParams(max_tokens=40, temperature=0.8, seed=i))
+    prompts = make_prompt_token_ids(small[False].tokenizer, [n // 2 for n in LENGTHS], seed=1)
+    requests = [(f"r{i}", p, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+                 if i % 2 else SamplingParams(max_tokens=24, temperature=0.8, seed=i))
                 for i, p in enumerate(prompts)]
     expected = summary(run(small[False], requests))
     got = summary(run(small[True], requests))
