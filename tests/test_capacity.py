@@ -340,7 +340,7 @@ def test_recommended_commands_keep_the_servers_options():
 
 def test_the_start_command_and_the_connection_cap():
     from pagedllm.cli.serve import start_command
-    from pagedllm.config import connection_cap
+    from pagedllm.server.server_config import connection_cap
 
     assert start_command(["serve", "--model", "a b.gguf", "--port", "9000"]) == \
         "pagedllm serve --model 'a b.gguf' --port 9000"

@@ -66,7 +66,7 @@ def test_cli_builds_one_frozen_server_config():
     import dataclasses
 
     from pagedllm.cli import build_parser, server_config
-    from pagedllm.config import ServerConfig
+    from pagedllm.server.server_config import ServerConfig
 
     default = server_config(build_parser().parse_args(["serve"]))
     assert default == ServerConfig(), "the CLI's defaults are ServerConfig's"

@@ -8,7 +8,7 @@ import signal
 import sys
 
 from pagedllm.cli.options import add_engine_args, engine_config, positive_int, size
-from pagedllm.config import ServerConfig
+from pagedllm.server.server_config import ServerConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

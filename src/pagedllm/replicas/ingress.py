@@ -11,7 +11,7 @@ import logging
 import ray
 from ray import serve
 
-from pagedllm.config import ServerConfig, connection_cap
+from pagedllm.server.server_config import ServerConfig, connection_cap
 from pagedllm.replicas.board import BOARD_NAME
 from pagedllm.replicas.front import ReplicaClient
 from pagedllm.server.app import create_app

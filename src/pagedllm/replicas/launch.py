@@ -10,7 +10,8 @@ import signal
 import sys
 import threading
 
-from pagedllm.config import EngineConfig, ServerConfig
+from pagedllm.config import EngineConfig
+from pagedllm.server.server_config import ServerConfig
 from pagedllm.replicas.placement import PlacementError, check_placement, ray_nodes
 
 logger = logging.getLogger("pagedllm.replicas")

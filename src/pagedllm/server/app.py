@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pagedllm.config import ServerConfig
+from pagedllm.server.server_config import ServerConfig
 from pagedllm.server import errors
 from pagedllm.server.anthropic_api import add_anthropic_routes
 from pagedllm.server.auth import KeyStore, is_loopback

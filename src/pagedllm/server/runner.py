@@ -16,7 +16,7 @@ import time
 import uvicorn
 from rich.console import Console
 
-from pagedllm.config import ServerConfig
+from pagedllm.server.server_config import ServerConfig
 from pagedllm.core import sizing
 from pagedllm.server.app import create_app
 from pagedllm.server.auth import is_loopback
@@ -143,7 +143,7 @@ def _model_lines(info: EngineInfo, served_name: str) -> list[str]:
 
 
 def _connection_cap(client: EngineClient, config: ServerConfig) -> int:
-    from pagedllm.config import connection_cap
+    from pagedllm.server.server_config import connection_cap
 
     pool = getattr(client, "catalog", None)  # a store: its base settings' batch
     seqs = (client.info.scheduler_config.max_num_seqs if client.info is not None else

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request as HTTPRequest
 
-from pagedllm.config import ServerConfig
+from pagedllm.server.server_config import ServerConfig
 from pagedllm.core.request import OutputCaps
 from pagedllm.serving.client import EngineClient
 from pagedllm.server.auth import ApiKey, KeyStore
