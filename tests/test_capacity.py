@@ -312,7 +312,10 @@ def test_an_interrupted_bench_keeps_the_levels_that_finished(server, tmp_path):
                               server.url, "--concurrency", "1,2", "--requests", "2",
                               "--prompt-tokens", "16:32", "--max-tokens", "100", "--warmup", "0",
                               "--out", str(tmp_path)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                             stderr=subprocess.STDOUT, text=True,
+                             # Ctrl-C as at a terminal: a suite started in the background
+                             # (`make test &`) ignores SIGINT, and its children inherit that.
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in bench.stdout:
         seen.append(line)
