@@ -31,19 +31,6 @@ def cpu_hogs(request):
         hog.wait()
 
 
-# Files that start a Ray cluster on this machine: one at a time, or a local ray.init() in one
-# would join the `ray start` head of another (Ray looks for the machine's latest cluster).
-RAY_CLUSTER_FILES = {"test_replicas.py", "test_replica_nodes.py", "test_replica_placement.py"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n N --dist loadgroup` (make test): a file's tests stay together on one
-    worker (its module fixture, a server, starts once), and the Ray files share one."""
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("ray" if name in RAY_CLUSTER_FILES else name))
-
-
 def pytest_runtest_setup(item):
     # At most 2 compute threads, as on the project's machine, once a test module brought torch.
     torch = sys.modules.get("torch")
