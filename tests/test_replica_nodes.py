@@ -145,6 +145,8 @@ def test_the_readme_recipe_with_ray_start(tmp_path):
     --replicas 2 --ray-address` on the head finds the token itself."""
     from server_process import free_port
 
+    from pagedllm.replicas.cluster_auth import probe_cluster
+
     head_home, node_home = tmp_path / "head", tmp_path / "node"
     head_home.mkdir()
     node_home.mkdir()
@@ -159,7 +161,10 @@ def test_the_readme_recipe_with_ray_start(tmp_path):
         started = ray("start", "--head", "--port", str(port), "--num-cpus", "1",
                       "--include-dashboard=false", "--disable-usage-stats")
         assert started.returncode == 0, started.stderr[-2000:]
-        refused = node_ray("start", "--address", head, "--num-cpus", "1")  # no token
+        assert probe_cluster(head).kind == "token"
+        # no token (a short connection timeout: Ray retries a refused join for ~20 s)
+        refused = node_ray("start", "--address", head, "--num-cpus", "1",
+                           RAY_py_gcs_connect_timeout_s="3")
         assert refused.returncode != 0 and "InvalidAuthToken" in refused.stdout + refused.stderr
         joined = node_ray("start", "--address", head, "--num-cpus", "1", RAY_AUTH_MODE="token",
                           RAY_AUTH_TOKEN=token)  # README step 2
@@ -185,8 +190,11 @@ def test_the_readme_recipe_with_ray_start(tmp_path):
 
 def test_a_cluster_without_authentication_is_refused(tmp_path):
     """A fresh head's `ray start --head` with no token runs without authentication: serve
-    refuses to join it, saying how to fix it, and starts nothing."""
+    refuses to join it, saying how to fix it, and starts nothing; so does a serve that runs
+    in token mode itself (a process in token mode joins an open cluster too)."""
     from server_process import free_port
+
+    from pagedllm.replicas.cluster_auth import probe_cluster
 
     home = tmp_path / "home"
     home.mkdir()
@@ -197,23 +205,18 @@ def test_a_cluster_without_authentication_is_refused(tmp_path):
                       "--include-dashboard=false", "--disable-usage-stats")
         assert started.returncode == 0, started.stderr[-2000:]
         assert not (home / ".ray" / "auth_token").exists()
-        server = ServerProcess("--replicas", "1", "--ray-address", f"127.0.0.1:{port}",
-                               "--kv-cache-memory", "64MiB", log_path=str(tmp_path / "serve.log"),
-                               wait_ready=False, env={"RAY_AUTH_MODE": "", "HOME": str(home),
-                                                      **compiled_kernels()})
-        assert server.proc.wait(240) == 2
-        output = server.output()
-        assert "runs without token authentication" in output
-        assert "ray get-auth-token --generate" in output and "--insecure-ray-cluster" in output
-        server.stop()
+        assert probe_cluster(f"127.0.0.1:{port}").kind == "open"
+        for mode in ({"RAY_AUTH_MODE": ""},
+                     {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "ab" * 32}):
+            server = ServerProcess("--replicas", "1", "--ray-address", f"127.0.0.1:{port}",
+                                   "--kv-cache-memory", "64MiB",
+                                   log_path=str(tmp_path / "serve.log"), wait_ready=False,
+                                   env={**mode, "HOME": str(home), **compiled_kernels()})
+            assert server.proc.wait(240) == 2, mode
+            output = server.output()
+            assert "runs without token authentication" in output, mode
+            assert "ray get-auth-token --generate" in output and "--insecure-ray-cluster" in output
+            server.stop()
     finally:
         ray("stop", "--force")
 
-
-def test_the_open_cluster_rule():
-    from pagedllm.replicas.launch import open_cluster_refusal
-
-    assert open_cluster_refusal(None, False, False) is None  # a local cluster: this process's
-    assert open_cluster_refusal("10.0.0.1:6379", True, False) is None  # with a token
-    assert "without token authentication" in open_cluster_refusal("10.0.0.1:6379", False, False)
-    assert open_cluster_refusal("10.0.0.1:6379", False, True) is None  # --insecure-ray-cluster

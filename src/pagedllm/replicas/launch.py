@@ -12,6 +12,7 @@ import threading
 
 from pagedllm.config import EngineConfig
 from pagedllm.server.server_config import ServerConfig
+from pagedllm.replicas.cluster_auth import ClusterJoinError, prepare_to_join
 from pagedllm.replicas.placement import PlacementError, check_placement, ray_nodes
 
 logger = logging.getLogger("pagedllm.replicas")
@@ -67,61 +68,18 @@ def build_application(engine_config: EngineConfig, config: ServerConfig, replica
                         replicas, NAMESPACE)
 
 
-def ray_token_available() -> bool:
-    """Whether this machine holds a Ray auth token (where `ray start --head` writes it, or
-    where Ray's environment variables point)."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return True
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-    return os.path.isfile(path)
-
-
-def connect_to_ray(ray_address: str | None) -> None:
-    """ray.init, local or joining ray_address. The pinned Ray's `ray start --head` turns on
-    token authentication, which a process joining it must be told (RAY_AUTH_MODE=token) even
-    with the token in ~/.ray/auth_token. Ray reads that setting once per process, so when a
-    cluster refuses this one and a token is here, the command starts again with it set (a
-    cluster without authentication is joined as before)."""
+def connect_to_ray(ray_address: str | None, insecure_cluster: bool = False) -> bool:
+    """ray.init, local or joining ray_address; True when the cluster asks for a token. A
+    joined cluster is probed first (cluster_auth.py): an open one is refused unless
+    insecure_cluster, and this process joins a token cluster in token mode, which Ray reads
+    at import, so Ray is imported only after the probe."""
+    uses_tokens = ray_address is None or prepare_to_join(ray_address, insecure_cluster)
     import ray
 
     patience = {name: os.environ.setdefault(name, value) for name, value in SERVE_PATIENCE.items()}
-    try:
-        ray.init(address=ray_address, namespace=NAMESPACE, include_dashboard=False,
-                 configure_logging=False, log_to_driver=True,
-                 runtime_env={"env_vars": patience})
-    except ConnectionError:
-        if ray_address is None or os.environ.get("RAY_AUTH_MODE") or not ray_token_available():
-            raise
-        logger.warning("the Ray cluster at %s asks for its token: starting again with "
-                       "RAY_AUTH_MODE=token (this machine holds one)", ray_address)
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
-
-
-class OpenClusterError(RuntimeError):
-    """A --ray-address cluster without token authentication (the message says how to fix it)."""
-
-
-def open_cluster_refusal(ray_address: str | None, token_mode: bool, allow: bool) -> str | None:
-    """Why joining this cluster is refused, or None. A cluster started with `ray start` listens
-    on its node's network address: without a token anyone who reaches that port can run code
-    on every node (Ray's own warning), so it is refused unless the admin says otherwise."""
-    if ray_address is None or token_mode or allow:
-        return None
-    return (f"the Ray cluster at {ray_address} runs without token authentication: anyone who "
-            f"can reach its port can run any code on its nodes. Start it with a token (README, "
-            f"\"Several machines\"): on the head `ray get-auth-token --generate`, then `ray "
-            f"start --head ...`; on each other node `RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<that "
-            f"token> ray start --address ...`. On a private network you trust, "
-            f"--insecure-ray-cluster joins it as it is.")
-
-
-def cluster_uses_tokens() -> bool:
-    """Whether this process joined its cluster with token authentication (connected: the
-    cluster asks for the token exactly when this process's mode is token)."""
-    from ray._raylet import AuthenticationMode, get_authentication_mode
-
-    return get_authentication_mode() == AuthenticationMode.TOKEN
+    ray.init(address=ray_address, namespace=NAMESPACE, include_dashboard=False,
+             configure_logging=False, log_to_driver=True, runtime_env={"env_vars": patience})
+    return uses_tokens
 
 
 def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
@@ -130,24 +88,19 @@ def start(engine_config: EngineConfig, config: ServerConfig, replicas: int,
           insecure_cluster: bool = False):
     """Start Ray (or join ray_address), the board and the application; returns the ingress
     handle once every replica is ready, and the board's (the board lives while it is held)."""
-    import ray
-    from ray import serve
-
-    from pagedllm.replicas.board import BOARD_NAME, ReplicaBoard
-
     threads = threads_per_replica or default_threads_per_replica(replicas)
     if ray_address is None:
         # Ray runs its workers at nice 15, as for background batch work; here they are the
         # service (a cluster joined with --ray-address keeps what its `ray start` set).
         os.environ.setdefault("RAY_worker_niceness", "0")
-    connect_to_ray(ray_address)
-    refusal = open_cluster_refusal(ray_address, cluster_uses_tokens(), insecure_cluster)
-    if refusal is not None:
-        ray.shutdown()
-        raise OpenClusterError(refusal)
-    if ray_address is not None and not cluster_uses_tokens():
+    if not connect_to_ray(ray_address, insecure_cluster):
         logger.warning("the Ray cluster at %s runs without token authentication "
                        "(--insecure-ray-cluster)", ray_address)
+    import ray
+    from ray import serve
+
+    from pagedllm.replicas.board import BOARD_NAME, ReplicaBoard
+
     try:
         check_placement(ray_nodes(), replicas, threads, per_node)
     except PlacementError:
@@ -171,16 +124,17 @@ def serve_replicas(engine_config: EngineConfig, config: ServerConfig, replicas: 
                    threads_per_replica: int | None = None, ray_address: str | None = None,
                    router: str = "prefix", per_node: int | None = None,
                    insecure_cluster: bool = False) -> int:
-    import ray
-    from ray import serve
     from rich.console import Console
 
-    try:
+    try:  # (Ray is imported by start, once it knows the cluster's authentication mode)
         handle, _board = start(engine_config, config, replicas, threads_per_replica, ray_address,
                                router, per_node, insecure_cluster)
-    except (PlacementError, OpenClusterError) as exc:
+    except (PlacementError, ClusterJoinError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    import ray
+    from ray import serve
+
     Console(highlight=False).print(handle.ready_message.remote().result(), soft_wrap=True)
     stop = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: handle.reload_keys.remote())
