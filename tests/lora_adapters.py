@@ -19,26 +19,24 @@ HF_PARTS = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj"
             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
 
 
-def load_base():
-    """The bundled model in transformers, float32 (a fresh copy: peft changes it in place)."""
+def load_base(reference_folder):
+    """The bundled model in transformers, float32, from conftest's hf_reference_folder (its
+    own GGUF loader's reading, saved once); a fresh copy: peft changes it in place."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pagedllm.weights import default_model_path
-
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(reference_folder, dtype=torch.float32)
 
 
-def train_adapters(folder, tokenizer, rank: int = 8, steps: int = 40) -> tuple[object, dict]:
+def train_adapters(folder, tokenizer, reference_folder, rank: int = 8,
+                   steps: int = 40) -> tuple[object, dict]:
     """Each of PHRASES trained as its own adapter on one base: (the PeftModel holding them
     all, name -> saved PEFT folder). The PeftModel is the oracle: set_adapter(name) runs one."""
     import torch
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    base = load_base()
+    base = load_base(reference_folder)
     prompt = tokenizer.encode(QUESTION)
     model, paths = None, {}
     for name, phrase in PHRASES.items():

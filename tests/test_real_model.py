@@ -1,6 +1,7 @@
 """The real default model (SmolLM2-135M Q4_1 GGUF) in float32 against Hugging Face transformers."""
 import torch
 
+from paged_helpers import transformers_greedy
 from pagedllm import SamplingParams
 from pagedllm.tools.text_prompts import make_prompt_token_ids
 
@@ -12,19 +13,11 @@ PROMPTS = [
 ]
 
 
-def hf_greedy(model, prompt_ids, num_tokens):
-    ids = list(prompt_ids)
-    with torch.no_grad():
-        for _ in range(num_tokens):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt_ids):]
-
-
 def test_greedy_continuations_match_transformers(real_llm, hf_reference):
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     outputs = real_llm.generate(PROMPTS, params)
     for prompt, output in zip(PROMPTS, outputs):
-        expected = hf_greedy(hf_reference, output.prompt_token_ids, 32)
+        expected = transformers_greedy(hf_reference, output.prompt_token_ids, 32)
         assert output.token_ids == expected, prompt
         assert output.finish_reason == "length"
 
