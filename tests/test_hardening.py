@@ -381,9 +381,11 @@ def test_soak_disconnects_and_429s_leave_nothing_behind(hardened):
 
     rss = []
     for round_seed in (1, 2):
-        results = soak_round(hardened.url, round_seed)
+        # Six waves of 16 a round: about 60 admitted (8 slots, a queue of 2), half dropped.
+        results = soak_round(hardened.url, round_seed, num_requests=96)
         kinds = [kind for kind, _ in results]
-        assert kinds.count("429") > 0 and kinds.count("dropped") > 20 and kinds.count("full") > 20
+        print("soak round", round_seed, {kind: kinds.count(kind) for kind in set(kinds)})
+        assert kinds.count("429") > 0 and kinds.count("dropped") > 10 and kinds.count("full") > 10
         assert all(tokens == 12 for kind, tokens in results if kind == "full")  # nothing lost
         wait_idle(hardened.url)
         rss.append(psutil.Process(hardened.proc.pid).memory_info().rss)
