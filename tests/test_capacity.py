@@ -310,7 +310,7 @@ def test_an_interrupted_bench_keeps_the_levels_that_finished(server, tmp_path):
 
     bench = subprocess.Popen([sys.executable, "-m", "pagedllm.cli", "bench", "--base-url",
                               server.url, "--concurrency", "1,2", "--requests", "2",
-                              "--prompt-tokens", "16:32", "--max-tokens", "100", "--warmup", "0",
+                              "--prompt-tokens", "16:32", "--max-tokens", "40", "--warmup", "0",
                               "--out", str(tmp_path)], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True,
                              # Ctrl-C as at a terminal: a suite started in the background
