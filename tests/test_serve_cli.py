@@ -49,15 +49,16 @@ def test_a_busy_port_is_said_before_the_model_loads():
 
 def test_while_the_model_loads_the_port_answers_503_loading(tmp_path):
     """Between start and ready, /health says "loading" (503, Retry-After) and an API call gets
-    a 503 in its API's shape; once ready, /health is 200. The load is lengthened through the
-    fault seam so the loading phase is seen whatever the host's speed."""
+    a 503 in its API's shape; once ready, /health is 200. The load waits at the fault seam's
+    gate until the test has seen the loading phase, whatever the host's speed."""
     import time
 
     import httpx
     from server_process import ServerProcess
 
+    gate = tmp_path / "gate"
     server = ServerProcess("--dtype", "float32", log_path=str(tmp_path / "log"),
-                           env={"PAGEDLLM_TEST_LOAD_DELAY": "30"}, wait_ready=False)
+                           env={"PAGEDLLM_TEST_LOAD_GATE": str(gate)}, wait_ready=False)
     try:
         health = None
         deadline = time.monotonic() + 120
@@ -73,6 +74,8 @@ def test_while_the_model_loads_the_port_answers_503_loading(tmp_path):
         assert api.status_code == 503 and api.json()["error"]["code"] == "loading"
         ollama = httpx.post(server.url + "/api/chat", json={}, timeout=5)
         assert ollama.status_code == 503 and "loading" in ollama.json()["error"]
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 503  # still held
+        gate.touch()
         server.wait_ready(timeout=240)
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     finally:

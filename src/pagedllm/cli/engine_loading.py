@@ -4,7 +4,6 @@ the same terminal."""
 from __future__ import annotations
 
 import contextlib
-import time
 
 
 def load_with_progress(config, engine_process: bool = False, threads: int | None = None):
@@ -23,7 +22,7 @@ def load_with_progress(config, engine_process: bool = False, threads: int | None
     from pagedllm.serving.local import LocalEngineClient
 
     with load_progress_bar() as update:
-        time.sleep(faults.load_delay)
+        faults.hold_load()
         return LocalEngineClient.load(config, update, faults)
 
 

@@ -50,7 +50,7 @@ def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, rea
     from pagedllm.serving.local import engine_info
 
     try:
-        time.sleep(faults.load_delay)
+        faults.hold_load()
         if load_progress is None:
             engine = LLMEngine(config, faults=faults, detokenize=False)
         else:
