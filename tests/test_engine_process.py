@@ -17,7 +17,8 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.request import FinishReason, QueuePosition, SamplingParams, TokenLogprob
 from pagedllm.engine import wire
 from pagedllm.errors import EngineDeadError, ModelLoadError
-from pagedllm.serving.engine_process import PROCESS_NAME, RestartBackoff
+from pagedllm.serving.engine_keeper import RestartBackoff
+from pagedllm.serving.engine_process import PROCESS_NAME
 from pagedllm.serving.process_client import ProcessEngineClient
 from pagedllm.structured.spec import GrammarSpec
 
@@ -250,7 +251,7 @@ def test_a_killed_engine_process_fails_its_requests_and_is_restarted(config):
 def test_while_it_restarts_a_request_gets_the_reason_at_once(config):
     client = ProcessEngineClient(config)
     try:
-        engine = client._engine
+        engine = client._keeper.engine
         os.kill(engine.pid, signal.SIGKILL)
         engine.process.join(10)
         client._on_engine_exit(engine)  # what run() does on seeing it gone

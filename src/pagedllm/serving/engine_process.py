@@ -189,18 +189,3 @@ class EngineProcess:
         self.context.term()
         self._ready.close()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-class RestartBackoff:
-    """The pause before the next start: none after a crash of an engine that ran a while,
-    then 1, 2, 4 ... up to `cap` seconds while it keeps dying within `settled` of starting."""
-
-    def __init__(self, cap: float = 30.0, settled: float = 60.0):
-        self.cap, self.settled = cap, settled
-        self.crashes_in_a_row = 0
-
-    def after_crash(self, ran_for: float) -> float:
-        self.crashes_in_a_row = 1 if ran_for >= self.settled else self.crashes_in_a_row + 1
-        if self.crashes_in_a_row == 1:
-            return 0.0
-        return min(self.cap, 2.0 ** (self.crashes_in_a_row - 2))

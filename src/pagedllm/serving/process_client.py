@@ -10,16 +10,14 @@ never waiting on HTTP. Messages: engine/wire.py.
 run() reads the engine's outputs on the calling thread (the server's main thread) and
 watches the process. When it dies (a kernel's segfault, an OOM kill, steps failing in a
 row), every request it held ends with an error saying why, /health and new requests get
-503 while it restarts, and a new one is started: at once the first time, then after a
-doubling pause while it keeps dying (RestartBackoff).
+503 while it restarts, and a new one is started (engine_keeper.py: at once the first time,
+then after a doubling pause while it keeps dying).
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import itertools
-import logging
-import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -37,12 +35,12 @@ from pagedllm.engine.faults import Faults
 from pagedllm.engine.request_maker import RequestMaker
 from pagedllm.errors import EngineDeadError
 from pagedllm.serving.client import EngineFigures, EngineInfo
-from pagedllm.serving.engine_process import EngineProcess, EngineStartError, RestartBackoff
+from pagedllm.serving.engine_keeper import EngineKeeper, RestartBackoff
+from pagedllm.serving.engine_process import EngineProcess
 from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.structured.spec import GrammarSpec
 from pagedllm.tokenizer import Tokenizer
 
-logger = logging.getLogger("pagedllm.server")
 POLL_MS = 100  # how often an idle front end looks whether its engine process still runs
 
 
@@ -63,17 +61,11 @@ class ProcessEngineClient:
         when it cannot load). load_progress: see engine_process.engine_core_main.
         num_threads: the engine's compute threads (default: this process's torch count)."""
         self._config = config
-        self._faults = faults or Faults()
-        self._backoff = backoff or RestartBackoff()
-        self._num_threads = num_threads or torch.get_num_threads()
         self._stopped = False
-        self._engine: EngineProcess | None = EngineProcess(config, self._faults,
-                                                           self._num_threads, load_progress)
-        try:
-            self.info: EngineInfo = self._engine.wait_ready()
-        except BaseException:
-            self._engine.close(grace=0)
-            raise
+        self._keeper = EngineKeeper(config, faults or Faults(),
+                                    num_threads or torch.get_num_threads(), backoff,
+                                    load_progress)
+        self.info: EngineInfo = self._keeper.wait_first()
         info = self.info
         model = info.model_config
         self._tokenizer = Tokenizer.for_served_model(info.model_path, model.eos_token_ids,
@@ -92,11 +84,7 @@ class ProcessEngineClient:
         self._policies: tuple[dict, dict] | None = None
         self._stats = EngineStats(0, 0, 0, info.cache_config.num_blocks, 0.0, 0, 0, 0, 0, 0, 0)
         self._waiting_by_user: dict[str, int] = {}
-        self._dead_reason: str | None = None  # what the engine said before it exited
-        self._restart_at = 0.0
         self.dead: str | None = None  # never: a dead engine process is restarted
-        self.restarting: str | None = None  # why requests get 503 now, while it restarts
-        self.restarts = 0
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -108,7 +96,17 @@ class ProcessEngineClient:
 
     @property
     def engine_pid(self) -> int | None:
-        return self._engine.pid if self._engine is not None else None
+        engine = self._keeper.engine
+        return engine.pid if engine is not None else None
+
+    @property
+    def restarting(self) -> str | None:
+        """Why requests get 503 now, while the engine process restarts (None: it runs)."""
+        return self._keeper.restarting
+
+    @property
+    def restarts(self) -> int:
+        return self._keeper.restarts
 
     # -- the event loop's side --------------------------------------------------------------
     def make_request(self, request_id: str | None, prompt: str | list[int],
@@ -170,20 +168,19 @@ class ProcessEngineClient:
         self._stopped = True
 
     def _send(self, message) -> bool:
-        engine = self._engine
-        return engine is not None and engine.send(message)
+        return self._keeper.send(message)
 
     def _unavailable(self) -> str:
-        return self.restarting or "the engine process is not running"
+        return self._keeper.restarting or "the engine process is not running"
 
     # -- the run() thread -------------------------------------------------------------------
     def run(self) -> None:
         """Read the engine's outputs and keep an engine process running, until shutdown()."""
         try:
             while not self._stopped:
-                engine = self._engine
+                engine = self._keeper.engine
                 if engine is None:
-                    self._restart()
+                    self._keeper.restart(lambda: self._stopped, self._brief_new_engine)
                     continue
                 if engine.from_engine.poll(POLL_MS):
                     self._take_messages(engine)
@@ -191,9 +188,7 @@ class ProcessEngineClient:
                     self._take_messages(engine)  # what it sent before it went
                     self._on_engine_exit(engine)
         finally:
-            if self._engine is not None:
-                self._engine.close()
-                self._engine = None
+            self._keeper.close()
             for request_id in list(self._fronts):
                 self._end_here(request_id)
 
@@ -214,7 +209,7 @@ class ProcessEngineClient:
                     else:
                         future.set_exception(RuntimeError(message.error))
             elif isinstance(message, wire.EngineDead):
-                self._dead_reason = message.reason
+                self._keeper.dead_reason = message.reason
 
     def _on_outputs(self, message: wire.StepOutputs) -> None:
         self._stats, self._waiting_by_user = message.stats, message.waiting_by_user
@@ -265,51 +260,19 @@ class ProcessEngineClient:
             deliver_on(front.stream.loop, [(front.stream.queue, output)])
 
     def _on_engine_exit(self, engine: EngineProcess) -> None:
-        ran_for = time.monotonic() - engine.started
-        reason = self._dead_reason or f"the engine process (pid {engine.pid}) " \
-                                      f"{engine.exit_reason()}"
-        self._dead_reason = None
-        pause = self._backoff.after_crash(ran_for)
-        logger.critical("%s; %d request(s) fail; restarting it%s (crash %d in a row)", reason,
-                        len(self._fronts), f" in {pause:g} s" if pause else "",
-                        self._backoff.crashes_in_a_row)
-        self.restarting = (f"{reason}; the server is restarting it (crash "
-                           f"{self._backoff.crashes_in_a_row} in a row)")
-        self._engine = None
-        engine.close(grace=0)
-        self._restart_at = time.monotonic() + pause
+        reason = self._keeper.on_exit(engine, len(self._fronts))
         for request_id in list(self._fronts):
             self._fail(request_id, f"{reason}; the server is restarting it: retry the request")
         for future in list(self._asks.values()):
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
 
-    def _restart(self) -> None:
-        while time.monotonic() < self._restart_at and not self._stopped:
-            time.sleep(0.05)
-        if self._stopped:
-            return
-        started = time.monotonic()
-        try:
-            engine = EngineProcess(self._config, self._faults, self._num_threads)
-        except Exception as exc:  # noqa: BLE001 - no sockets or no process: try again later
-            self._could_not_restart(str(exc), started)
-            return
-        try:
-            engine.wait_ready(lambda: self._stopped)
-        except EngineStartError as exc:
-            engine.close(grace=0)
-            self._could_not_restart(str(exc), started)
-            return
-        self._engine = engine
-        self.restarts += 1
+    def _brief_new_engine(self, engine: EngineProcess) -> None:
+        """What a restarted engine must know again: the users' policies, the adapters."""
         if self._policies is not None:
             engine.send(wire.SetUserPolicies(*self._policies))
         for message in self._adapter_changes():  # those loaded or unloaded since the start
             engine.send(message)
-        self.restarting = None
-        logger.warning("engine process restarted (pid %d, restart %d)", engine.pid,
-                       self.restarts)
 
     def _adapter_changes(self) -> list:
         """What brings a fresh engine (the start's adapters) to this front end's adapters."""
@@ -320,13 +283,6 @@ class ProcessEngineClient:
         return ([wire.UnloadAdapter(name) for name in started if now.get(name) != started[name]]
                 + [wire.LoadAdapter(name, path) for name, path in now.items()
                    if started.get(name) != path])
-
-    def _could_not_restart(self, why: str, started: float) -> None:
-        pause = self._backoff.after_crash(time.monotonic() - started)
-        self._restart_at = time.monotonic() + pause
-        self.restarting = f"the engine process could not start again ({why}); next try in " \
-                          f"{pause:g} s"
-        logger.critical(self.restarting)
 
 
 def _front_loras(config: EngineConfig, model):
