@@ -12,19 +12,19 @@ moment it is routed until its requests are submitted, so nothing unloads under i
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 
 from pagedllm.config import EngineConfig
-from pagedllm.core.residency import (DEFAULT_KEEP_ALIVE, FOREVER, NeverFits, Resident, expired,
+from pagedllm.core.residency import (DEFAULT_KEEP_ALIVE, NeverFits, Resident, expired,
                                      make_room)
 from pagedllm.core.snapshot import EngineSnapshot
 from pagedllm.serving.client import EngineFigures
+from pagedllm.serving.loaded_model import (LoadedModel, ModelLoadFailed, ModelsBusy,
+                                           ModelTooLarge, PoolEvents)
 from pagedllm.serving.model_loading import (embedding_bytes, estimate_resident_bytes,
                                             load_embedding, load_engine, start_on_own_thread,
                                             thread_governor, UnloadedClient)
@@ -35,63 +35,6 @@ __all__ = ["ModelPool", "ModelsBusy", "ModelTooLarge", "ModelLoadFailed",
 
 logger = logging.getLogger("pagedllm.models")
 REAP_INTERVAL = 0.25  # seconds between keep-alive checks
-
-
-class ModelsBusy(RuntimeError):
-    """No room for the model now: every model that could make room is busy."""
-
-
-class ModelTooLarge(RuntimeError):
-    """The model does not fit within --max-memory even with nothing else loaded."""
-
-
-class ModelLoadFailed(RuntimeError):
-    """Loading the model failed (its file, its options); the message says why."""
-
-
-@dataclass
-class LoadedModel:
-    entry: StoreEntry
-    client: object  # LocalEngineClient
-    thread: threading.Thread
-    size_bytes: int
-    loaded_at: float  # wall clock
-    last_used: float  # monotonic
-    keep_alive: float
-    leases: int = 0
-
-    @property
-    def threads(self) -> int:
-        """Its engine's compute threads (ModelPool._threads_for_next)."""
-        return getattr(self.client, "num_threads", 1)
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
-
-    @property
-    def kind(self) -> str:
-        return self.entry.kind
-
-    @property
-    def busy(self) -> bool:
-        return self.leases > 0 or self.client.num_in_flight > 0
-
-    def expires_in(self, now: float) -> float:
-        """Seconds until its keep-alive runs out (FOREVER: never; while busy it restarts)."""
-        if self.keep_alive == FOREVER:
-            return FOREVER
-        return self.keep_alive if self.busy else max(0.0, self.last_used + self.keep_alive - now)
-
-
-@dataclass
-class PoolEvents:
-    """Loads and unloads, for /metrics and the page (read by any thread, counts only grow)."""
-
-    loads: collections.Counter = field(default_factory=collections.Counter)
-    unloads: collections.Counter = field(default_factory=collections.Counter)  # (name, reason)
-    load_seconds: dict = field(default_factory=dict)  # name -> the last load's seconds
-    refusals: int = 0  # requests answered 503 because every candidate was busy
 
 
 class ModelPool:
