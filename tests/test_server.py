@@ -257,13 +257,13 @@ def test_sixteen_concurrent_streams_equal_alone(client):
     prompts = [f"Story number {i}: once upon a time there was a" for i in range(16)]
 
     def run(prompt):
-        stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16,
+        stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8,
                                            temperature=0, stream=True)
         return "".join(c.choices[0].text for c in stream if c.choices)
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         together = list(pool.map(run, prompts))
-    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0)
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0)
              .choices[0].text for p in prompts]
     assert together == alone
 
