@@ -158,12 +158,15 @@ def test_an_engine_whose_steps_keep_failing_is_restarted_not_fatal(tmp_path):
 
 def test_the_engine_process_ends_when_its_server_is_killed(tmp_path):
     """A front end killed outright (no drain, no Stop message) leaves no engine behind, even
-    one busy with a long answer."""
+    one busy with a long answer, and no socket folder (the engine removes it as it goes)."""
+    import os
     import threading
 
     proc = ServerProcess("--engine-process", "--kv-cache-memory", str(256 << 20),
                          log_path=str(tmp_path / "server.log"))
     [engine] = _engines(proc)
+    [folder] = {os.path.dirname(c.raddr) for c in engine.net_connections("unix") if c.raddr}
+    assert os.path.basename(folder).startswith("pagedllm-engine-") and os.path.isdir(folder)
     started = threading.Event()
 
     def stream():
@@ -182,4 +185,5 @@ def test_the_engine_process_ends_when_its_server_is_killed(tmp_path):
     proc.proc.wait()
     gone, alive = psutil.wait_procs([engine], timeout=120)
     assert alive == [] and gone
+    assert not os.path.exists(folder)
     proc.stop()

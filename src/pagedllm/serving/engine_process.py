@@ -81,6 +81,8 @@ def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, rea
         inbox.close(linger=0)
         outbox.close(linger=1000)  # a last message (EngineDead) still goes out
         context.term()
+        if os.getppid() != parent:  # a front end killed outright left its socket folder
+            shutil.rmtree(os.path.dirname(to_engine.removeprefix("ipc://")), ignore_errors=True)
     sys.exit(code)
 
 
