@@ -165,7 +165,9 @@ def test_the_engine_process_ends_when_its_server_is_killed(tmp_path):
     proc = ServerProcess("--engine-process", "--kv-cache-memory", str(256 << 20),
                          log_path=str(tmp_path / "server.log"))
     [engine] = _engines(proc)
-    [folder] = {os.path.dirname(c.raddr) for c in engine.net_connections("unix") if c.raddr}
+    front = psutil.Process(proc.proc.pid)  # the sockets are bound (named) on its side
+    [folder] = {os.path.dirname(c.laddr) for c in front.net_connections("unix")
+                if "pagedllm-engine-" in c.laddr}
     assert os.path.basename(folder).startswith("pagedllm-engine-") and os.path.isdir(folder)
     started = threading.Event()
 
