@@ -302,7 +302,7 @@ def test_bench_says_how_a_level_goes_and_repeats_the_servers_command(server, tmp
     assert command.startswith("pagedllm serve ") and command.endswith("--max-num-seqs 1")
     assert "--served-model-name smollm2" in command and "--dtype float32" in command
     assert command.count("--max-num-seqs") == 1  # the server's own 16 replaced, not repeated
-    assert f"recommended: N = 1" in out.stdout
+    assert "recommended: N = 1" in out.stdout
 
 
 def test_an_interrupted_bench_keeps_the_levels_that_finished(server, tmp_path):

@@ -1,6 +1,5 @@
 """`pagedllm serve` refuses a bad start in one line, before loading anything: a model path
 that does not exist, a folder that is no checkpoint, a port another program holds."""
-import os
 import socket
 import subprocess
 import sys

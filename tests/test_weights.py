@@ -10,7 +10,6 @@ import torch
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, default_model_path, load_checkpoint
 from pagedllm.weights.permute import unpermute_rows
-from pagedllm.weights.q4 import Q4Weight
 from paged_helpers import run_paged
 from tiny_models import _permute, tiny_hf_model, write_gguf, write_hf_folder
 

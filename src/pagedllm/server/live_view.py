@@ -10,7 +10,6 @@ snapshot, never a backlog.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
 import time
