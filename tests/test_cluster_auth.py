@@ -10,7 +10,7 @@ import pytest
 
 from pagedllm.replicas import cluster_auth
 from pagedllm.replicas.cluster_auth import (ClusterJoinError, OpenClusterError, ProbeAnswer,
-                                            join_mode, open_cluster_refusal, prepare_to_join)
+                                            join_mode, prepare_to_join)
 
 ADDRESS = "10.0.0.1:6379"
 
@@ -48,13 +48,6 @@ def test_an_unreachable_cluster_is_an_error_naming_the_address_and_why():
 def test_a_ray_client_address_is_refused_with_the_address_to_give():
     with pytest.raises(ClusterJoinError, match="Ray Client address"):
         join_mode("ray://10.0.0.1:10001", ProbeAnswer("token"), True, False)
-
-
-def test_the_open_cluster_rule():
-    assert open_cluster_refusal(None, False, False) is None  # a local cluster: this process's
-    assert open_cluster_refusal(ADDRESS, True, False) is None  # with a token
-    assert "without token authentication" in open_cluster_refusal(ADDRESS, False, False)
-    assert open_cluster_refusal(ADDRESS, False, True) is None  # --insecure-ray-cluster
 
 
 def _probe_says(monkeypatch, kind):

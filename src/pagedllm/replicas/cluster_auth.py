@@ -67,12 +67,10 @@ def probe_cluster(address: str, timeout: float = PROBE_TIMEOUT_S) -> ProbeAnswer
     return ProbeAnswer(kind, detail)
 
 
-def open_cluster_refusal(ray_address: str | None, token_mode: bool, allow: bool) -> str | None:
-    """Why joining this cluster is refused, or None. A cluster started with `ray start` listens
-    on its node's network address: without a token anyone who reaches that port can run code
-    on every node (Ray's own warning), so it is refused unless the admin says otherwise."""
-    if ray_address is None or token_mode or allow:
-        return None
+def open_cluster_refusal(ray_address: str) -> str:
+    """Why an open cluster is refused. A cluster started with `ray start` listens on its
+    node's network address: without a token anyone who reaches that port can run code on
+    every node (Ray's own warning), so it is refused unless the admin says otherwise."""
     return (f"the Ray cluster at {ray_address} runs without token authentication: anyone who "
             f"can reach its port can run any code on its nodes. Start it with a token (README, "
             f"\"Several machines\"): on the head `ray get-auth-token --generate`, then `ray "
@@ -99,9 +97,8 @@ def join_mode(ray_address: str, answer: ProbeAnswer, token_here: bool, insecure:
     if answer.kind == "unreachable":
         raise ClusterJoinError(f"cannot reach the Ray cluster at {ray_address} ({answer.detail})")
     if answer.kind == "open":
-        refusal = open_cluster_refusal(ray_address, False, insecure)
-        if refusal is not None:
-            raise OpenClusterError(refusal)
+        if not insecure:
+            raise OpenClusterError(open_cluster_refusal(ray_address))
         return ""
     if not token_here:
         raise ClusterJoinError(
