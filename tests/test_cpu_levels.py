@@ -129,8 +129,9 @@ def test_server_serves_at_every_level(level, tmp_path):
         # AMX tiles only at avx512, where the CPU and OS give them (tests/test_amx.py)
         tiles = level == "avx512" and kernels.capabilities().amx
         assert info.samples[0].labels["amx"] == str(tiles).lower()
-        # 16-bit activations only at avx512, on the CPUs that prefer them (tests/test_int16_products.py)
-        int16 = level == "avx512" and kernels.capabilities().int16
+        # 16-bit activations at avx2 always, at avx512 on the CPUs that prefer them
+        # (tests/test_int16_products.py); the server runs at `level` with the suite's environment
+        int16 = cpu.int16_products(level, cpu.cpu_vendor(), os.environ.get(cpu.INT16_ENV_VAR))
         assert info.samples[0].labels["int16"] == str(int16).lower()
         assert f"CPU kernels: {level}{'+amx' if tiles else ''} (" in proc.output()
     finally:

@@ -1,9 +1,10 @@
 """Few-row 4-bit products with the activations held as 16-bit integers (q4_i16_gemm,
 kernels/lowbit_gemm.h: split_rows): against a float64 reference that rounds the activations
 the same way, at every layout; row independence, scaling by powers of two, non-finite
-inputs; the fallback to the exact product below avx512; q4_linear's choice by rows; and the
-run-time decision (kernels/cpu.py: Intel at avx512, PAGEDLLM_CPU_INT16) as the layers and the
-C++ decode loop take it."""
+inputs, at every level with an int16 tile (avx2, avx512) this host runs; the fallback to the
+exact product on the portable level; q4_linear's choice by rows; and the run-time decision
+(kernels/cpu.py: every CPU at avx2, Intel at avx512, PAGEDLLM_CPU_INT16) as the layers and
+the C++ decode loop take it."""
 import dataclasses
 
 import pytest
@@ -16,8 +17,7 @@ from pagedllm.models.quant_linear import (ALL_ROWS, AMX_EXACT_MIN_ROWS, INT16_MA
 from pagedllm.weights.q4 import Q4Weight
 from test_amx import q4_1, q4_k
 
-HAS_AVX512 = "avx512" in capabilities().available
-WHY_NOT = "this host cannot run the avx512 level (the int16 tile's)"
+INT16_LEVELS = [level for level in cpu.INT16_LEVELS if level in capabilities().available]
 
 
 def q4_0(rows: int, cols: int, seed: int = 0) -> Q4Weight:
@@ -43,11 +43,12 @@ def product_error(out: torch.Tensor, reference: torch.Tensor, x: torch.Tensor,
     return (out.double() - reference).abs() / allowed
 
 
-@pytest.fixture(scope="module")
-def avx512():
-    if not HAS_AVX512:
-        pytest.skip(WHY_NOT)
-    module = kernels_for("avx512")
+@pytest.fixture(scope="module", params=INT16_LEVELS or [pytest.param(None, marks=pytest.mark.skip(
+    reason="this host runs no level with an int16 tile (avx2, avx512)"))])
+def avx512(request):
+    """The kernels of each level with an int16 tile (the name kept from when avx512 alone had
+    one)."""
+    module = kernels_for(request.param)
     assert module.int16_tiles_built()
     return module
 
@@ -145,12 +146,12 @@ def test_bad_inputs_are_refused(avx512):
         avx512.q4_i16_gemm(torch.randn(1, 64).bfloat16(), torch.zeros(2, 2, 7, dtype=torch.uint8))
 
 
-def test_below_avx512_the_exact_product_runs_instead(ops, isa):
+def test_without_an_int16_tile_the_exact_product_runs_instead(ops, isa):
     weight = q4_k(48, 512)
     packed = weight.kernel_pack(ops)
     x = torch.randn(3, 512).bfloat16()
-    assert ops.int16_tiles_built() == (isa == "avx512")
-    if isa != "avx512":
+    assert ops.int16_tiles_built() == (isa in cpu.INT16_LEVELS)
+    if isa not in cpu.INT16_LEVELS:
         assert torch.equal(ops.q4_i16_gemm(x, packed), ops.q4_gemm(x, packed))
 
 
@@ -169,10 +170,12 @@ def test_q4_linear_takes_the_int16_product_up_to_its_rows(ops):
     assert torch.equal(ops.q4_linear(x[:2], packed, 5), ops.q4_gemm(x[:2], packed))  # default 0
 
 
-def test_the_choice_follows_the_vendor_at_avx512_and_the_setting():
+def test_the_choice_follows_the_level_the_vendor_and_the_setting():
     assert cpu.int16_products("avx512", "GenuineIntel", None)
     assert not cpu.int16_products("avx512", "AuthenticAMD", None)
-    assert not cpu.int16_products("avx2", "GenuineIntel", None)
+    assert cpu.int16_products("avx2", "GenuineIntel", None)
+    assert cpu.int16_products("avx2", "AuthenticAMD", None)
+    assert not cpu.int16_products("avx2", "AuthenticAMD", "0")
     assert not cpu.int16_products("avx512", "GenuineIntel", "0")
     assert cpu.int16_products("avx512", "AuthenticAMD", "1")
     assert not cpu.int16_products("portable", "GenuineIntel", "1")  # no tile there
@@ -188,8 +191,11 @@ def test_detect_reads_the_vendor_and_the_setting(monkeypatch):
         monkeypatch.setattr(cpu, "cpu_vendor", lambda v=vendor: v)
         found = cpu.detect("")
         assert (found.vendor, found.int16) == (vendor, expected)
+    assert cpu.detect("avx2").int16  # every vendor at avx2
+    assert not cpu.detect("portable").int16
     monkeypatch.setenv(cpu.INT16_ENV_VAR, "1")
     assert cpu.detect("").int16
+    monkeypatch.setenv(cpu.INT16_ENV_VAR, "0")
     assert not cpu.detect("avx2").int16
     assert cpu.cpu_vendor() == "AuthenticAMD"  # (the stand-in)
 

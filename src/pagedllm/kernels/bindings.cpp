@@ -54,9 +54,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [M, K] bfloat16, rounded to int8 per group of 32, @ packed 4-bit weight.T -> [M, N] bfloat16");
   m.def("q4_i16_gemm", &q4_i16_gemm, NoGil(),
         "x [M, K] bfloat16, held as 16-bit integers per group of 32, @ packed 4-bit weight.T -> "
-        "[M, N] bfloat16 (the avx512 level; exact, q4_gemm, elsewhere)");
+        "[M, N] bfloat16 (the avx2 and avx512 levels; exact, q4_gemm, on the portable one)");
   m.def("int16_tiles_built", &pagedllm::kernel::int16_tiles_built,
-        "whether q4_i16_gemm has its own tile in this build (avx512), rather than q4_gemm's");
+        "whether q4_i16_gemm has its own tile in this build (avx2, avx512), rather than q4_gemm's");
   m.def("q4_linear", &q4_linear, NoGil(),
         "q4_gemm up to exact_max_rows rows (q4_i16_gemm up to int16_max_rows, on the AMX tiles "
         "from amx_min_rows), q4_q8_gemm above",
@@ -71,6 +71,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x [M, K] bfloat16 @ packed Q6_K weight.T rounded to bfloat16 -> [M, N] bfloat16 (AMX tiles)");
   m.def("q8_pack", &q8_pack, NoGil(), "Q8_0 codes, d -> the tiles q8_gemm reads");
   m.def("q8_gemm", &q8_gemm, NoGil(), "x [M, K] bfloat16 @ packed 8-bit weight.T -> [M, N] float32");
+  m.def("roof_int8", &pagedllm::kernel::roof_int8, NoGil(),
+        "int8 multiply-adds done in `iterations` register-only steps on every kernel thread "
+        "(this level's instruction mix: vpmaddubsw + vpaddw at avx2, vpdpbusd at avx512)");
+  m.def("roof_fma", &pagedllm::kernel::roof_fma, NoGil(),
+        "float32 FMAs done in `iterations` register-only steps on every kernel thread");
+  m.def("roof_read", [](torch::Tensor buffer) {
+          TORCH_CHECK(buffer.scalar_type() == at::kByte && buffer.is_contiguous(), "a contiguous uint8 buffer");
+          return pagedllm::kernel::roof_read(buffer.data_ptr<uint8_t>(), buffer.numel());
+        }, NoGil(), "reads the whole buffer on every kernel thread (its XOR, so nothing is skipped)");
   m.def("q8_refine_top", &q8_refine_top, NoGil(),
         "each row's top logits recomputed exactly from the Q8_0 codes (in place)");
 }

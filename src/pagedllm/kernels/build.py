@@ -28,7 +28,8 @@ logger = logging.getLogger("pagedllm.kernels")
 _HERE = os.path.dirname(__file__)
 SOURCES = [os.path.join(_HERE, name) for name in
            ("bindings.cpp", "paged_attention.cpp", "prefill_attention.cpp", "fused_ops.cpp",
-            "q4_gemm.cpp", "q6_gemm.cpp", "q8_gemm.cpp", "lora_sgmv.cpp", "q4_dequant.cpp")]
+            "q4_gemm.cpp", "q6_gemm.cpp", "q8_gemm.cpp", "lora_sgmv.cpp", "q4_dequant.cpp",
+            "roof.cpp")]
 
 # Every build: hidden symbols, so two levels loaded in one process (the tests load each)
 # never resolve each other's functions.

@@ -22,11 +22,14 @@ and the permission itself before its first tile instruction); models/quant_linea
 ``PAGEDLLM_CPU_AMX=0`` (or a level below avx512) turns them off, to compare, or to prove the
 fallback.
 
-At avx512, the few-row 4-bit products of a decode step on **Intel** cores take the
-activations as 16-bit integers (q4_i16_gemm: integer dot products) instead of bfloat16 pairs:
-those cores issue the bfloat16 pair dot product at a quarter of the integer one's rate, which
-left the one-row product bound by the core rather than by memory (BENCHMARKS.md). AMD's
-cores keep the bfloat16 pairs, measured at 83 % of the memory floor there.
+The exact (few-row) 4-bit products take the activations as 16-bit integers (q4_i16_gemm:
+integer dot products) instead of their float form:
+- at avx2 on every CPU: the float form costs four instructions a code (shift, mask, convert,
+  FMA), which left a decode step bound by the core rather than by memory; the int16 tile's
+  vpmaddubsw takes 4 codes x 8 rows an instruction (BENCHMARKS.md, "AVX2: ...");
+- at avx512 on **Intel** cores: those issue the bfloat16 pair dot product at a quarter of the
+  integer one's rate. AMD's cores keep the bfloat16 pairs, measured at 83 % of the memory
+  floor there.
 ``PAGEDLLM_CPU_INT16=0`` or ``=1`` overrides the choice, to compare.
 """
 from __future__ import annotations
@@ -42,6 +45,8 @@ AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})
 INT16_ENV_VAR = "PAGEDLLM_CPU_INT16"
 # The vendors whose cores take the int16 product by default (see above).
 INT16_VENDORS = frozenset({"GenuineIntel"})
+# The levels whose builds have the int16 tile (q4_tiles_avx2.h, q4_tiles_avx512.h).
+INT16_LEVELS = ("avx2", "avx512")
 
 # Linux /proc/cpuinfo flag names each level needs (x86 only; other machines run portable).
 REQUIRED_FLAGS = {
@@ -64,7 +69,7 @@ class Capabilities:
     best: str               # the highest level this CPU can run
     level: str              # the level in use: best, or lower where PAGEDLLM_CPU_ISA says
     amx: bool = False       # AMX tiles in use (avx512 level, flags, the OS's permission)
-    int16: bool = False     # few-row 4-bit products with 16-bit integer activations (avx512)
+    int16: bool = False     # few-row 4-bit products with 16-bit integer activations
     vendor: str = ""        # the CPU's vendor_id (GenuineIntel, AuthenticAMD, ...)
 
     @property
@@ -127,13 +132,14 @@ def cpu_vendor() -> str:
 
 
 def int16_products(level: str, vendor: str, setting: str | None) -> bool:
-    """Whether the few-row 4-bit products take 16-bit integer activations: at avx512 on the
-    vendors in INT16_VENDORS, unless `setting` (PAGEDLLM_CPU_INT16) says "0" or "1"."""
-    if level != "avx512":
+    """Whether the few-row 4-bit products take 16-bit integer activations: at avx2 always, at
+    avx512 on the vendors in INT16_VENDORS, unless `setting` (PAGEDLLM_CPU_INT16) says "0"
+    or "1". The portable level has no int16 tile."""
+    if level not in INT16_LEVELS:
         return False
     if setting in ("0", "1"):
         return setting == "1"
-    return vendor in INT16_VENDORS
+    return level == "avx2" or vendor in INT16_VENDORS
 
 
 def best_level(machine: str, flags: frozenset[str]) -> str:

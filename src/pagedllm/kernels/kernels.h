@@ -105,4 +105,11 @@ void q8_gemm(const bf16* x, const uint8_t* packed, int64_t rows, int64_t k, int6
 void q8_refine_top(float* logits, const float* hidden, const int8_t* codes, const float* d,
                    int64_t rows, int64_t n, int64_t k, int64_t top);
 
+// roof.cpp: this host's peaks on every kernel thread (benchmarks/roof.py). roof_int8 and
+// roof_fma return the multiply-adds done in `iterations` steps; roof_read the XOR of the
+// buffer's words (so that its reads cannot be dropped).
+double roof_int8(int64_t iterations);
+double roof_fma(int64_t iterations);
+int64_t roof_read(const uint8_t* data, int64_t bytes);
+
 }  // namespace pagedllm::kernel

@@ -105,9 +105,61 @@ inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes
   return {finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN(),
           _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi))};
 }
+#elif defined(__AVX2__)
+// The AVX2 forms of quantize_group and split_group (the avx2 build: a decode step's every
+// projection rounds its activations first, and the plain C++ loops cost a tenth of a 16-row
+// step there). Same rounding (the conversion rounds half to even, as nearbyint), same order.
+
+// A group's 32 bfloat16 values as 4 x 8 float32 bit patterns, and its largest |x| bits.
+inline uint32_t load_group(const uint16_t* v, __m256i (&x)[4]) {
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i top = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(v + 8 * i))), 16);
+    top = _mm256_max_epu32(top, _mm256_and_si256(x[i], magnitude));
+  }
+  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+}
+
+// 4 x 8 int32 in -128..127 as 32 int8 codes, in natural or interleaved order (see above).
+template <bool kInterleaved>
+inline void store_codes(const __m256i (&q)[4], int8_t* codes) {
+  // packs work within 128-bit lanes: dwords come out as a0-3 b0-3 c0-3 d0-3 | a4-7 ... d4-7.
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  if constexpr (kInterleaved)
+    ordered = _mm256_shuffle_epi8(ordered, _mm256_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
+                                                            0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15));
+  _mm256_storeu_si256((__m256i*)codes, ordered);
+}
+
+inline int32_t sum_int32(const __m256i (&q)[4]) {
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  __m128i m = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4E));
+  m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xB1));
+  return _mm_cvtsi128_si32(m);
+}
+
+template <bool kInterleaved>
+inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes) {
+  __m256i x[4], q[4];
+  const uint32_t top = load_group(v, x);
+  const bool finite = top < 0x7F800000u;
+  float amax;
+  std::memcpy(&amax, &top, 4);
+  const __m256 inv = _mm256_set1_ps(finite && amax > 0.0f ? 127.0f / amax : 0.0f);
+  for (int i = 0; i < 4; ++i)
+    q[i] = finite ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(x[i]), inv)) : _mm256_setzero_si256();
+  store_codes<kInterleaved>(q, codes);
+  return {finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN(), sum_int32(q)};
+}
 #else
-// The same rounding in plain C++ (every build without AVX512-BW): nearbyint rounds half to
-// even, as the vector conversion does.
+// The same rounding in plain C++ (the portable build): nearbyint rounds half to even, as
+// the vector conversion does.
 template <bool kInterleaved>
 inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes) {
   // Where input e of each 8 is stored when interleaved (the inverse of the order above).
@@ -133,7 +185,6 @@ inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes
 }
 #endif
 
-#if defined(__AVX512BW__)
 // Activation rows as 16-bit integers per group of 32, held as two int8 halves so that the
 // int8 tiles' integer dot products take them: x = scale * xi, xi = 256 * hi + lo, hi and lo
 // in -128..127 (q4_i16_gemm). The scale is a power of two that maps the group's largest
@@ -149,6 +200,7 @@ struct Int16Rows {
   std::unique_ptr<float[]> sum;    // [M, K / 32]: scale * sum(xi), for the m term
 };
 
+#if defined(__AVX512BW__)
 inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& scale, float& sum) {
   const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
   const __m512i a = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)v)), 16);
@@ -184,6 +236,70 @@ inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& sca
   sum = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib)));
 }
 
+#elif defined(__AVX2__)
+// The same split with AVX2 (the avx2 build's int16 tile, q4_tiles_avx2.h).
+inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& scale, float& sum) {
+  __m256i x[4], xi[4], hi[4], lo[4];
+  const uint32_t top = load_group(v, x);
+  if (top >= 0x7F800000u) {
+    std::memset(high, 0, kGroup);
+    std::memset(low, 0, kGroup);
+    scale = sum = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const int32_t e = static_cast<int32_t>(top >> 23);
+  const uint32_t up_bits = static_cast<uint32_t>(std::min<int32_t>(267 - e, 254)) << 23;
+  float up;
+  std::memcpy(&up, &up_bits, 4);
+  scale = 1.0f / up;
+  const __m256 upv = _mm256_set1_ps(up);
+  const __m256i half = _mm256_set1_epi32(128);
+  for (int i = 0; i < 4; ++i) {
+    xi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(x[i]), upv));
+    hi[i] = _mm256_srai_epi32(_mm256_add_epi32(xi[i], half), 8);
+    lo[i] = _mm256_sub_epi32(xi[i], _mm256_slli_epi32(hi[i], 8));
+  }
+  store_codes<true>(hi, high);
+  store_codes<true>(lo, low);
+  sum = scale * static_cast<float>(sum_int32(xi));
+}
+#else
+// The same split in plain C++ (the portable build has no int16 tile; kept so that every
+// build defines split_rows): the multiplier is a power of two and nearbyint rounds half to
+// even, as the vector conversion does, so every code and sum equals the vector version's.
+inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& scale, float& sum) {
+  static constexpr int kPosition[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // quantize_group's order
+  float values[kGroup];
+  uint32_t top = 0;
+  for (int64_t e = 0; e < kGroup; ++e) {
+    const uint32_t bits = static_cast<uint32_t>(v[e]) << 16;
+    std::memcpy(&values[e], &bits, 4);
+    top = std::max(top, bits & 0x7FFFFFFFu);
+  }
+  if (top >= 0x7F800000u) {
+    std::memset(high, 0, kGroup);
+    std::memset(low, 0, kGroup);
+    scale = sum = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const int32_t e = static_cast<int32_t>(top >> 23);
+  const uint32_t up_bits = static_cast<uint32_t>(std::min<int32_t>(267 - e, 254)) << 23;
+  float up;
+  std::memcpy(&up, &up_bits, 4);
+  scale = 1.0f / up;
+  int32_t total = 0;
+  for (int64_t i = 0; i < kGroup; ++i) {
+    const int32_t xi = static_cast<int32_t>(std::nearbyint(values[i] * up));
+    const int32_t hi = (xi + 128) >> 8;  // arithmetic shift: floor, as srai
+    const int64_t at = (i & ~int64_t{7}) + kPosition[i & 7];
+    high[at] = static_cast<int8_t>(hi);
+    low[at] = static_cast<int8_t>(xi - 256 * hi);
+    total += xi;
+  }
+  sum = scale * static_cast<float>(total);
+}
+#endif
+
 // x [rows, k] bfloat16, k a multiple of 32. A decode step's few rows stay on one thread (the
 // grain); a prefill's are split as quantize_rows splits them.
 inline Int16Rows split_rows(const bf16* x, int64_t rows, int64_t k) {
@@ -197,7 +313,6 @@ inline Int16Rows split_rows(const bf16* x, int64_t rows, int64_t k) {
   });
   return q;
 }
-#endif
 
 // x [rows, k] bfloat16, k a multiple of 32.
 template <bool kInterleaved>

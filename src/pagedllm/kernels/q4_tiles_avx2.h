@@ -1,7 +1,11 @@
 // The 4-bit tiles with AVX2 intrinsics (the avx2 build: AVX2 + FMA + F16C). A 64-byte code
 // vector of the packed layout is two 256-bit halves, output rows 0-7 and 8-15.
 // - Exact tile (q4_gemm): each code pulled out of its lane by a shift and a mask, converted
-//   to float32 and multiplied with float32 FMAs (a bfloat16 times a 4-bit integer is exact).
+//   to float32 and multiplied with float32 FMAs (a bfloat16 times a 4-bit integer is exact):
+//   four instructions a code, so served only where PAGEDLLM_CPU_INT16=0 asks for it.
+// - Int16 tile (q4_i16_gemm, the exact product this level serves: kernels/cpu.py): the
+//   activations as 16-bit integers in two int8 halves, each half through the int8 tile's
+//   vpmaddubsw, recombined exactly per group (see tile_rows_int16).
 // - Int8 tile (q4_q8_gemm): as llama.cpp multiplies Q4 by Q8 on AVX2: the low and high
 //   nibbles of each byte, as unsigned bytes, times the interleaved int8 activation codes with
 //   vpmaddubsw (pairs summed to int16: at most 2 x 15 x 127 = 3810, so the 8 of a group sum to
@@ -117,48 +121,133 @@ inline __m256i broadcast_quad8(const int8_t* x) {
   return _mm256_set1_epi32(quad);
 }
 
+// x . q over 8 inputs (low nibbles times the codes at x, high nibbles times those at x + 4)
+// for the 8 rows of one half of a code vector: int16 pairs, within the ranges the callers
+// state (vpmaddubsw saturates, so each caller bounds its sums).
+inline __m256i dot8(__m256i low, __m256i high, const int8_t* x) {
+  return _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast_quad8(x)),
+                          _mm256_maddubs_epi16(high, broadcast_quad8(x + 4)));
+}
+
+// An accumulator as it stands, in a register: the compiler may not regroup the integer sums
+// across it. Without it GCC (-O3 -ffast-math) turned each group's chains into trees of all
+// their products, every product stored to the stack first, at one row as at eight.
+inline void in_register(__m256i& v) { asm volatile("" : "+x"(v)); }
+
+// Halves of the tile (8 output rows each) taken in one pass over a group: both where the
+// rows are few (their int16 chains fit the 16 registers twice over), one half at a time
+// where they are many, so that R rows' chains stay in registers instead of spilling (the
+// 8-row int8 tile held 16 chains, every register, and spilled). The codes of a half are
+// unpacked once per pass and serve all R rows.
+template <int R, int kChainsPerRow>
+constexpr int kHalvesPerPass = R * kChainsPerRow <= 4 ? 2 : 1;
+
 // R rows of int8 activations (quantize_rows<true>) times one tile:
-// sum x*w = dx * (d * (xq . q) + m * sum(xq)) per group, the dot product exact in integers.
+// sum x*w = dx * (d * (xq . q) + m * sum(xq)) per group, the dot product exact in integers
+// (a group's int16 sums are at most 8 x 2 x 15 x 127 = 30480: no saturation).
 template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
                     const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
+  constexpr int H = kHalvesPerPass<R, 1>;
   // The float32 totals live in memory, touched once per group, so the registers go to the
-  // accumulators.
+  // chains.
   alignas(32) float total[R][kTile] = {};
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = group_codes<L>(tile, g);
-    prefetch_group<L>(tile, g);
-    __m256i sum16[2][R];
-    for (int h = 0; h < 2; ++h)
-      for (int r = 0; r < R; ++r) sum16[h][r] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h));
-        const __m256i low = _mm256_and_si256(v, nibble);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* x = xq + r * ldx + g * kGroup + 8 * j;
-          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast_quad8(x)),
-                                             _mm256_maddubs_epi16(high, broadcast_quad8(x + 4)));
-          sum16[h][r] = _mm256_add_epi16(sum16[h][r], p);
+  for (int h0 = 0; h0 < 2; h0 += H) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* block = group_codes<L>(tile, g);
+      prefetch_group<L>(tile, g);
+      __m256i sum16[H][R];
+      for (int h = 0; h < H; ++h)
+        for (int r = 0; r < R; ++r) sum16[h][r] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j)
+        for (int h = 0; h < H; ++h) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * (h0 + h)));
+          const __m256i low = _mm256_and_si256(v, nibble);
+          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+          for (int r = 0; r < R; ++r) {
+            sum16[h][r] = _mm256_add_epi16(sum16[h][r], dot8(low, high, xq + r * ldx + g * kGroup + 8 * j));
+            in_register(sum16[h][r]);
+          }
         }
-      }
-    }
-    for (int h = 0; h < 2; ++h) {
-      __m256 d, m;
-      group_scales<L>(tile, g, h, d, m);
-      for (int r = 0; r < R; ++r) {
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[h][r], ones));
-        const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
-        const __m256 t = _mm256_fmadd_ps(dot, scale, _mm256_load_ps(total[r] + 8 * h));
-        _mm256_store_ps(total[r] + 8 * h, _mm256_fmadd_ps(m, _mm256_set1_ps(dx_sum[r * groups + g]), t));
+      for (int h = 0; h < H; ++h) {
+        __m256 d, m;
+        group_scales<L>(tile, g, h0 + h, d, m);
+        for (int r = 0; r < R; ++r) {
+          float* t8 = total[r] + 8 * (h0 + h);
+          const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[h][r], ones));
+          const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+          const __m256 t = _mm256_fmadd_ps(dot, scale, _mm256_load_ps(t8));
+          _mm256_store_ps(t8, _mm256_fmadd_ps(m, _mm256_set1_ps(dx_sum[r * groups + g]), t));
+        }
       }
     }
   }
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
+}
+
+// The exact few-row product at this level (kernels/cpu.py chooses it over tile_rows, whose
+// float32 FMAs take four instructions a code): R rows of activations as 16-bit integers in
+// two int8 halves (split_rows), each half through vpmaddubsw as the int8 tile's codes, then
+// recombined exactly per group: sum x*w = dx * (d * (256 * (hi . q) + lo . q) + m * sum(xi)).
+// The int16 chains stay below saturation: hi is within -64..64, so its group sum is at most
+// 8 x 2 x 15 x 64 = 15360; lo within -128..127, at most 30720. vpmaddwd then widens hi
+// against 256 and lo against 1 (products below 2^22: exact in int32).
+#define PAGEDLLM_INT16_TILES 1
+template <class L, int R>
+void tile_rows_int16(const uint8_t* tile, int64_t groups, const int8_t* xh, const int8_t* xl,
+                     int64_t ldx, const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
+  if constexpr (R > 4) {
+    // Two chains a row: more than 4 rows would spill; the second pass reads the tile from
+    // cache. Rows are independent, so each row's result is the same as when alone.
+    tile_rows_int16<L, 4>(tile, groups, xh, xl, ldx, dx, dx_sum, out, ldo);
+    tile_rows_int16<L, R - 4>(tile, groups, xh + 4 * ldx, xl + 4 * ldx, ldx, dx + 4 * groups,
+                              dx_sum + 4 * groups, out + 4 * ldo, ldo);
+  } else {
+    constexpr int H = kHalvesPerPass<R, 2>;
+    alignas(32) float total[R][kTile] = {};
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i shift8 = _mm256_set1_epi16(256);
+    for (int h0 = 0; h0 < 2; h0 += H) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* block = group_codes<L>(tile, g);
+        prefetch_group<L>(tile, g);
+        __m256i hi[H][R], lo[H][R];
+        for (int h = 0; h < H; ++h)
+          for (int r = 0; r < R; ++r) hi[h][r] = lo[h][r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j)
+          for (int h = 0; h < H; ++h) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * (h0 + h)));
+            const __m256i low = _mm256_and_si256(v, nibble);
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            for (int r = 0; r < R; ++r) {
+              const int64_t at = r * ldx + g * kGroup + 8 * j;
+              hi[h][r] = _mm256_add_epi16(hi[h][r], dot8(low, high, xh + at));
+              lo[h][r] = _mm256_add_epi16(lo[h][r], dot8(low, high, xl + at));
+              in_register(hi[h][r]);
+              in_register(lo[h][r]);
+            }
+          }
+        for (int h = 0; h < H; ++h) {
+          __m256 d, m;
+          group_scales<L>(tile, g, h0 + h, d, m);
+          for (int r = 0; r < R; ++r) {
+            float* t8 = total[r] + 8 * (h0 + h);
+            const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(hi[h][r], shift8),
+                                                 _mm256_madd_epi16(lo[h][r], ones));
+            const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+            const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, _mm256_load_ps(t8));
+            _mm256_store_ps(t8, _mm256_fmadd_ps(m, _mm256_set1_ps(dx_sum[r * groups + g]), t));
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
+  }
 }
 
 }  // namespace pagedllm::q4

@@ -27,9 +27,11 @@ from pagedllm.weights.q8 import Q8Rows
 #   dense bf16, prepacked   7.3   7.7   9.0  21.4  34.8  61.6
 #   torch int4              2.5   6.2  11.4  41.6  82.5   163
 # The exact kernel up to Q4_EXACT_MAX_ROWS[level], where the int8 one stops costing the same:
-# on avx512 a decode step of up to 8 sequences keeps exact activations. Below avx512 the exact
-# kernel multiplies in float32 FMAs at half the int8 kernel's rate from 2 rows on
-# (benchmarks/cpu_levels.py), so only a single sequence's decode step stays exact there. A layer built without int8
+# on avx512 a decode step of up to 8 sequences keeps exact activations. At avx2 the exact
+# product is the int16 tile (two vpmaddubsw a code where the int8 tile has one), at about
+# two thirds of the int8 kernel's rate from 2 rows on and the same at one row, where both
+# read at the memory floor (benchmarks/roof.py), so only a single sequence's decode step
+# stays exact there; the portable level's exact tile is float32 throughout. A layer built without int8
 # activations takes q4_gemm at every row count (0.91x dense at 256 rows, and no dense copy).
 # Without the C++ kernels, torch's int4 kernel up to INT4_MAX_ROWS, dense above.
 Q4_EXACT_MAX_ROWS = {"avx512": 8, "avx2": 1, "portable": 1}
@@ -54,11 +56,12 @@ AMX_EXACT_MIN_ROWS = 3
 AMX_FUSED_MAX_ROWS = 512
 INT4_MAX_ROWS = 8
 ALL_ROWS = 1 << 62
-# Where the CPU takes 4-bit products with 16-bit integer activations (kernels/cpu.py: Intel
-# at avx512), up to this many rows, by whether the AMX tiles are in use: there q4_i16_gemm
-# is 1.15x the exact tile at one row and 1.75x at 8, so it replaces the exact tile at every
-# row count (a row's result stays independent of the rows beside it), and it is ahead of the
-# AMX tiles up to 4 rows (benchmarks/amx_prefill.py --rows).
+# Where the CPU takes 4-bit products with 16-bit integer activations (kernels/cpu.py: every
+# CPU at avx2, Intel at avx512), up to this many rows, by whether the AMX tiles are in use:
+# q4_i16_gemm is 1.15x the exact tile at one row and 1.75x at 8 on Intel's avx512, 1.3-1.6x
+# at avx2 (BENCHMARKS.md), so it replaces the exact tile at every row count (a row's result
+# stays independent of the rows beside it), and it is ahead of the AMX tiles up to 4 rows
+# (benchmarks/amx_prefill.py --rows).
 INT16_MAX_ROWS = {False: ALL_ROWS, True: 4}
 _TILE = 16  # the 4-bit kernels take output rows in tiles of 16
 

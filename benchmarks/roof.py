@@ -1,0 +1,179 @@
+"""Know the roof: this host's own peaks, measured in the same run, and each 4-bit kernel's
+and each served decode step's share of them.
+
+    .venv/bin/python benchmarks/roof.py [--threads 2] [--level avx2] [--model default|PATH]
+        [--rows 1,8,16,64] [--shapes 135M,1.7B] [--steps 1,16] [--read-mib 1024]
+        [--max-tokens 48] [--json OUT.json]
+
+Peaks, on every kernel thread at once, at the level asked (default: the best this CPU runs;
+PAGEDLLM_CPU_ISA's levels, so an AVX-512 host measures the avx2 code paths too):
+  int8    multiply-adds a second in registers with the tiles' own instruction mix (avx2:
+          vpmaddubsw + vpaddw; avx512: vpdpbusd): kernels/roof.cpp
+  fma     float32 FMAs a second in registers
+  read    bytes a second read from a 1 GiB buffer (the decode floor: a step reads every
+          weight once)
+Kernels: the 4-bit projections of every layer of a model's shape (each its own weights, so
+they stream from memory), per product: q4_q8_gemm (int8 activations), q4_i16_gemm (16-bit
+integer activations: two int8 products a multiply-add, so its ceiling is half the int8
+peak), q4_gemm (float32 FMAs): milliseconds, multiply-adds a second and their share of the
+int8 peak, weight bytes a second and their share of the read peak.
+Served steps: the engine alone (as `serve` builds it from its options) decoding N requests:
+milliseconds a step, and the same two shares for the whole step (the model's weights times N
+multiply-adds; the model file's bytes read).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+# Per layer, (out, in) of each 4-bit projection as the engine fuses them (qkv, o, gate_up,
+# down), and the number of layers.
+SHAPES = {
+    "135M": ([(960, 576), (576, 576), (3072, 576), (576, 1536)], 30),
+    "1.7B": ([(6144, 2048), (2048, 2048), (16384, 2048), (2048, 8192)], 24),
+}
+PRODUCTS = ("q4_q8_gemm", "q4_i16_gemm", "q4_gemm")
+
+
+def seconds_of(fn, repeat: int = 5) -> float:
+    """The median of `repeat` timed calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peaks(ops, read_mib: int = 1024) -> dict:
+    """GMAC/s of int8 and float32 multiply-adds, GB/s of reads, on every kernel thread."""
+    iterations = 2_000_000
+    int8 = ops.roof_int8(iterations) / seconds_of(lambda: ops.roof_int8(iterations)) / 1e9
+    fma = ops.roof_fma(iterations) / seconds_of(lambda: ops.roof_fma(iterations)) / 1e9
+    buffer = torch.ones(read_mib << 20, dtype=torch.uint8)
+    read = buffer.numel() / seconds_of(lambda: ops.roof_read(buffer), 3) / 1e9
+    return {"int8_gmacs": int8, "fma_gmacs": fma, "read_gbs": read}
+
+
+def packed_layers(ops, shape: str) -> list[tuple[torch.Tensor, int]]:
+    projections, layers = SHAPES[shape]
+    torch.manual_seed(0)
+    packed = []
+    for _ in range(layers):
+        for out, inp in projections:
+            codes = torch.randint(0, 16, (out, inp), dtype=torch.uint8)
+            packed.append((ops.q4_pack(codes, torch.rand(out, inp // 32) * 0.01,
+                                       torch.rand(out, inp // 32) * -0.1), inp))
+    return packed
+
+
+def kernel_rows(ops, shape: str, rows_list: list[int], roof: dict) -> list[dict]:
+    packed = packed_layers(ops, shape)
+    macs_per_row = sum(p.shape[0] * 16 * inp for p, inp in packed)
+    weight_bytes = sum(p.numel() for p, _ in packed)
+    results = []
+    for rows in rows_list:
+        inputs = {inp: torch.randn(rows, inp).bfloat16() for _, inp in packed}
+        for product in PRODUCTS:
+            fn = getattr(ops, product)
+            seconds = seconds_of(lambda: [fn(inputs[inp], p) for p, inp in packed], 3 if rows > 16 else 5)
+            gmacs = macs_per_row * rows / seconds / 1e9
+            gbs = weight_bytes / seconds / 1e9
+            results.append({"shape": shape, "rows": rows, "product": product, "ms": seconds * 1e3,
+                            "gmacs": gmacs, "int8_share": gmacs / roof["int8_gmacs"],
+                            "gbs": gbs, "read_share": gbs / roof["read_gbs"]})
+    return results
+
+
+def served_steps(model: str, steps: list[int], roof: dict, max_tokens: int = 48) -> list[dict]:
+    """ms a decode step of the engine alone at each N, and its shares of the peaks."""
+    import host_overhead
+    from pagedllm.cli.options import engine_config
+    from pagedllm.cli.serve import add_serve_args
+    from pagedllm.config import num_parameters
+    from pagedllm.core.request import SamplingParams
+    from pagedllm.engine.engine import LLMEngine
+
+    path = host_overhead.model_path(model)
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    engine = LLMEngine(engine_config(parser.parse_args(host_overhead.serve_args(path, max(steps), []))))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    macs_per_token = num_parameters(engine.model_config)
+    file_bytes = os.path.getsize(path)
+    results = []
+    for n in [steps[0], *steps]:  # the first N twice: its first round warms up
+        for i in range(n):
+            engine.add_request(f"{n}-{i}-{time.perf_counter()}", host_overhead.PROMPT, params)
+        durations = []
+        while engine.has_unfinished_requests():
+            start = time.perf_counter()
+            outputs = engine.step()
+            # decode steps only: every request in the step made one token, none was prefilling
+            if len(outputs) == n and all(len(o.new_token_ids) == 1 for o in outputs):
+                durations.append(time.perf_counter() - start)
+        seconds = statistics.median(durations[2:] or durations)
+        results.append({"n": n, "ms": seconds * 1e3,
+                        "int8_share": macs_per_token * n / seconds / 1e9 / roof["int8_gmacs"],
+                        "read_share": file_bytes / seconds / 1e9 / roof["read_gbs"]})
+    return results[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--level", default=None, help="a kernel level (default: this CPU's best)")
+    parser.add_argument("--model", default="default", help="served steps' model (default: the default one)")
+    parser.add_argument("--rows", default="1,8,16,64")
+    parser.add_argument("--shapes", default="135M,1.7B")
+    parser.add_argument("--steps", default="1,16", help="N of the served decode steps ('' for none)")
+    parser.add_argument("--read-mib", type=int, default=1024,
+                        help="the read peak's buffer (far larger than the caches)")
+    parser.add_argument("--max-tokens", type=int, default=48, help="a served request's tokens")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.level:
+        os.environ["PAGEDLLM_CPU_ISA"] = args.level
+    torch.set_num_threads(args.threads)
+    from pagedllm.kernels import capabilities, kernels_for
+    from timing import allocate_as_a_loaded_engine
+
+    allocate_as_a_loaded_engine()
+    caps = capabilities()
+    ops = kernels_for(caps.level)
+    flags = " ".join(sorted(f for f in caps.flags if f.startswith(("avx", "fma", "f16c", "amx"))))
+    print(f"level {caps.level} (CPU runs up to {caps.best}), {args.threads} threads; flags: {flags}")
+    roof = peaks(ops, args.read_mib)
+    print(f"peaks: int8 {roof['int8_gmacs']:.1f} GMAC/s, float32 FMA {roof['fma_gmacs']:.1f} GMAC/s, "
+          f"read {roof['read_gbs']:.1f} GB/s", flush=True)
+    report = {"level": caps.level, "threads": args.threads, "flags": flags, "peaks": roof,
+              "kernels": [], "steps": []}
+    rows = [int(r) for r in args.rows.split(",") if r]
+    for shape in [s for s in args.shapes.split(",") if s]:
+        for row in kernel_rows(ops, shape, rows, roof):
+            report["kernels"].append(row)
+            print(f"{row['shape']:>5} rows {row['rows']:>3} {row['product']:<12} {row['ms']:8.2f} ms  "
+                  f"{row['gmacs']:6.1f} GMAC/s ({row['int8_share']:.2f} of int8)  "
+                  f"{row['gbs']:5.1f} GB/s ({row['read_share']:.2f} of read)", flush=True)
+    steps = [int(n) for n in args.steps.split(",") if n]
+    if steps:
+        for row in served_steps(args.model, steps, roof, args.max_tokens):
+            report["steps"].append(row)
+            print(f"served decode step N={row['n']:>3}: {row['ms']:7.2f} ms  "
+                  f"({row['int8_share']:.2f} of int8, {row['read_share']:.2f} of read)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
