@@ -47,4 +47,7 @@ def test_the_roof_benchmark_prints_every_share(tmp_path):
     assert all(k["ms"] > 0 and k["int8_share"] > 0 and k["read_share"] > 0 for k in report["kernels"])
     [step] = report["steps"]
     assert step["n"] == 1 and step["ms"] > 0 and step["read_share"] > 0
-    assert "peaks: int8" in run.stdout and "served decode step N=  1" in run.stdout
+    assert "peaks (best of before and after): int8" in run.stdout
+    assert "served decode step N=  1" in run.stdout
+    assert report["peaks"]["int8_gmacs"] == max(report["peaks_before"]["int8_gmacs"],
+                                                report["peaks_after"]["int8_gmacs"])
