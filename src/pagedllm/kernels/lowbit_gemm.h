@@ -42,6 +42,13 @@ inline void prefetch_ahead(const uint8_t* block, int64_t block_bytes) {
   for (int64_t line = 0; line < block_bytes; line += 64) __builtin_prefetch(ahead + line, 0, 2);
 }
 
+#if defined(__AVX2__)
+// An accumulator as it stands, in a register: the compiler may not regroup the integer sums
+// across it. Without it GCC (-O3 -ffast-math) turned the AVX2 tiles' chains into trees of all
+// their products, every product stored to the stack first, at one row as at eight.
+inline void in_register(__m256i& v) { asm volatile("" : "+x"(v)); }
+#endif
+
 #if defined(__AVX512F__)
 // 16 float16 values (a tile's scales, as GGUF stores them) as float32.
 inline __m512 load_halves(const uint8_t* p) {

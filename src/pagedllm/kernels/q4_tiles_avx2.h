@@ -129,11 +129,6 @@ inline __m256i dot8(__m256i low, __m256i high, const int8_t* x) {
                           _mm256_maddubs_epi16(high, broadcast_quad8(x + 4)));
 }
 
-// An accumulator as it stands, in a register: the compiler may not regroup the integer sums
-// across it. Without it GCC (-O3 -ffast-math) turned each group's chains into trees of all
-// their products, every product stored to the stack first, at one row as at eight.
-inline void in_register(__m256i& v) { asm volatile("" : "+x"(v)); }
-
 // Halves of the tile (8 output rows each) taken in one pass over a group: both where the
 // rows are few (their int16 chains fit the 16 registers twice over), one half at a time
 // where they are many, so that R rows' chains stay in registers instead of spilling (the

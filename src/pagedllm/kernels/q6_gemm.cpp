@@ -163,6 +163,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
             const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast_quad8(x + r * ldx)),
                                                    _mm256_maddubs_epi16(hi, broadcast_quad8(x + r * ldx + 4)));
             acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
+            in_register(acc[r]);
           }
         }
         const __m256i scale = load_scales8(block + kScaleOffset + kTile * (2 * (g % kGroupsPerBlock) + s) + 8 * half);

@@ -78,6 +78,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
           std::memcpy(&quad, xq + r * ldx + g * kGroup + 4 * j, 4);
           const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(quad), w);
           acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), ones));
+          in_register(acc[r]);
         }
       }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kCodeBytes + 16 * h)));
