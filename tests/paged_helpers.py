@@ -8,6 +8,12 @@ import torch
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 
 
+def reference_logits(model, seq: list[int]) -> torch.Tensor:
+    """A transformers model's logits of every position of one sequence, [len, vocab]."""
+    with torch.no_grad():
+        return model(torch.tensor([seq])).logits[0]
+
+
 def make_kv_caches(config, num_blocks: int, block_size: int, dtype=torch.float32,
                    kv_cache_dtype: str = "auto", device: str = "cpu"):
     caches = allocate_layer_caches(config.num_layers, num_blocks, block_size, config.num_kv_heads,

@@ -11,7 +11,7 @@ import torch
 
 from conftest import ISA_LEVELS, isa_level
 from paged_helpers import (assert_greedy_equals_transformers, bfloat16_argmax_agreement,
-                           run_paged)
+                           run_paged, reference_logits)
 from pagedllm.models.build import build_model
 from pagedllm.weights import load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -27,11 +27,6 @@ def gemma2():
 @pytest.fixture(scope="module")
 def folder(gemma2, tmp_path_factory):
     return write_hf_folder(gemma2, tmp_path_factory.mktemp("gemma2"))
-
-
-def reference_logits(model, seq):
-    with torch.no_grad():
-        return model(torch.tensor([seq])).logits[0]
 
 
 def test_config(folder):

@@ -8,10 +8,10 @@ import json
 import os
 
 import pytest
-import torch
 
 from conftest import ISA_LEVELS, isa_level
-from paged_helpers import assert_greedy_equals_transformers, run_paged, transformers_greedy
+from paged_helpers import (assert_greedy_equals_transformers, reference_logits, run_paged,
+                           transformers_greedy)
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -28,11 +28,6 @@ def gemma3(request, tmp_path_factory):
             "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}}
     model = tiny_hf_model("gemma3_text", seed=10, **extra)
     return model, write_hf_folder(model, tmp_path_factory.mktemp("gemma3"))
-
-
-def reference_logits(model, seq):
-    with torch.no_grad():
-        return model(torch.tensor([seq])).logits[0]
 
 
 def test_config(gemma3):

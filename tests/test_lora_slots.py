@@ -7,6 +7,7 @@ from pagedllm.core.lora_slots import LoRASlotTable
 from pagedllm.core.request import FinishReason, Request, SamplingParams, SamplingParamsError
 from pagedllm.core.scheduler import Scheduler
 from test_scheduler import fake_step
+from test_scheduler import make as make_scheduler
 
 
 def test_a_resident_adapter_keeps_its_slot_and_is_not_loaded_again():
@@ -50,9 +51,7 @@ def test_an_unloaded_adapter_frees_its_slot_once_its_requests_end():
 
 
 def make(num_slots=1):
-    kv = KVCacheManager(64, 4, True)
-    return Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64,
-                                     max_model_len=10_000), kv, LoRASlotTable(num_slots))
+    return make_scheduler(64, 4, 64, 8, lora_slots=LoRASlotTable(num_slots))
 
 
 def req(rid, adapter=None, prompt=(1, 2, 3, 4, 5, 6, 7, 8, 9), max_tokens=3, scale=1.0):

@@ -10,7 +10,7 @@ import torch
 
 from conftest import ISA_LEVELS, isa_level
 from paged_helpers import (assert_greedy_equals_transformers, bfloat16_argmax_agreement,
-                           run_paged)
+                           run_paged, reference_logits)
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -29,11 +29,6 @@ def moe(request, tmp_path_factory):
     folder = write_hf_folder(model, tmp_path_factory.mktemp(arch))
     assert load_checkpoint(folder).config.norm_topk_prob == (request.param != "qwen3_moe-plain")
     return arch, model, folder
-
-
-def reference_logits(model, seq):
-    with torch.no_grad():
-        return model(torch.tensor([seq])).logits[0]
 
 
 def test_config_reads_the_experts(moe):

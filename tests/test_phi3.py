@@ -10,7 +10,7 @@ import torch
 
 from conftest import ISA_LEVELS, isa_level
 from paged_helpers import (assert_greedy_equals_transformers, bfloat16_argmax_agreement,
-                           run_paged)
+                           run_paged, reference_logits)
 from pagedllm.models.build import build_model
 from pagedllm.weights import ModelLoadError, load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -29,11 +29,6 @@ def sources(phi3, tmp_path_factory):
             "gguf": write_gguf(phi3, tmp_path_factory.mktemp("phi3g") / "phi3.gguf", arch="phi3"),
             "gguf-q4": write_gguf(phi3, tmp_path_factory.mktemp("phi3q") / "phi3.gguf", "Q4_0",
                                   arch="phi3")}
-
-
-def reference_logits(model, seq):
-    with torch.no_grad():
-        return model(torch.tensor([seq])).logits[0]
 
 
 @pytest.mark.parametrize("level", ISA_LEVELS)

@@ -9,12 +9,11 @@ from pagedllm.config import (DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_PREFILL_ALO
 from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.scheduler import Scheduler
 from test_scheduler import check_invariants, fake_step, req
+from test_scheduler import make as make_scheduler
 
 
 def make(budget=16, alone=40, num_blocks=64, max_seqs=8):
-    kv = KVCacheManager(num_blocks, 4, True)
-    return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                                     max_model_len=10_000, prefill_alone_tokens=alone), kv)
+    return make_scheduler(num_blocks, 4, budget, max_seqs, prefill_alone_tokens=alone)
 
 
 def new_tokens(out) -> dict[str, int]:

@@ -9,7 +9,7 @@ import torch
 
 from conftest import ISA_LEVELS, isa_level
 from paged_helpers import (assert_greedy_equals_transformers, bfloat16_argmax_agreement,
-                           run_paged)
+                           run_paged, reference_logits)
 from pagedllm.models.build import build_model
 from pagedllm.weights import load_checkpoint
 from tiny_models import tiny_hf_model, write_gguf, write_hf_folder
@@ -30,11 +30,6 @@ def qwen3_folder(qwen3, tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen3_gguf(qwen3, tmp_path_factory):
     return write_gguf(qwen3, tmp_path_factory.mktemp("qwen3_gguf") / "qwen3.gguf", arch="qwen3")
-
-
-def reference_logits(model, seq):
-    with torch.no_grad():
-        return model(torch.tensor([seq])).logits[0]
 
 
 @pytest.mark.parametrize("source", ["folder", "gguf"])

@@ -13,10 +13,14 @@ from pagedllm.core.step_records import RunnerOutput, SampledToken
 EOS = 0
 
 
-def make(num_blocks=64, block_size=4, budget=32, max_seqs=8, caching=True):
+def make(num_blocks=64, block_size=4, budget=32, max_seqs=8, caching=True, lora_slots=None,
+         **config):
+    """The scheduler the tests drive (the one builder: the other scheduler tests import it);
+    config: any other SchedulerConfig field (max_model_len 10,000 unless given)."""
     kv = KVCacheManager(num_blocks, block_size, caching)
-    return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                                     max_model_len=10_000), kv)
+    config.setdefault("max_model_len", 10_000)
+    return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, **config),
+                     kv, *([lora_slots] if lora_slots is not None else []))
 
 
 def req(rid, n_prompt, max_tokens=4, start=1):

@@ -5,12 +5,11 @@ twice, skips one or reads a token it does not have is caught, and every request 
 exactly the tokens that planning one step at a time gives it."""
 from hypothesis import given, settings, strategies as st
 
-from pagedllm.config import SchedulerConfig
-from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.output_processor import token_stop_reason
 from pagedllm.core.request import FinishReason, Request, RequestStatus, SamplingParams
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.step_records import PLACEHOLDER, RunnerOutput, SampledToken
+from test_scheduler import make as make_scheduler
 
 EOS = 0
 MAX_MODEL_LEN = 64
@@ -57,9 +56,7 @@ def apply(sched: Scheduler, plan, sampled: dict[str, int], finished: dict[str, l
 
 
 def make(num_blocks, budget, max_seqs=8):
-    return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                                     max_model_len=MAX_MODEL_LEN),
-                     KVCacheManager(num_blocks, 4, True))
+    return make_scheduler(num_blocks, 4, budget, max_seqs, max_model_len=MAX_MODEL_LEN)
 
 
 def run(workload, num_blocks, budget, ahead: bool, max_steps=2000):
