@@ -19,6 +19,20 @@ def test_lora_takes_names_bare_paths_and_comma_lists():
         engine_config(build_parser().parse_args(["serve", "--lora", "a=/x,a=/y"]))
 
 
+def test_a_name_without_its_path_is_told_to_write_name_equals_path(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="'sql' is no file or folder here: write "
+                                                         "NAME=PATH"):
+        lora_modules("sql")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--lora", "sql"])
+    assert "write NAME=PATH" in capsys.readouterr().err
+    (tmp_path / "sql").mkdir()  # a bare word that does name a folder here is that path
+    monkeypatch.chdir(tmp_path)
+    assert lora_modules("sql") == ["sql=sql"]
+
+
 @pytest.mark.parametrize("extra", [["--models-dir", "/nowhere"], ["--replicas", "2"]])
 def test_serve_refuses_lora_where_it_cannot_serve_it(extra, capsys):
     from pagedllm.cli.main import main

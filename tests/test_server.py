@@ -35,6 +35,22 @@ def test_models(client):
     assert card["context_length"] == card["max_model_len"] > 0 and card["dtype"]
 
 
+def test_retrieving_one_model_by_id(client, server):
+    """The openai SDK's models.retrieve (GET /v1/models/{id}): the list's entry; an unknown
+    id is a 404 in OpenAI's error shape, model_not_found."""
+    model = client.models.retrieve(MODEL)
+    listed = client.models.list().data[0]
+    assert model.id == MODEL and model.object == "model"
+    assert model.model_dump() == listed.model_dump()
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("no-such-model")
+    assert caught.value.body["code"] == "model_not_found" and caught.value.body["param"] == "model"
+    # a name with a slash reaches the route too (as served names of folders have), and the
+    # route without /v1 answers as /models does
+    assert httpx.get(server.url + "/v1/models/org/no-such-model").status_code == 404
+    assert httpx.get(server.url + f"/models/{MODEL}").json()["id"] == MODEL
+
+
 def test_completion(client):
     out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
                                     temperature=0)

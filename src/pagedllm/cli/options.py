@@ -66,6 +66,10 @@ def lora_modules(text: str) -> list[str]:
     entries = []
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, _, path = entry.rpartition("=") if "=" in entry else ("", "", entry)
+        if "=" not in entry and "/" not in entry and not os.path.exists(path):
+            # a word alone, naming nothing here, is a NAME whose =PATH was forgotten
+            raise argparse.ArgumentTypeError(f"{entry!r} is no file or folder here: write "
+                                             f"NAME=PATH (a PEFT folder or a GGUF LoRA file)")
         if not name:
             name = os.path.splitext(os.path.basename(path.rstrip("/")))[0]
         if not name or not path:

@@ -1,4 +1,4 @@
-"""The OpenAI-style routes: /v1/models, /v1/completions, /v1/chat/completions (generation.py
+"""The OpenAI-style routes: /v1/models (and one model by id), /v1/completions, /v1/chat/completions (generation.py
 parses and shapes them; the pipeline runs them), and vLLM's /tokenize and /detokenize. Each
 /v1 route also answers without the prefix (a client whose base_url lacks /v1), unpublished
 in the schema."""
@@ -23,14 +23,17 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
     async def models():
-        embedder = state.embeddings
-        embedding = [{"id": embedder.name, "object": "model", "created": state.created,
-                      "owned_by": "pagedllm", "max_model_len": embedder.model.max_tokens,
-                      "kind": "embedding", "dimensions": embedder.model.dimensions}] if embedder else []
-        cards = await asyncio.to_thread(_model_cards, state)
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
-             **card} for name, card in cards.items()] + adapter_cards(state) + embedding}
+        return {"object": "list", "data": await _model_entries(state)}
+
+    # OpenAI's "retrieve model" (the openai SDK's models.retrieve): the one entry of the list.
+    # `:path`, since a served name may hold a slash (HuggingFaceTB/SmolLM2-135M-Instruct).
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}", include_in_schema=False)
+    async def model(model_id: str):
+        for entry in await _model_entries(state):
+            if entry["id"] == model_id:
+                return entry
+        raise APIError(404, f"The model `{model_id}` does not exist", "model", "model_not_found")
 
     @app.post("/v1/completions")
     @app.post("/completions", include_in_schema=False)
@@ -57,6 +60,18 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                                "tokens", "invalid_value")
             return {"prompt": served.client.tokenizer.decode(body.tokens,
                                                              skip_special_tokens=False)}
+
+
+async def _model_entries(state: ServerState) -> list[dict]:
+    """Every model /v1/models lists: the served ones (with their cards), the adapters, the
+    embedding model."""
+    embedder = state.embeddings
+    embedding = [{"id": embedder.name, "object": "model", "created": state.created,
+                  "owned_by": "pagedllm", "max_model_len": embedder.model.max_tokens,
+                  "kind": "embedding", "dimensions": embedder.model.dimensions}] if embedder else []
+    cards = await asyncio.to_thread(_model_cards, state)
+    return [{"id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
+             **card} for name, card in cards.items()] + adapter_cards(state) + embedding
 
 
 def _tokenize(state: ServerState, body: TokenizeRequest) -> dict:
