@@ -12,6 +12,7 @@ special case.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,10 @@ from pagedllm.errors import AdapterError
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
                "gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
 PART_TO_FUSED = {part: fused for fused, parts in FUSED_PARTS.items() for part in parts}
+# The largest |alpha / rank| (or alpha / sqrt(rank), rsLoRA) an adapter may scale its product
+# by: trained adapters use 0.1-32; a scale near float32's range (lora_alpha 1e38) turned
+# every output into infinities and the answers empty.
+MAX_SCALE = 1000.0
 # Where each fused projection sits in a decoder layer.
 MODULE_OWNER = {"qkv_proj": "self_attn", "o_proj": "self_attn", "gate_up_proj": "mlp",
                 "down_proj": "mlp"}
@@ -78,6 +83,15 @@ class LoRAAdapter:
         return sum(w.num_bytes for w in self.modules.values())
 
 
+def lora_rank(name: str, where: str, a: torch.Tensor) -> int:
+    """The rank of a part's A [rank, fan_in]: its scale divides by it, so a rank of 0 (or an
+    A that is not a matrix) is refused here, before any scale is computed."""
+    if a.dim() != 2 or a.shape[0] == 0:
+        raise AdapterError(f"adapter {name}: {where} has A {tuple(a.shape)}: a LoRA A is a "
+                           f"[rank, inputs] matrix of rank 1 or more")
+    return a.shape[0]
+
+
 def build_adapter(name: str, path: str, source: str, alpha: float,
                   parts: dict[tuple[int, str], PartWeights], config: ModelConfig,
                   max_rank: int | None) -> LoRAAdapter:
@@ -99,7 +113,13 @@ def build_adapter(name: str, path: str, source: str, alpha: float,
             raise AdapterError(f"adapter {name} has weights for layer {layer}; the base model "
                                f"has {config.num_layers} layers: it was made for another model")
         fan_in, fan_out = shapes[part]
-        r = w.a.shape[0]
+        if not (w.a.is_floating_point() and w.b.is_floating_point()):
+            raise AdapterError(f"adapter {name}: {where} holds {w.a.dtype} / {w.b.dtype} "
+                               f"weights; LoRA weights are floating point")
+        if not math.isfinite(w.scale) or abs(w.scale) > MAX_SCALE:
+            raise AdapterError(f"adapter {name}: {where}'s scale (alpha / rank) is {w.scale!r}; "
+                               f"pagedllm serves scales of at most {MAX_SCALE:g} in magnitude")
+        r = lora_rank(name, where, w.a)
         if w.a.dim() != 2 or w.b.dim() != 2 or w.b.shape[1] != r:
             raise AdapterError(f"adapter {name}: {where} has A {tuple(w.a.shape)} and B "
                                f"{tuple(w.b.shape)}, which do not make a LoRA pair")

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from pagedllm.config import ModelConfig
-from pagedllm.lora.adapter import PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter
+from pagedllm.lora.adapter import (PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter,
+                                   lora_rank)
 from pagedllm.weights.gguf import _permuted_heads, canonical_name
 from pagedllm.weights.gguf_file import GGUFFile, GGUFFormatError
 from pagedllm.weights.permute import unpermute_rows
@@ -70,7 +71,7 @@ def read_gguf_adapter(name: str, path: str, config: ModelConfig,
         if set(pair) != {"lora_a", "lora_b"}:
             raise AdapterError(f"adapter {name}: layer {layer} {part} has "
                                f"{' and '.join(pair)} but not its other half")
-        rank = pair["lora_a"].shape[0]
+        rank = lora_rank(name, f"layer {layer} {part}", pair["lora_a"])
         parts[(layer, part)] = PartWeights(pair["lora_a"], pair["lora_b"],
                                            alpha / rank if alpha else 1.0)
     return build_adapter(name, path, "gguf", alpha, parts, config, max_rank)

@@ -11,10 +11,18 @@ import math
 import os
 import re
 
+import regex
+
 from pagedllm.config import ModelConfig
-from pagedllm.lora.adapter import PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter
+from pagedllm.lora.adapter import (PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter,
+                                   lora_rank)
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+# How long one alpha_pattern or rank_pattern key may take to match one module name. PEFT's
+# keys are regexes from a file anyone can hand the server; Python's `re` can backtrack for
+# ever on some (`(.*.*)*X`) while holding the GIL, which froze the whole server. The `regex`
+# module matches with a time limit and lets other threads run meanwhile.
+PATTERN_SECONDS = 0.05
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
@@ -47,14 +55,13 @@ def read_peft_folder(name: str, path: str, config: ModelConfig,
         if set(pair) != {"A", "B"}:
             raise AdapterError(f"adapter {name}: layer {layer} {part} has lora_{''.join(pair)} "
                                f"but not its other half")
-        rank = pair["A"].shape[0]
+        rank = lora_rank(name, f"layer {layer} {part}", pair["A"])
         module = f"model.layers.{layer}.{'self_attn' if part in ('q_proj', 'k_proj', 'v_proj', 'o_proj') else 'mlp'}.{part}"
-        alpha = float(_pattern_value(settings.get("alpha_pattern") or {}, module,
-                                     settings.get("lora_alpha", 8)))
+        alpha = _pattern_value(name, "alpha_pattern", settings.get("alpha_pattern") or {},
+                               module, settings["lora_alpha"])
         scale = alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
         parts[(layer, part)] = PartWeights(pair["A"], pair["B"], scale)
-    return build_adapter(name, path, "peft", float(settings.get("lora_alpha", 8)), parts, config,
-                         max_rank)
+    return build_adapter(name, path, "peft", settings["lora_alpha"], parts, config, max_rank)
 
 
 def _read_config(name: str, path: str) -> dict:
@@ -81,14 +88,44 @@ def _read_config(name: str, path: str) -> dict:
     if settings.get("bias", "none") != "none":
         raise AdapterError(f"adapter {name}: {CONFIG_FILE} sets bias={settings['bias']!r}: it "
                            f"trains biases, which pagedllm does not apply")
+    settings["lora_alpha"] = _number(name, "lora_alpha", settings.get("lora_alpha", 8))
+    for field in ("alpha_pattern", "rank_pattern"):
+        patterns = settings.get(field) or {}
+        if not isinstance(patterns, dict):
+            raise AdapterError(f"adapter {name}: {CONFIG_FILE}'s {field} is a "
+                               f"{type(patterns).__name__}, not an object of pattern: value")
+        for pattern, value in patterns.items():
+            _number(name, f"{field}[{pattern!r}]", value)
+            try:
+                regex.compile(pattern)
+            except regex.error as exc:
+                raise AdapterError(f"adapter {name}: {CONFIG_FILE}'s {field} key {pattern!r} "
+                                   f"is not a regular expression: {exc}") from exc
     return settings
 
 
-def _pattern_value(patterns: dict, module: str, default):
-    """PEFT's rule: the first pattern that matches the module name's end wins."""
+def _number(name: str, field: str, value) -> float:
+    """A config field that must be a finite number (JSON's true/false are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AdapterError(f"adapter {name}: {CONFIG_FILE}'s {field} is {value!r}, not a number")
+    if not math.isfinite(value):
+        raise AdapterError(f"adapter {name}: {CONFIG_FILE}'s {field} is {value!r}, not a finite "
+                           f"number")
+    return float(value)
+
+
+def _pattern_value(name: str, field: str, patterns: dict, module: str, default: float) -> float:
+    """PEFT's rule: the first pattern that matches the module name's end wins. A pattern
+    that takes longer than PATTERN_SECONDS refuses the adapter."""
     for pattern, value in patterns.items():
-        if re.match(rf"(.*\.)?({pattern})$", module):
-            return value
+        try:
+            if regex.match(rf"(.*\.)?({pattern})$", module, timeout=PATTERN_SECONDS,
+                           concurrent=True):
+                return float(value)
+        except TimeoutError as exc:
+            raise AdapterError(f"adapter {name}: {CONFIG_FILE}'s {field} key {pattern!r} took "
+                               f"over {PATTERN_SECONDS} s to match {module!r}; write it as a "
+                               f"module name or a simple pattern") from exc
     return default
 
 
