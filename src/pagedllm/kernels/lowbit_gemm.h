@@ -207,6 +207,26 @@ struct Int16Rows {
   std::unique_ptr<float[]> sum;    // [M, K / 32]: scale * sum(xi), for the m term
 };
 
+// A group's multiplier from the bits of its largest |x| (top): the power of two 2^(140 - e),
+// e its biased exponent, that maps it to [2^13, 2^14), and the group's scale, its inverse
+// (exact: a power of two). Below 2^-113 the multiplier stays at 2^127 (float32's largest
+// power of two). False where the group holds a NaN or an infinity: its codes are then 0 and
+// its scale and sum NaN, so its row's outputs read NaN.
+inline bool split_multiplier(uint32_t top, int8_t* high, int8_t* low, float& scale, float& sum,
+                             float& up) {
+  if (top >= 0x7F800000u) {
+    std::memset(high, 0, kGroup);
+    std::memset(low, 0, kGroup);
+    scale = sum = std::numeric_limits<float>::quiet_NaN();
+    return false;
+  }
+  const int32_t e = static_cast<int32_t>(top >> 23);
+  const uint32_t up_bits = static_cast<uint32_t>(std::min<int32_t>(267 - e, 254)) << 23;
+  std::memcpy(&up, &up_bits, 4);
+  scale = 1.0f / up;
+  return true;
+}
+
 #if defined(__AVX512BW__)
 inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& scale, float& sum) {
   const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
@@ -215,19 +235,8 @@ inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& sca
   const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
   const uint32_t top = _mm512_reduce_max_epu32(
       _mm512_max_epu32(_mm512_and_si512(a, magnitude), _mm512_and_si512(b, magnitude)));
-  if (top >= 0x7F800000u) {
-    std::memset(high, 0, kGroup);
-    std::memset(low, 0, kGroup);
-    scale = sum = std::numeric_limits<float>::quiet_NaN();
-    return;
-  }
-  // e: the biased exponent of the largest |x|; the multiplier 2^(140 - e), the scale its
-  // inverse. Below 2^-113 the multiplier stays at 2^127 (float32's largest power of two).
-  const int32_t e = static_cast<int32_t>(top >> 23);
-  const uint32_t up_bits = static_cast<uint32_t>(std::min<int32_t>(267 - e, 254)) << 23;
   float up;
-  std::memcpy(&up, &up_bits, 4);
-  scale = 1.0f / up;  // exact: a power of two
+  if (!split_multiplier(top, high, low, scale, sum, up)) return;
   const __m512i ia = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(up)));
   const __m512i ib = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(b), _mm512_set1_ps(up)));
   // |xi| < 2^14: hi = round(xi / 256) in -64..64, lo = xi - 256 hi in -128..127.
@@ -248,17 +257,8 @@ inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& sca
 inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& scale, float& sum) {
   __m256i x[4], xi[4], hi[4], lo[4];
   const uint32_t top = load_group(v, x);
-  if (top >= 0x7F800000u) {
-    std::memset(high, 0, kGroup);
-    std::memset(low, 0, kGroup);
-    scale = sum = std::numeric_limits<float>::quiet_NaN();
-    return;
-  }
-  const int32_t e = static_cast<int32_t>(top >> 23);
-  const uint32_t up_bits = static_cast<uint32_t>(std::min<int32_t>(267 - e, 254)) << 23;
   float up;
-  std::memcpy(&up, &up_bits, 4);
-  scale = 1.0f / up;
+  if (!split_multiplier(top, high, low, scale, sum, up)) return;
   const __m256 upv = _mm256_set1_ps(up);
   const __m256i half = _mm256_set1_epi32(128);
   for (int i = 0; i < 4; ++i) {
@@ -283,17 +283,8 @@ inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& sca
     std::memcpy(&values[e], &bits, 4);
     top = std::max(top, bits & 0x7FFFFFFFu);
   }
-  if (top >= 0x7F800000u) {
-    std::memset(high, 0, kGroup);
-    std::memset(low, 0, kGroup);
-    scale = sum = std::numeric_limits<float>::quiet_NaN();
-    return;
-  }
-  const int32_t e = static_cast<int32_t>(top >> 23);
-  const uint32_t up_bits = static_cast<uint32_t>(std::min<int32_t>(267 - e, 254)) << 23;
   float up;
-  std::memcpy(&up, &up_bits, 4);
-  scale = 1.0f / up;
+  if (!split_multiplier(top, high, low, scale, sum, up)) return;
   int32_t total = 0;
   for (int64_t i = 0; i < kGroup; ++i) {
     const int32_t xi = static_cast<int32_t>(std::nearbyint(values[i] * up));
