@@ -192,6 +192,8 @@ inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes
 }
 #endif
 
+#if defined(__AVX512BW__) || defined(__AVX2__)
+// The int16 split, in the builds with an int16 tile (q4_tiles_avx512.h, q4_tiles_avx2.h).
 // Activation rows as 16-bit integers per group of 32, held as two int8 halves so that the
 // int8 tiles' integer dot products take them: x = scale * xi, xi = 256 * hi + lo, hi and lo
 // in -128..127 (q4_i16_gemm). The scale is a power of two that maps the group's largest
@@ -270,32 +272,6 @@ inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& sca
   store_codes<true>(lo, low);
   sum = scale * static_cast<float>(sum_int32(xi));
 }
-#else
-// The same split in plain C++ (the portable build has no int16 tile; kept so that every
-// build defines split_rows): the multiplier is a power of two and nearbyint rounds half to
-// even, as the vector conversion does, so every code and sum equals the vector version's.
-inline void split_group(const uint16_t* v, int8_t* high, int8_t* low, float& scale, float& sum) {
-  static constexpr int kPosition[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // quantize_group's order
-  float values[kGroup];
-  uint32_t top = 0;
-  for (int64_t e = 0; e < kGroup; ++e) {
-    const uint32_t bits = static_cast<uint32_t>(v[e]) << 16;
-    std::memcpy(&values[e], &bits, 4);
-    top = std::max(top, bits & 0x7FFFFFFFu);
-  }
-  float up;
-  if (!split_multiplier(top, high, low, scale, sum, up)) return;
-  int32_t total = 0;
-  for (int64_t i = 0; i < kGroup; ++i) {
-    const int32_t xi = static_cast<int32_t>(std::nearbyint(values[i] * up));
-    const int32_t hi = (xi + 128) >> 8;  // arithmetic shift: floor, as srai
-    const int64_t at = (i & ~int64_t{7}) + kPosition[i & 7];
-    high[at] = static_cast<int8_t>(hi);
-    low[at] = static_cast<int8_t>(xi - 256 * hi);
-    total += xi;
-  }
-  sum = scale * static_cast<float>(total);
-}
 #endif
 
 // x [rows, k] bfloat16, k a multiple of 32. A decode step's few rows stay on one thread (the
@@ -311,6 +287,7 @@ inline Int16Rows split_rows(const bf16* x, int64_t rows, int64_t k) {
   });
   return q;
 }
+#endif  // the int16 split
 
 // x [rows, k] bfloat16, k a multiple of 32.
 template <bool kInterleaved>
