@@ -67,7 +67,7 @@ def moe_layer_launches(experts: int, top_k: int, layer_ops: str) -> dict:
     from pagedllm.backends.launch_count import count_launches
     from pagedllm.backends.torch_layer_ops import TorchLayerOps
     from pagedllm.backends.triton_layer_ops import TritonLayerOps
-    from pagedllm.config import ModelConfig
+    from pagedllm.model_config import ModelConfig
     from pagedllm.models.moe import MoE
 
     config = ModelConfig(architecture="qwen3_moe", vocab_size=10, hidden_size=64,

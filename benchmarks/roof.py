@@ -106,7 +106,7 @@ def served_steps(model: str, steps: list[int], max_tokens: int = 48) -> list[dic
     import host_overhead
     from pagedllm.cli.options import engine_config
     from pagedllm.cli.serve import add_serve_args
-    from pagedllm.config import num_parameters
+    from pagedllm.model_config import num_parameters
     from pagedllm.core.request import SamplingParams
     from pagedllm.engine.engine import LLMEngine
 

@@ -1,23 +1,47 @@
-"""Shared by the benchmarks here: the --threads option, milliseconds per call of a function."""
+"""Shared by the benchmarks here: the --threads and --smoke options, milliseconds per call of
+a function.
+
+--smoke: every script runs its whole path once at tiny sizes (a few steps, one repeat), so
+the suite can run it and parse what it prints (tests/test_benchmark_scripts.py); its
+figures then mean nothing."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
 
 
+# Set by parse_args (or a script's own --smoke) before any size is chosen.
+SMOKE = "--smoke" in sys.argv
+
+
+def add_smoke(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, one repeat: checks that the script runs (the suite's "
+                             "smoke test); the figures mean nothing")
+
+
 def parse_args(parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
-    """The script's arguments plus --threads (default 2, this machine's cores), applied to torch."""
+    """The script's arguments plus --threads (default 2, this machine's cores), applied to
+    torch, and --smoke."""
     parser = parser or argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
+    add_smoke(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     return args
 
 
+def smoke_or(full, small):
+    """`small` in a smoke run, else `full`."""
+    return small if SMOKE else full
+
+
 def ms_per_call(fn, repeat: int = 20) -> float:
     """One warm-up call (first-touch allocations, lazy init), then the mean of `repeat`."""
+    repeat = 1 if SMOKE else repeat
     fn()
     start = time.perf_counter()
     for _ in range(repeat):

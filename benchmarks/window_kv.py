@@ -19,7 +19,7 @@ import tempfile
 
 import torch
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.core import sizing
 from timing import parse_args
 

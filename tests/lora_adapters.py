@@ -106,3 +106,23 @@ def write_gguf_adapter(peft_folder: str, path: str, num_heads: int, num_kv_heads
     writer.write_tensors_to_file()
     writer.close()
     return str(path)
+
+
+# One hand-made PEFT pair (no training): over the tiny model's first layer's q_proj.
+PEFT_Q_PREFIX = "base_model.model.model.layers.0.self_attn.q_proj."
+
+
+def write_adapter(folder, settings: dict, a=None, b=None) -> str:
+    """A PEFT folder with one q_proj pair (rank 2 unless a and b say otherwise)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, **settings}))
+    a = torch.full((2, 64), 0.01) if a is None else a
+    b = torch.full((64, 2), 0.01) if b is None else b
+    save_file({PEFT_Q_PREFIX + "lora_A.weight": a, PEFT_Q_PREFIX + "lora_B.weight": b},
+              str(folder / "adapter_model.safetensors"))
+    return str(folder)

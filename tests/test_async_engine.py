@@ -65,16 +65,11 @@ def test_queue_position_then_abort_all(engine):
 def test_snapshots_between_steps_and_a_cancelled_asker_breaks_nothing(engine):
     """A snapshot is answered on the loop thread; one whose asker went away (a closed page
     cancels its wait) is skipped, and the loop goes on serving."""
-    import concurrent.futures
-
-    from pagedllm.engine.async_engine import TakeSnapshot
-
     async def main():
         async_engine = AsyncEngine(engine)
         try:
-            abandoned: concurrent.futures.Future = concurrent.futures.Future()
+            abandoned = async_engine.ask_snapshot()
             abandoned.cancel()
-            async_engine._post(TakeSnapshot(abandoned))
             request = engine.make_request(None, [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
             stream = async_engine.submit(request)
             snapshot = await async_engine.snapshot()

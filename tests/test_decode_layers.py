@@ -144,7 +144,8 @@ def test_small_models_keep_exact_activations_unless_asked(fast_model):
 
     from pagedllm import LLM
     from pagedllm.cli import build_parser, engine_config
-    from pagedllm.config import EngineConfig, exact_activations_for, num_parameters
+    from pagedllm.config import EngineConfig, exact_activations_for
+    from pagedllm.model_config import num_parameters
 
     small = LLM(dtype="bfloat16", kv_cache_memory=16 << 20).engine
     assert num_parameters(small.model_config) == 134_479_872  # SmolLM2-135M, as published

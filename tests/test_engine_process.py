@@ -1,4 +1,4 @@
-"""The engine in a process of its own (serving/process_client.py, engine/core_process.py), on a
+"""The engine in a process of its own (serving/process_client.py, serving/core_process.py), on a
 tiny model, without HTTP: its outputs are exactly the in-process engine's (the front end
 detokenizes and finds stop strings from the engine's token ids), aborts free the engine's
 blocks, and a killed engine process fails its requests with an error and is restarted."""

@@ -2,7 +2,7 @@
 import pytest
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.core.request import OutputCaps, PromptTooLongError
+from pagedllm.core.output_budget import OutputCaps, PromptTooLongError
 from pagedllm.tools.text_prompts import make_prompt_token_ids
 
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)

@@ -133,15 +133,15 @@ def test_a_store_model_on_a_gpu_leaves_room_for_the_next(tmp_path, monkeypatch):
     that --gpu-memory-utilization leaves; sharing the card (a store's model), 4 full-context
     requests' worth, so a second model loads beside it."""
     from pagedllm.config import EngineConfig
-    from pagedllm.engine.factory import _size_kv
+    from pagedllm.engine.kv_sizing import size_kv
 
     gib = 1 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (70 * gib, 80 * gib))
     config = load_checkpoint(write_hf_folder(tiny_hf_model("llama"), tmp_path)).config
     full = sizing.kv_bytes_per_request(config, 4, "auto", config.max_position_embeddings, 16)
-    alone, _, _, _ = _size_kv(EngineConfig(model="m"), config, torch.float32, "cuda")
-    shared, cache, _, _ = _size_kv(EngineConfig(model="m", shares_device=True), config,
-                                   torch.float32, "cuda")
+    alone, _, _, _ = size_kv(EngineConfig(model="m"), config, torch.float32, "cuda")
+    shared, cache, _, _ = size_kv(EngineConfig(model="m", shares_device=True), config,
+                                  torch.float32, "cuda")
     assert alone == 62 * gib
     assert shared == sizing.default_kv_memory(62 * gib, full) < alone
     assert cache.num_blocks * 16 >= 4 * config.max_position_embeddings

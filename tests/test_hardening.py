@@ -497,6 +497,6 @@ def test_health_is_503_while_the_engine_is_unusable(real_llm):
     app = create_app(engine_client, "smollm2")
     with TestClient(app) as client:
         assert client.get("/health").status_code == 200
-        engine_client.loop.dead = "3 engine steps failed in a row: boom"
+        engine_client.loop.core.dead = "3 engine steps failed in a row: boom"
         r = client.get("/health")
         assert r.status_code == 503 and "boom" in r.json()["error"]["message"]

@@ -4,7 +4,7 @@ while a sequence grows; freed entries point at the null block; a prefix hit need
 blocks its first query reads; the sizing gives the full layers the memory this saves."""
 import pytest
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.core import sizing
 from pagedllm.core.kv_cache import KVCacheManager, WindowBlocks
 from pagedllm.core.request import Request, SamplingParams

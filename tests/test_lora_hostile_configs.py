@@ -2,34 +2,20 @@
 ever, non-finite or huge alphas, config fields of the wrong type, integer or rank-0 weights.
 Each is refused with one line naming what is wrong (never a traceback, a 500 or a frozen
 server); a sane one still loads. Hand-made PEFT folders over the tiny model (no training)."""
-import json
-
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from pagedllm.errors import AdapterError
 from pagedllm.lora import load_adapter
 from pagedllm.lora import peft_folder
 from pagedllm.weights import load_checkpoint
 
-PREFIX = "base_model.model.model.layers.0.self_attn.q_proj."
+from lora_adapters import write_adapter
 
 
 @pytest.fixture(scope="module")
 def config(tiny_llama_folder):
     return load_checkpoint(tiny_llama_folder).config
-
-
-def write_adapter(folder, settings: dict, a=None, b=None) -> str:
-    """A PEFT folder with one q_proj pair (rank 2 unless a and b say otherwise)."""
-    folder.mkdir(exist_ok=True)
-    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, **settings}))
-    a = torch.full((2, 64), 0.01) if a is None else a
-    b = torch.full((64, 2), 0.01) if b is None else b
-    save_file({PREFIX + "lora_A.weight": a, PREFIX + "lora_B.weight": b},
-              str(folder / "adapter_model.safetensors"))
-    return str(folder)
 
 
 def test_a_sane_adapter_with_patterns_loads_with_their_alphas(config, tmp_path):

@@ -3,7 +3,7 @@ import pytest
 
 from pagedllm.config import LoRAConfig, SchedulerConfig
 from pagedllm.core.kv_cache import KVCacheManager
-from pagedllm.core.lora_slots import LoRASlotTable
+from pagedllm.core.lora_slot_table import LoRASlotTable
 from pagedllm.core.request import FinishReason, Request, SamplingParams, SamplingParamsError
 from pagedllm.core.scheduler import Scheduler
 from test_scheduler import fake_step

@@ -2,8 +2,8 @@
 import pytest
 
 from pagedllm.core.output_processor import token_stop_reason
-from pagedllm.core.request import (FinishReason, OutputCaps, PromptTooLongError, Request,
-                                   SamplingParams, SamplingParamsError, resolve_max_tokens)
+from pagedllm.core.request import FinishReason, Request, SamplingParams, SamplingParamsError
+from pagedllm.core.output_budget import OutputCaps, PromptTooLongError, resolve_max_tokens
 from pagedllm.errors import FieldError
 
 

@@ -30,7 +30,7 @@ def test_running_requests_reserve_their_max_tokens():
 
 
 def test_a_request_without_max_tokens_gets_what_is_left():
-    from pagedllm.core.request import OutputCaps, resolve_max_tokens
+    from pagedllm.core.output_budget import OutputCaps, resolve_max_tokens
 
     limiter = TokenRateLimiter(Clock())
     limiter.reserve("k", 100, 20, 50)

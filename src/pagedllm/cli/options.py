@@ -97,6 +97,18 @@ def add_lora_args(group) -> None:
 
 def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and engine") -> None:
     group = parser.add_argument_group(title)
+    _add_model_args(group)
+    _add_batch_args(group)
+    _add_speculative_args(group)
+    _add_device_args(group)
+    group.add_argument("--threads", type=positive_int, default=None,
+                       help="compute threads (default: every core; on a machine shared with "
+                            "other work give fewer)")
+    add_lora_args(group)
+
+
+def _add_model_args(group) -> None:
+    """The model and the precision it runs in."""
     group.add_argument("--model", default=None,
                        help="GGUF file or Hugging Face folder (default: the bundled SmolLM2-135M-Instruct)")
     group.add_argument("--dtype", default=DEFAULT_DTYPE, choices=MODEL_DTYPES,
@@ -113,6 +125,10 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
     group.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                        help="auto: K/V in the model's dtype; int8: codes with a scale per row, "
                             "~half the memory and decode-attention reads (BENCHMARKS.md)")
+
+
+def _add_batch_args(group) -> None:
+    """The KV cache and the batch: how many requests, how long, how many tokens a step."""
     group.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
                        help="tokens per KV-cache block")
     group.add_argument("--max-num-seqs", default="auto",
@@ -135,6 +151,9 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
     group.add_argument("--max-memory", type=size, default=None,
                        help="resident size past which new requests wait, running ones go on "
                             "(default: wait while the machine has under 10%% of its memory free)")
+
+
+def _add_speculative_args(group) -> None:
     group.add_argument("--speculative", default="off", choices=SPECULATIVE_METHODS,
                        help="ngram: propose tokens copied from the prompt and answer so far; "
                             "draft: proposed by --draft-model; either way several tokens are "
@@ -146,6 +165,10 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
     group.add_argument("--draft-model", default=None,
                        help="with --speculative draft: a smaller GGUF file or Hugging Face folder "
                             "of the same tokenizer that proposes the tokens (default: none)")
+
+
+def _add_device_args(group) -> None:
+    """Where the model runs, and what only a GPU does."""
     group.add_argument("--device", default="auto", choices=DEVICES,
                        help="where the model runs: cpu (the C++ kernels), cuda (the GPU: "
                             "weights dense in --dtype; refused, with why, where no GPU is "
@@ -176,10 +199,6 @@ def add_engine_args(parser: argparse.ArgumentParser, title: str = "model and eng
                             "GPU, off on a CPU, where it gains nothing")
     group.add_argument("--async-scheduling", dest="overlap_steps", action="store_true",
                        default=None, help="--overlap-steps (vLLM's option; default: on a GPU, off on a CPU)")
-    group.add_argument("--threads", type=positive_int, default=None,
-                       help="compute threads (default: every core; on a machine shared with "
-                            "other work give fewer)")
-    add_lora_args(group)
 
 
 def engine_config(args) -> EngineConfig:

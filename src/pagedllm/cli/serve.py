@@ -171,77 +171,28 @@ def _names(text: str | None) -> tuple[str, ...]:
     return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
-def cmd_serve(args) -> int:
-    from pagedllm.server.auth import KeyFileError, parse_key_file, permission_warning
-    from pagedllm.errors import ModelLoadError
-    from pagedllm.server.loading import LoadingServer
-    from pagedllm.server.runner import check_binding, port_in_use, serve
+class SetupError(Exception):
+    """A setup refused before anything loads: said as `error: ...`, exit status 2."""
 
-    # Refuse a bad setup before spending time loading the model.
-    refusal = check_binding(args.host, args.api_key_file, args.insecure_no_auth)
-    if refusal:
-        print(f"error: {refusal}", file=sys.stderr)
-        return 2
-    if args.api_key_file:
-        try:
-            parse_key_file(args.api_key_file)
-        except KeyFileError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        warning = permission_warning(args.api_key_file)
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
-        print("error: --ssl-certfile and --ssl-keyfile go together", file=sys.stderr)
-        return 2
-    busy = port_in_use(args.host, args.port)
-    if busy:
-        print(f"error: {busy}", file=sys.stderr)
-        return 2
-    config = dataclasses.replace(server_config(args), start_command=start_command())
-    try:
-        engine_settings = engine_config(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if engine_settings.device == "cuda":  # refused before anything loads, with why
-        from pagedllm.backends import DeviceError, check_device
-        try:
-            check_device(engine_settings.device)
-        except DeviceError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    if args.model is not None and not os.path.exists(args.model):
-        print(f"error: no model at {args.model}: no such file or folder; {MODEL_HINT}",
-              file=sys.stderr)
-        return 2
+
+def cmd_serve(args) -> int:
     from pagedllm.cli.embedding_model import EmbeddingModelError, load_embeddings
     from pagedllm.cli.engine_loading import load_with_progress
-    from pagedllm.errors import AdapterError
-    from pagedllm.cli.serve_store import store_table
+    from pagedllm.cli.serve_store import serve_store, store_table
+    from pagedllm.errors import AdapterError, ModelLoadError
+    from pagedllm.server.loading import LoadingServer
+    from pagedllm.server.runner import serve
 
-    if args.engine_process and (args.models_dir is not None or store_table(args)
-                                or args.replicas is not None):
-        print("error: --engine-process serves one model; a model store (--models-dir, "
-              "[models]) and --replicas run their engines their own way (threads of this "
-              "process, Ray's processes): leave it out", file=sys.stderr)
+    try:  # refuse a bad setup before spending time loading the model
+        _check_server_setup(args)
+        engine_settings = _check_engine_setup(args)
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    if engine_settings.lora.active and (args.models_dir is not None or store_table(args)
-                                        or args.replicas is not None):
-        print("error: --lora and --enable-lora name adapters of one served model; in a model "
-              "store (--models-dir, [models]) a model's adapters sit in NAME.loras/ beside it "
-              "(or its [models] entry's loras), and --replicas does not serve them yet",
-              file=sys.stderr)
-        return 2
+    config = dataclasses.replace(server_config(args), start_command=start_command())
     if args.models_dir is not None or store_table(args):
-        from pagedllm.cli.serve_store import serve_store
-
         return serve_store(args, engine_settings, config)
     if args.replicas is not None:
-        if args.embedding_model:
-            print("error: --embedding-model is not served with --replicas yet; run it on a "
-                  "server of its own", file=sys.stderr)
-            return 2
         return _serve_replicas(args, engine_settings, config)
     # `pagedllm keys` may signal a reload while the model loads: SIGHUP's default would end
     # the process, and the key file is read once loading ends anyway.
@@ -258,6 +209,62 @@ def cmd_serve(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return serve(client, config, embeddings)
+
+
+def _check_server_setup(args) -> None:
+    """The address, keys and TLS files: SetupError for what cannot serve."""
+    from pagedllm.server.auth import KeyFileError, parse_key_file, permission_warning
+    from pagedllm.server.runner import check_binding, port_in_use
+
+    refusal = check_binding(args.host, args.api_key_file, args.insecure_no_auth)
+    if refusal:
+        raise SetupError(refusal)
+    if args.api_key_file:
+        try:
+            parse_key_file(args.api_key_file)
+        except KeyFileError as exc:
+            raise SetupError(str(exc)) from exc
+        warning = permission_warning(args.api_key_file)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        raise SetupError("--ssl-certfile and --ssl-keyfile go together")
+    busy = port_in_use(args.host, args.port)
+    if busy:
+        raise SetupError(busy)
+
+
+def _check_engine_setup(args):
+    """The engine's settings, and options that do not go together: SetupError for those."""
+    from pagedllm.cli.serve_store import store_table
+
+    try:
+        engine_settings = engine_config(args)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from exc
+    if engine_settings.device == "cuda":  # refused before anything loads, with why
+        from pagedllm.backends import DeviceError, check_device
+        try:
+            check_device(engine_settings.device)
+        except DeviceError as exc:
+            raise SetupError(str(exc)) from exc
+    if args.model is not None and not os.path.exists(args.model):
+        raise SetupError(f"no model at {args.model}: no such file or folder; {MODEL_HINT}")
+    several = args.models_dir is not None or store_table(args) or args.replicas is not None
+    if args.engine_process and several:
+        raise SetupError("--engine-process serves one model; a model store (--models-dir, "
+                         "[models]) and --replicas run their engines their own way (threads "
+                         "of this process, Ray's processes): leave it out")
+    if engine_settings.lora.active and several:
+        raise SetupError("--lora and --enable-lora name adapters of one served model; in a "
+                         "model store (--models-dir, [models]) a model's adapters sit in "
+                         "NAME.loras/ beside it (or its [models] entry's loras), and "
+                         "--replicas does not serve them yet")
+    if args.replicas is not None and args.embedding_model and not (
+            args.models_dir is not None or store_table(args)):
+        raise SetupError("--embedding-model is not served with --replicas yet; run it on a "
+                         "server of its own")
+    return engine_settings
 
 
 MODEL_HINT = ("--model takes a GGUF file (on Hugging Face, search the model's name with "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.fair_queue import FairQueue
 from pagedllm.core.kv_cache import KVCacheManager
-from pagedllm.core.lora_slots import LoRASlotTable
+from pagedllm.core.lora_slot_table import LoRASlotTable
 from pagedllm.core.request import FinishReason, Request, RequestStatus
 from pagedllm.core.step_records import (PLACEHOLDER, RunnerOutput, SampledToken,
                                          ScheduledRequest, SchedulerOutput)
@@ -88,9 +88,20 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if self.config.prefill_alone_tokens and not any(map(_decodes, self.running)):
             budget = self.config.prefill_alone_tokens
+        budget = self._schedule_running(out, budget, ahead)
+        self._admit_waiting(out, budget)
+        for item in out.scheduled:
+            self.waiting.charge(item.user, item.num_new_tokens)
+            if ahead:
+                request = self.requests[item.request_id]
+                request.num_computed_tokens += item.num_new_tokens
+                request.num_pending_tokens += item.samples
+        self.stats.last_step_tokens = out.num_scheduled_tokens
+        return out
 
-        # Running requests first, oldest first; when blocks run out, preempt the newest
-        # request of the user furthest above its fair share.
+    def _schedule_running(self, out: SchedulerOutput, budget: int, ahead: bool) -> int:
+        """Running requests first, oldest first; when blocks run out, preempt the newest
+        request of the user furthest above its fair share. Returns the budget left."""
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -119,11 +130,13 @@ class Scheduler:
                 out.scheduled.append(self._plan(request, num_new))
                 budget -= num_new
                 index += 1
+        return budget
 
-        # Then admit waiting requests in fair order while budget, slots and blocks last. Not
-        # in a step that had to preempt: memory is short, admitting more would thrash. Under
-        # memory pressure (the engine says so) only into an empty batch, so the server
-        # still makes progress one request at a time.
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting requests in fair order while budget, slots and blocks last. Not in
+        a step that had to preempt: memory is short, admitting more would thrash. Under
+        memory pressure (the engine says so) only into an empty batch, so the server still
+        makes progress one request at a time."""
         while (self.waiting and budget > 0 and not out.preempted
                and len(self.running) < self.config.max_num_seqs
                and not (self.admission_paused and self.running)):
@@ -138,15 +151,6 @@ class Scheduler:
             self._admit(request, num_cached)
             out.scheduled.append(self._plan(request, num_new))
             budget -= num_new
-
-        for item in out.scheduled:
-            self.waiting.charge(item.user, item.num_new_tokens)
-            if ahead:
-                request = self.requests[item.request_id]
-                request.num_computed_tokens += item.num_new_tokens
-                request.num_pending_tokens += item.samples
-        self.stats.last_step_tokens = out.num_scheduled_tokens
-        return out
 
     def _plan(self, request: Request, num_new: int, drafts: list[int] = ()) -> ScheduledRequest:
         start = request.num_computed_tokens

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 
 # `max_num_seqs="auto"` assumes requests use up to this many tokens on average when the
 # context is longer; preemption covers the rare request that needs more.

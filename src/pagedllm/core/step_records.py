@@ -38,7 +38,7 @@ class ScheduledRequest(NamedTuple):
     # The sliding-window layers' blocks (their own group), where the model has such layers.
     window_block_table: tuple[int, ...] | None = None
     num_draft_tokens: int = 0
-    lora_slot: int = -1  # the slot of its LoRA adapter (core/lora_slots.py); -1: the base
+    lora_slot: int = -1  # the slot of its LoRA adapter (core/lora_slot_table.py); -1: the base
     lora_scale: float = 1.0
 
     @property

@@ -7,8 +7,9 @@ import logging
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.output_processor import RequestTextState, stop_reason
-from pagedllm.core.request import FinishReason, OutputCaps, Request, RequestOutput, SamplingParams
-from pagedllm.core.lora_slots import LoRASlotTable
+from pagedllm.core.request import FinishReason, Request, RequestOutput, SamplingParams
+from pagedllm.core.output_budget import OutputCaps
+from pagedllm.core.lora_slot_table import LoRASlotTable
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.speculation import Speculator
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats, take_snapshot

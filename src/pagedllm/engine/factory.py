@@ -12,11 +12,12 @@ import psutil
 import torch
 
 from pagedllm.backends import Backend, choose_backend
-from pagedllm.config import (CacheConfig, EngineConfig, ModelConfig, SchedulerConfig,
-                             SpeculativeConfig, exact_activations_for)
-from pagedllm.core import sizing
+from pagedllm.config import (CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig,
+                             exact_activations_for)
+from pagedllm.model_config import ModelConfig
 from pagedllm.core.kv_cache import KVCacheManager, WindowBlocks
 from pagedllm.engine.draft_proposer import DraftProposer
+from pagedllm.engine.kv_sizing import size_kv
 from pagedllm.engine.model_runner import ModelRunner
 from pagedllm.lora.registry import LoRARegistry
 from pagedllm.lora.slots import LoRASlots
@@ -57,23 +58,15 @@ def engine_config(config: EngineConfig | str | None, settings: dict) -> EngineCo
 
 
 def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
-    # The backend first: a bad PAGEDLLM_CPU_ISA or an unusable --device is a clear error
-    # before any loading.
+    # The backend first: a bad PAGEDLLM_CPU_ISA, an unusable --device or an option the
+    # device cannot honour is a clear error before any loading.
     backend = choose_backend(config.device)
-    # (before loading: the graphs' buffers are read by the Triton attention, the GPU's)
-    if config.cuda_graphs and not (backend.generic and backend.attention == "triton"):
-        raise ValueError("--cuda-graphs needs --device cuda")
+    _check_device_options(config, backend)
     started = time.monotonic()
     checkpoint = load_checkpoint(config.model, load_progress)
     model_config, model_path = checkpoint.config, checkpoint.path
     tokenizer = Tokenizer.from_checkpoint(checkpoint)
     torch_dtype = TORCH_DTYPES[config.dtype]
-    if config.gpu_4bit_weights and not backend.generic:
-        raise ValueError("--gpu-4bit-weights needs --device cuda (the CPU keeps 4-bit "
-                         "weights 4-bit anyway)")
-    if config.gpu_4bit_weights and config.dtype == "float32":
-        raise ValueError("--gpu-4bit-weights needs --dtype bfloat16 (float32 is the exact "
-                         "reference: every matrix dense)")
     check_fp8_weights(config, backend)
     adapters = _adapters(config, model_config)  # (a bad one refused before the build)
     net = build_model(model_config, checkpoint.weights, checkpoint.quantized, torch_dtype,
@@ -81,7 +74,7 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
                       device_four_bit=config.gpu_4bit_weights, device_fp8=config.gpu_fp8_weights)
     del checkpoint
     _return_freed_memory()
-    kv_memory_bytes, cache_config, scheduler_config, window_blocks = _size_kv(
+    kv_memory_bytes, cache_config, scheduler_config, window_blocks = size_kv(
         config, model_config, torch_dtype, backend.device)
     if net.serve_context(scheduler_config.max_model_len):
         logger.info("LongRoPE: the served context (%d tokens) is longer than the model's "
@@ -92,35 +85,19 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
         window_blocks, block_size, model_config.sliding_window, config.enable_prefix_caching)
     kv_manager = KVCacheManager(cache_config.num_blocks, block_size, config.enable_prefix_caching,
                                 window)
-    # The graphs' static buffers are read by the Triton attention (the GPU's; on the CPU
-    # the tests' generic path with it under Triton's interpreter).
-    graph_limit = net.max_graph_batch  # None: any batch; a mixture of experts: its small ones
-    graphs = config.uses_cuda_graphs(backend.device, capturable=graph_limit != 0)
-    if backend.device == "cuda" and graph_limit == 0 and config.cuda_graphs is None:
-        logger.info("CUDA graphs off: this model's mixture-of-experts layers route tokens on "
-                    "the host; its decode steps run eagerly")
-    graph_batch = scheduler_config.max_num_seqs
-    if graphs and graph_limit is not None and graph_limit < graph_batch:
-        logger.info("CUDA graphs for decode steps of up to %d requests: this mixture of "
-                    "experts routes larger steps' tokens on the host (eagerly)", graph_limit)
-        graph_batch = graph_limit
+    graph_batch = _graph_batch(config, backend, net, scheduler_config)
     loras = _lora(config, model_config, net, torch_dtype, backend, adapters)
     runner = ModelRunner(net, model_config, cache_config.num_blocks, block_size, torch_dtype,
-                         config.kv_cache_dtype, window_blocks, backend.device,
-                         graph_batch if graphs else None, scheduler_config.max_model_len,
+                         config.kv_cache_dtype, window_blocks, backend.device, graph_batch,
+                         scheduler_config.max_model_len,
                          # Steps with prefill chunks too, unless a mixture of experts routes
                          # their tokens on the host; a verifying request adds a sequence a row.
                          graph_tokens=scheduler_config.max_num_batched_tokens
-                         if graph_limit is None else None,
-                         graph_sequences=graph_batch + config.speculative.max_rows)
+                         if net.max_graph_batch is None else None,
+                         graph_sequences=(graph_batch or scheduler_config.max_num_seqs)
+                         + config.speculative.max_rows)
     runner.lora = net.lora
-    # A verifying step stays on the fused decode path, which takes up to max_rows rows.
-    decode_loop = getattr(net, "decode_loop", None)
-    speculative = config.speculative if decode_loop is None else dataclasses.replace(
-        config.speculative, max_rows=min(config.speculative.max_rows, decode_loop.max_rows))
-    if speculative.draft_model is not None and backend.generic:
-        raise ValueError("--speculative draft does not run on the generic torch path (the "
-                         "CUDA backend) yet; use --speculative ngram there")
+    speculative = _speculative(config, net, backend)
     draft = None if speculative.draft_model is None else _draft_proposer(
         speculative.draft_model, model_config, cache_config, scheduler_config, torch_dtype,
         backend, config)
@@ -130,6 +107,51 @@ def build_parts(config: EngineConfig, load_progress=None) -> EngineParts:
                         loras)
     _log_loaded(parts, window_blocks, time.monotonic() - started)
     return parts
+
+
+def _check_device_options(config: EngineConfig, backend: Backend) -> None:
+    """Options only a GPU honours, refused before loading on anything else."""
+    # (the graphs' buffers are read by the Triton attention, the GPU's)
+    if config.cuda_graphs and not (backend.generic and backend.attention == "triton"):
+        raise ValueError("--cuda-graphs needs --device cuda")
+    if config.gpu_4bit_weights and not backend.generic:
+        raise ValueError("--gpu-4bit-weights needs --device cuda (the CPU keeps 4-bit "
+                         "weights 4-bit anyway)")
+    if config.gpu_4bit_weights and config.dtype == "float32":
+        raise ValueError("--gpu-4bit-weights needs --dtype bfloat16 (float32 is the exact "
+                         "reference: every matrix dense)")
+
+
+def _graph_batch(config: EngineConfig, backend: Backend, net,
+                 scheduler_config: SchedulerConfig) -> int | None:
+    """The largest decode step captured as a CUDA graph; None: no graphs. The graphs'
+    static buffers are read by the Triton attention (the GPU's; on the CPU the tests'
+    generic path with it under Triton's interpreter)."""
+    graph_limit = net.max_graph_batch  # None: any batch; a mixture of experts: its small ones
+    graphs = config.uses_cuda_graphs(backend.device, capturable=graph_limit != 0)
+    if backend.device == "cuda" and graph_limit == 0 and config.cuda_graphs is None:
+        logger.info("CUDA graphs off: this model's mixture-of-experts layers route tokens on "
+                    "the host; its decode steps run eagerly")
+    if not graphs:
+        return None
+    graph_batch = scheduler_config.max_num_seqs
+    if graph_limit is not None and graph_limit < graph_batch:
+        logger.info("CUDA graphs for decode steps of up to %d requests: this mixture of "
+                    "experts routes larger steps' tokens on the host (eagerly)", graph_limit)
+        graph_batch = graph_limit
+    return graph_batch
+
+
+def _speculative(config: EngineConfig, net, backend: Backend) -> SpeculativeConfig:
+    """The speculative settings this model can run: a verifying step stays on the fused
+    decode path, which takes up to its max_rows rows."""
+    decode_loop = getattr(net, "decode_loop", None)
+    speculative = config.speculative if decode_loop is None else dataclasses.replace(
+        config.speculative, max_rows=min(config.speculative.max_rows, decode_loop.max_rows))
+    if speculative.draft_model is not None and backend.generic:
+        raise ValueError("--speculative draft does not run on the generic torch path (the "
+                         "CUDA backend) yet; use --speculative ngram there")
+    return speculative
 
 
 def _adapters(config: EngineConfig, model_config: ModelConfig) -> LoRARegistry | None:
@@ -186,69 +208,6 @@ def _draft_proposer(path: str, served: ModelConfig, cache: CacheConfig,
     return DraftProposer(net, cache.num_blocks, cache.block_size, dtype,
                          min(draft_config.max_position_embeddings, scheduler.max_model_len),
                          scheduler.largest_step)
-
-
-def _size_kv(config: EngineConfig, model_config: ModelConfig, torch_dtype: torch.dtype,
-             device: str = "cpu") -> tuple[int, CacheConfig, SchedulerConfig, int | None]:
-    """The KV pool (bytes, blocks; the sliding-window layers' own pool where they keep one)
-    and the scheduler's limits that follow from it. On a GPU without --kv-cache-memory: what
-    --gpu-memory-utilization leaves once the weights are loaded (sizing.gpu_kv_memory)."""
-    block_size, kv_cache_dtype = config.block_size, config.kv_cache_dtype
-    element_size = torch.tensor([], dtype=torch_dtype).element_size()
-    longest = model_config.max_position_embeddings
-    full_request = sizing.kv_bytes_per_request(model_config, element_size, kv_cache_dtype,
-                                               config.max_model_len or longest, block_size)
-    if device == "cuda" and config.kv_cache_memory is None:
-        free, total = torch.cuda.mem_get_info()
-        kv_memory_bytes = sizing.gpu_kv_memory(
-            free, total, config.gpu_memory_utilization,
-            full_request if config.shares_device else None)
-    else:
-        kv_memory_bytes = sizing.resolve_kv_memory(config.kv_cache_memory, full_request)
-    num_blocks = sizing.num_blocks_for_memory(kv_memory_bytes, model_config, element_size,
-                                              block_size, kv_cache_dtype)
-    if num_blocks < 1:
-        raise ValueError(f"kv_cache_memory of {kv_memory_bytes} bytes holds no block of "
-                         f"{block_size} tokens")
-    # Sliding-window layers next to full ones keep their own, smaller pool; the full layers
-    # get the memory that saves (sizing.pool_sizes).
-    pools = sizing.pool_sizes(
-        kv_memory_bytes, model_config, element_size, block_size, kv_cache_dtype,
-        config.max_num_seqs, min(config.max_model_len or longest, num_blocks * block_size),
-        config.step_budget(device))
-    capacity = pools.num_blocks * block_size
-    max_model_len = config.max_model_len
-    if max_model_len is None:
-        max_model_len = min(longest, capacity)
-        if max_model_len < longest:  # say it: a bigger model silently got a short context
-            logger.warning(
-                "the KV cache (%d MiB) holds %d tokens, less than the model's context of %d: "
-                "serving up to %d; --kv-cache-memory %d MiB would hold one full-context "
-                "request (`pagedllm plan` sizes more), or set --max-model-len",
-                kv_memory_bytes >> 20, capacity, longest, max_model_len,
-                -(-full_request >> 20))
-    if not 1 <= max_model_len <= longest:
-        raise ValueError(f"max_model_len must be 1-{longest}, got {max_model_len}")
-    if max_model_len > capacity:
-        raise ValueError(f"max_model_len {max_model_len} exceeds the KV cache capacity of "
-                         f"{capacity} tokens; raise kv_cache_memory or lower max_model_len")
-    max_num_seqs = config.max_num_seqs
-    if max_num_seqs == "auto":
-        max_num_seqs = sizing.auto_max_num_seqs(pools.num_blocks, block_size, max_model_len,
-                                                sizing.auto_max_num_seqs_cap(device))
-        if pools.max_num_seqs is not None:  # what the window pool was sized for
-            max_num_seqs = min(max_num_seqs, pools.max_num_seqs)
-    cache_config = CacheConfig(block_size, pools.num_blocks, config.enable_prefix_caching,
-                               kv_cache_dtype)
-    # A window pool is sized for steps of step_budget tokens (sizing.window_pool_blocks, as
-    # `pagedllm plan` counts it): its models keep that bound in every step.
-    alone = (config.step_budget(device) if pools.window_num_blocks is not None
-             else config.prefill_alone_budget(device))
-    scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
-                                       max_num_batched_tokens=config.step_budget(device),
-                                       max_model_len=max_model_len,
-                                       prefill_alone_tokens=alone)
-    return kv_memory_bytes, cache_config, scheduler_config, pools.window_num_blocks
 
 
 def _log_loaded(parts: EngineParts, window_blocks: int | None, seconds: float) -> None:

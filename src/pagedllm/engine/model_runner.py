@@ -10,14 +10,15 @@ import torch
 
 from pagedllm.attention import AttentionMetadata, allocate_layer_caches
 from pagedllm.backends.host_values import to_device
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.core.request import SamplingParams
-from pagedllm.core.step_records import PLACEHOLDER, RunnerOutput, SchedulerOutput
+from pagedllm.core.step_records import RunnerOutput, SchedulerOutput
 from pagedllm.engine.block_table_rows import BlockTableRows
 from pagedllm.engine.cuda_graphs import DecodeRow
 from pagedllm.engine.mixed_graphs import MixedStep
 from pagedllm.engine.launched_step import LaunchedStep, SampledRows
 from pagedllm.engine.sampler import Sampler, SamplingRow, compute_logprobs
+from pagedllm.engine.step_inputs import StepInputs, prepare_inputs
 from pagedllm.engine.verify import accepted_tokens, verification_rows
 
 
@@ -115,11 +116,10 @@ class ModelRunner:
         are queued; on a CPU it runs here). A PLACEHOLDER token is the one its request
         sampled in `previous`, taken from there where it is (engine/launched_step.py).
 
-        A request that verifies proposals (num_draft_tokens > 0) enters the batch as one
-        single-token query per position, each reading the same block table up to its own
-        position: the step is then a decode step to the model (its fused decode path), so
-        every position's logits are bit-identical to decoding the tokens one at a time, and
-        the tokens kept are the ones decoding without proposals gives (engine/verify.py)."""
+        A request that verifies proposals enters as single-token queries (step_inputs.py):
+        the step is then a decode step to the model (its fused decode path), so every
+        position's logits are bit-identical to decoding the tokens one at a time, and the
+        tokens kept are the ones decoding without proposals gives (engine/verify.py)."""
         step = LaunchedStep(plan)
         if plan.is_empty:
             return step
@@ -133,80 +133,51 @@ class ModelRunner:
                  step: LaunchedStep) -> torch.Tensor | None:
         """The step's inputs and its model call; the sampled rows' logits (on a GPU [rows,
         vocab] stays there; grammar masks and seeded draws travel in), None if none samples."""
-        input_ids, positions, slot_mapping = [], [], []
-        query_start_loc, seq_lens, tables = [0], [], []
-        rows, counts, window_slots, window_rows, window_tables = [], [], [], [], []
-        sample_indices, pending_at, pending_of = [], [], []
-        bs = self.block_size
-        for item in plan.scheduled:
-            start, end, table = item.start, item.start + item.num_new_tokens, item.block_table
-            window = item.window_block_table
-            row = self.table_rows.row_of(item.request_id, table)
-            if window is not None:
-                window_row = self.window_table_rows.row_of(item.request_id, window)
-            for offset, token in enumerate(item.token_ids):
-                if token == PLACEHOLDER:  # sampled by `previous`: filled in on the device
-                    pending_at.append(len(input_ids) + offset)
-                    pending_of.append(item.request_id)
-            input_ids.extend(max(token, 0) for token in item.token_ids)
-            positions.extend(range(start, end))
-            slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if window is not None:
-                window_slots.extend(window[p // bs] * bs + p % bs for p in range(start, end))
-            # (query tokens, context length) of each query: one query of them all, or one
-            # per position for a verifying request.
-            queries = ([(1, p + 1) for p in range(start, end)] if item.num_draft_tokens
-                       else [(item.num_new_tokens, end)])
-            for num_queries, seq_len in queries:
-                query_start_loc.append(query_start_loc[-1] + num_queries)
-                seq_lens.append(seq_len)
-                rows.append(row)
-                counts.append(-(-seq_len // bs))
-                tables.append(table)
-                if window is not None:
-                    window_rows.append(window_row)
-                    window_tables.append(window)
-                if item.samples:
-                    sample_indices.append(query_start_loc[-1] - 1)
-                    step.sampled_ids.append(item.request_id)
-            if item.num_draft_tokens:
-                step.drafts[item.request_id] = item.token_ids[1:]
-
-        device = self.device
+        inputs = prepare_inputs(plan, self.block_size, self.table_rows, self.window_table_rows,
+                                step)
         pending = None
-        if pending_at:
-            pending = (to_device(pending_at, torch.long, device),
-                       previous.tokens_for(pending_of, device))
+        if inputs.pending_at:  # sampled by `previous`: filled in on the device
+            pending = (to_device(inputs.pending_at, torch.long, self.device),
+                       previous.tokens_for(inputs.pending_of, self.device))
         if self.lora is not None:
             self._set_lora_batch(plan)
-        # Every query a single token (decode tokens, and a verifying request's positions,
-        # each its own query): the step is a decode step to the model, which a graph replays.
-        if (self.graphs is not None and len(input_ids) == len(seq_lens)
-                and (self.lora is None or not self.lora.active)
-                and self.graphs.applies(len(input_ids))
+        hidden = self._run_model(inputs, pending, len(plan.scheduled))
+        return self._logits(hidden, inputs.sample_indices)
+
+    def _run_model(self, inputs: StepInputs, pending, num_requests: int) -> torch.Tensor:
+        """The hidden states, by the fastest path that applies: a captured decode graph, a
+        captured mixed-step graph (neither with adapters in the batch), else eagerly."""
+        no_adapters = self.lora is None or not self.lora.active
+        tables, window_tables = inputs.tables, inputs.window_tables
+        if (self.graphs is not None and inputs.all_single_token and no_adapters
+                and self.graphs.applies(len(inputs.input_ids))
                 and all(len(t) <= self.graphs.width for t in tables + window_tables)):
-            windows = (zip(window_slots, map(tuple, window_tables)) if window_tables
-                       else [(None, None)] * len(input_ids))
+            windows = (zip(inputs.window_slots, map(tuple, window_tables)) if window_tables
+                       else [(None, None)] * len(inputs.input_ids))
             graph_rows = [DecodeRow(*row, *window) for row, window in zip(
-                zip(input_ids, positions, slot_mapping, map(tuple, tables)), windows)]
-            return self._logits(self.graphs.run(graph_rows, pending), sample_indices)
-        if self.mixed_graphs is not None and (self.lora is None or not self.lora.active):
-            mixed = MixedStep(input_ids, positions, slot_mapping, query_start_loc, seq_lens,
-                              tables, window_slots or None, window_tables or None)
+                zip(inputs.input_ids, inputs.positions, inputs.slot_mapping, map(tuple, tables)),
+                windows)]
+            return self.graphs.run(graph_rows, pending)
+        if self.mixed_graphs is not None and no_adapters:
+            mixed = MixedStep(inputs.input_ids, inputs.positions, inputs.slot_mapping,
+                              inputs.query_start_loc, inputs.seq_lens, tables,
+                              inputs.window_slots or None, window_tables or None)
             if self.mixed_graphs.fits(mixed):
-                return self._logits(self.mixed_graphs.run(mixed, pending), sample_indices)
-        meta = AttentionMetadata.from_tables(slot_mapping, query_start_loc, seq_lens,
-                                             self.table_rows.gather(rows, counts), bs, device)
-        meta.num_requests = len(plan.scheduled)
+                return self.mixed_graphs.run(mixed, pending)
+        bs, device = self.block_size, self.device
+        meta = AttentionMetadata.from_tables(
+            inputs.slot_mapping, inputs.query_start_loc, inputs.seq_lens,
+            self.table_rows.gather(inputs.rows, inputs.counts), bs, device)
+        meta.num_requests = num_requests
         if window_tables:
             meta.window = AttentionMetadata.from_tables(
-                window_slots, query_start_loc, seq_lens,
-                self.window_table_rows.gather(window_rows, counts), bs, device)
-        ids = to_device(input_ids, torch.long, device)
+                inputs.window_slots, inputs.query_start_loc, inputs.seq_lens,
+                self.window_table_rows.gather(inputs.window_rows, inputs.counts), bs, device)
+        ids = to_device(inputs.input_ids, torch.long, device)
         if pending is not None:
             ids[pending[0]] = pending[1]
-        position_ids = to_device(positions, torch.long, device)
-        return self._logits(self.model(ids, position_ids, self.kv_caches, meta), sample_indices)
+        position_ids = to_device(inputs.positions, torch.long, device)
+        return self.model(ids, position_ids, self.kv_caches, meta)
 
     def _set_lora_batch(self, plan: SchedulerOutput) -> None:
         """Each token's adapter slot for this step; an adapter new to its slot is copied in."""

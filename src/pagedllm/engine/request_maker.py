@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 
-from pagedllm.core.request import (OutputCaps, PromptTooLongError, Request, SamplingParams,
-                                   SamplingParamsError, resolve_max_tokens)
+from pagedllm.core.request import Request, SamplingParams, SamplingParamsError
+from pagedllm.core.output_budget import OutputCaps, PromptTooLongError, resolve_max_tokens
 from pagedllm.errors import FieldError
 from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.tokenizer import TokenLimitError, Tokenizer

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 
 logger = logging.getLogger("pagedllm")
 

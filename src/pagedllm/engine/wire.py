@@ -1,5 +1,6 @@
-"""The messages between the front end and the engine-core process (engine/core_process.py,
-serving/process_client.py), as msgpack over ZMQ.
+"""The messages an engine core (engine/core.py) takes and gives: between the front end and
+the engine-core process (serving/process_client.py, serving/core_process.py) as msgpack over
+ZMQ, and to the loop thread's core as they are (engine/async_engine.py).
 
 Text never crosses: requests go in as token ids with their sampling parameters, and each
 step comes out as token ids, finish reasons and the engine's published figures. The front
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from pagedllm.core.request import SamplingParams, TokenLogprob
+from pagedllm.core.request import Request, SamplingParams, TokenLogprob
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 
 
@@ -31,6 +32,23 @@ class AddRequest(_Message, tag="add"):
     cache_salt: str | None
     arrival_time: float  # time.monotonic(): one clock for every process on the machine
     report_position: bool
+
+    @classmethod
+    def of(cls, request: Request, report_position: bool) -> AddRequest:
+        return cls(request.request_id, request.prompt_token_ids, request.params,
+                   list(request.eos_token_ids), request.max_tokens, request.user,
+                   request.cache_salt, request.arrival_time, report_position)
+
+    def to_request(self, max_model_len: int, grammars) -> Request:
+        """The Request again, on the engine's side; its grammar's matcher (matchers do not
+        travel) from the engine's compiler (structured/compiler.py)."""
+        request = Request(self.request_id, self.prompt_token_ids, self.params,
+                          eos_token_ids=tuple(self.eos_token_ids), max_model_len=max_model_len,
+                          max_tokens=self.max_tokens, user=self.user, cache_salt=self.cache_salt,
+                          arrival_time=self.arrival_time)
+        if self.params.guided is not None:
+            request.grammar = grammars.matcher(self.params.guided)
+        return request
 
 
 class AbortRequests(_Message, tag="abort"):

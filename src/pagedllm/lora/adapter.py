@@ -11,13 +11,14 @@ special case.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
 
 import torch
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.errors import AdapterError
 
 # The fused projections an adapter may touch, with their checkpoint parts in row order.
@@ -77,10 +78,12 @@ class LoRAAdapter:
     targets: tuple[str, ...]  # the checkpoint parts it changes (q_proj, ...)
     modules: dict[tuple[int, str], FusedWeights]  # (layer, fused projection) -> weights
     key: str = ""  # name + digest of its weights: the prefix cache's key, never reused
+    num_bytes: int = 0  # its weights' size (kept in a description without them)
 
-    @property
-    def num_bytes(self) -> int:
-        return sum(w.num_bytes for w in self.modules.values())
+    def described(self) -> LoRAAdapter:
+        """This adapter without its weights: what a front end that checks and lists
+        adapters keeps, while the engine holds the weights (serving/front_adapters.py)."""
+        return dataclasses.replace(self, modules={})
 
 
 def lora_rank(name: str, where: str, a: torch.Tensor) -> int:
@@ -143,6 +146,7 @@ def build_adapter(name: str, path: str, source: str, alpha: float,
     adapter = LoRAAdapter(name, path, source, rank, alpha,
                           tuple(sorted({part for _, part in parts})), modules)
     adapter.key = f"{name}@{_digest(modules)}"
+    adapter.num_bytes = sum(w.num_bytes for w in modules.values())
     return adapter
 
 

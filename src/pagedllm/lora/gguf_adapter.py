@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import torch
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.lora.adapter import (PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter,
                                    lora_rank)
 from pagedllm.weights.gguf import _permuted_heads, canonical_name
@@ -19,7 +19,8 @@ from pagedllm.weights.gguf_file import GGUFFile, GGUFFormatError
 from pagedllm.weights.permute import unpermute_rows
 
 
-def is_gguf_adapter(path: str) -> bool:
+def has_gguf_magic(path: str) -> bool:
+    """The file starts as a GGUF does (whether it is an adapter, reading it says)."""
     try:
         with open(path, "rb") as f:
             return f.read(4) == b"GGUF"

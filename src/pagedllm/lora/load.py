@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.lora.adapter import AdapterError, LoRAAdapter
-from pagedllm.lora.gguf_adapter import is_gguf_adapter, read_gguf_adapter
+from pagedllm.lora.gguf_adapter import has_gguf_magic, read_gguf_adapter
 from pagedllm.lora.peft_folder import is_peft_folder, read_peft_folder
 
 
@@ -17,7 +17,7 @@ def load_adapter(name: str, path: str, config: ModelConfig,
         raise AdapterError(f"adapter {name}: {path!r} does not exist")
     if is_peft_folder(path):
         return read_peft_folder(name, path, config, max_rank)
-    if os.path.isfile(path) and is_gguf_adapter(path):
+    if os.path.isfile(path) and has_gguf_magic(path):
         return read_gguf_adapter(name, path, config, max_rank)
     raise AdapterError(f"adapter {name}: {path} is neither a PEFT folder (adapter_config.json "
                        f"+ adapter_model.safetensors) nor a GGUF LoRA file")

@@ -13,7 +13,7 @@ import re
 
 import regex
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.lora.adapter import (PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter,
                                    lora_rank)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import threading
 
-from pagedllm.config import LoRAConfig, ModelConfig
+from pagedllm.config import LoRAConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.lora.adapter import AdapterError, LoRAAdapter
 from pagedllm.lora.load import load_adapter
 
@@ -15,8 +16,11 @@ MAX_NAME_CHARS = 128
 
 
 class LoRARegistry:
-    def __init__(self, model_config: ModelConfig, config: LoRAConfig):
+    def __init__(self, model_config: ModelConfig, config: LoRAConfig, keep_weights: bool = True):
+        """keep_weights=False: each adapter is read and checked whole, then only its
+        description is kept (a front end whose engine holds the weights)."""
         self.model_config, self.config = model_config, config
+        self.keep_weights = keep_weights
         self._adapters: dict[str, LoRAAdapter] = {}
         self._unloaded: list[str] = []
         self._lock = threading.Lock()
@@ -31,6 +35,8 @@ class LoRARegistry:
                 raise AdapterError(f"an adapter named {name} is already loaded "
                                    f"(from {self._adapters[name].path})")
         adapter = load_adapter(name, path, self.model_config, self.config.max_lora_rank)
+        if not self.keep_weights:
+            adapter = adapter.described()
         with self._lock:
             if name in self._adapters:  # a second load of the same name won the race
                 raise AdapterError(f"an adapter named {name} is already loaded")
@@ -48,6 +54,15 @@ class LoRARegistry:
     def get(self, name: str) -> LoRAAdapter | None:
         with self._lock:
             return self._adapters.get(name)
+
+    def named(self, model: str | None) -> str | None:
+        """The adapter a request's `model` names (Ollama's `NAME:latest` too), or None."""
+        if model is None:
+            return None
+        for name in (model, model.removesuffix(":latest")):
+            if self.get(name) is not None:
+                return name
+        return None
 
     def adapters(self) -> list[LoRAAdapter]:
         with self._lock:

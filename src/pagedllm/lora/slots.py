@@ -4,7 +4,7 @@ part's B transposed, in its own output columns: no block of zeros between parts)
 a slot or part is empty; and each projection wrapped so that it adds the step's adapter
 products to the base's output (grouped.py).
 
-Which slot holds which adapter is the scheduler's bookkeeping (core/lora_slots.py); the model
+Which slot holds which adapter is the scheduler's bookkeeping (core/lora_slot_table.py); the model
 runner copies an adapter's weights into its slot before the first step that uses it
 (`load`), and hands each step's token-to-slot mapping to `set_batch`. The projections share
 this object and read the mapping from it, as vLLM's LoRA layers read their punica wrapper:
@@ -17,7 +17,8 @@ import itertools
 import torch
 from torch import nn
 
-from pagedllm.config import LoRAConfig, ModelConfig
+from pagedllm.config import LoRAConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.lora.adapter import FUSED_PARTS, MODULE_OWNER, LoRAAdapter, part_shapes
 from pagedllm.lora.grouped import LoRABatch, add_lora
 

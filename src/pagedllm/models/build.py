@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from pagedllm.attention.batched import BatchedBackend
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.backends import Backend, cpu_backend
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.llama import DecoderStack, LlamaForCausalLM

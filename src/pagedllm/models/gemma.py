@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 
 
 class GegluMLP(nn.Module):

@@ -15,7 +15,7 @@ from torch import nn
 from pagedllm.attention import AttentionMetadata, BatchedBackend, LayerKVCache, TorchReferenceBackend
 from pagedllm.attention.softcap import SoftcapBackend
 from pagedllm.backends import Backend
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.models.decode_loop import DecodeLoop
 from pagedllm.models.gemma import SandwichDecoderLayer
 from pagedllm.models.moe import MoE

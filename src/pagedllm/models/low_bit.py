@@ -14,7 +14,7 @@ from itertools import groupby
 import torch
 from torch import nn
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.models.output_head import TILE  # the low-bit kernels' rows per tile
 from pagedllm.models.quant_linear import DenseLinear, Q6Linear, Q8Linear, QuantLinear, StackedLinear
 from pagedllm.weights.gguf_original import GGUFOriginal

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 
 
 class MoE(nn.Module):

@@ -15,13 +15,13 @@ from dataclasses import replace
 from ray.exceptions import RayError
 from ray.serve.exceptions import RequestCancelledError
 
-from pagedllm.core.request import FinishReason, OutputCaps, Request, RequestOutput, SamplingParams
-from pagedllm.engine.request_maker import RequestMaker
+from pagedllm.core.request import FinishReason, Request, RequestOutput, SamplingParams
+from pagedllm.core.output_budget import OutputCaps
 from pagedllm.errors import EngineDeadError
 from pagedllm.replicas.transport import unpack
 from pagedllm.server.errors import APIError
 from pagedllm.serving.client import EngineFigures, EngineInfo
-from pagedllm.structured.compiler import GrammarCompiler
+from pagedllm.serving.request_front import RequestFront
 from pagedllm.structured.spec import GrammarSpec
 from pagedllm.tokenizer import Tokenizer
 
@@ -32,10 +32,6 @@ class ReplicaClient:
         model_config = description["model_config"]
         self.num_replicas = num_replicas
         self.threads_per_replica = description["threads"]
-        self._tokenizer = Tokenizer.for_served_model(description["model_path"],
-                                                     model_config.eos_token_ids,
-                                                     model_config.bos_token_id)
-        self.grammars = GrammarCompiler(self._tokenizer, model_config.vocab_size)
         replica_cache, replica_scheduler = (description["cache_config"],
                                             description["scheduler_config"])
         # The deployment's pool and slots (what admission and the ready line count).
@@ -46,12 +42,9 @@ class ReplicaClient:
             description["kv_memory_bytes"] * num_replicas, description["cpu"],
             f"{num_replicas} replica(s) x {self.threads_per_replica} compute thread(s) "
             f"(--threads-per-replica)", self.threads_per_replica, description["speculative"])
-        # Grammars are compiled here (a bad one is refused here); matchers are built where
-        # the request runs.
-        self.requests = RequestMaker(self._tokenizer, model_config.vocab_size,
-                                     replica_scheduler.max_model_len, self.grammars,
-                                     build_matchers=False,
-                                     has_draft_model=description["speculative"].method == "draft")
+        self.front = RequestFront(description["model_path"], model_config,
+                                  replica_scheduler.max_model_len,
+                                  description["speculative"].method == "draft")
         self.posted: list = []  # every live replica's ReplicaFigures (the ingress polls)
         self._handle = handle.options(stream=True)
         self._board = board
@@ -64,7 +57,7 @@ class ReplicaClient:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        return self._tokenizer
+        return self.front.tokenizer
 
     @property
     def num_in_flight(self) -> int:
@@ -73,11 +66,11 @@ class ReplicaClient:
     def make_request(self, request_id: str | None, prompt: str | list[int],
                      params: SamplingParams, *, user: str | None = None,
                      cache_salt: str | None = None, caps: OutputCaps | None = None) -> Request:
-        return self.requests.make_request(request_id, prompt, params, user=user,
-                                          cache_salt=cache_salt, caps=caps)
+        return self.front.make_request(request_id, prompt, params, user=user,
+                                       cache_salt=cache_salt, caps=caps)
 
     def compile_grammar(self, spec: GrammarSpec) -> None:
-        self.grammars.compile(spec)
+        self.front.compile_grammar(spec)
 
     def submit(self, request: Request, report_position: bool = False) -> ReplicaStream:
         stream = ReplicaStream(self._handle, self.slots, request, report_position,

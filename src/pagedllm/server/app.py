@@ -39,21 +39,8 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
     caller runs (client.run()), the replicas' front (its own metrics, labelled by replica),
     or a model store's pool (serving/model_pool.py: models loaded on demand)."""
     config = config or ServerConfig()
-    pool = client if isinstance(client, ModelPool) else None
-    # A store has no one name: its models' rows carry theirs (the first is the examples').
-    name = (pool.catalog.names[0] if pool is not None
-            else served_model_name or client.info.model_config.name)
-    keys = KeyStore(config.api_key_file)
-    state = ServerState(client, name, metrics or ServerMetrics(client.figures, name),
-                        config, keys, int(time.time()), pool=pool)
-    if pool is not None:
-        state.metrics.registry.register(ModelPoolCollector(pool))
-    if config.start_command:
-        state.metrics.describe_start(config.start_command)
-    state.apply_key_policies()
-    if embeddings is not None:
-        state.embeddings = embeddings
-        state.metrics.registry.register(EmbeddingCollector(embeddings))
+    state = _server_state(client, served_model_name, config, metrics, embeddings)
+    name, keys = state.served_model_name, state.keys
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -82,12 +69,11 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
             answer["api_keys"] = keys.reload_status()
         return answer
 
-    add_openai_routes(app, state)
-
     @app.get("/metrics")
     async def metrics():
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_openai_routes(app, state)
     add_ollama_routes(app, state)
     add_anthropic_routes(app, state)
     add_responses_routes(app, state)
@@ -97,6 +83,27 @@ def create_app(client: EngineClient, served_model_name: str | None = None,
     install_openapi(app, name)
     install_docs(app)
     return app
+
+
+def _server_state(client: EngineClient, served_model_name: str | None, config: ServerConfig,
+                  metrics: ServerMetrics | None, embeddings) -> ServerState:
+    """What every route reads: the client, the served name, keys, metrics, embeddings."""
+    pool = client if isinstance(client, ModelPool) else None
+    # A store has no one name: its models' rows carry theirs (the first is the examples').
+    name = (pool.catalog.names[0] if pool is not None
+            else served_model_name or client.info.model_config.name)
+    keys = KeyStore(config.api_key_file)
+    state = ServerState(client, name, metrics or ServerMetrics(client.figures, name),
+                        config, keys, int(time.time()), pool=pool)
+    if pool is not None:
+        state.metrics.registry.register(ModelPoolCollector(pool))
+    if config.start_command:
+        state.metrics.describe_start(config.start_command)
+    state.apply_key_policies()
+    if embeddings is not None:
+        state.embeddings = embeddings
+        state.metrics.registry.register(EmbeddingCollector(embeddings))
+    return state
 
 
 def _add_guards(app: FastAPI, config: ServerConfig, keys: KeyStore) -> None:

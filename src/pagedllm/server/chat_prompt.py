@@ -7,7 +7,8 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pagedllm.core.request import PromptTooLongError, SamplingParams
+from pagedllm.core.request import SamplingParams
+from pagedllm.core.output_budget import PromptTooLongError
 from pagedllm.errors import FieldError
 from pagedllm.server.errors import APIError
 from pagedllm.server.state import ServerState

@@ -63,7 +63,7 @@ class LiveView:
                                 for f in replicas]
         if self.state.pool is not None:
             data["models"] = self.models()
-        loras = getattr(self.state.client, "loras", None)
+        loras = self.state.client.loras
         if loras is not None:  # the adapters, and how many requests each serves
             data["adapters"] = [{"name": a.name, "format": a.source, "rank": a.rank,
                                  "path": a.path, "running": stats.lora_running.get(a.name, 0),

@@ -39,7 +39,6 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
             adapter = await asyncio.to_thread(loras.load, body.lora_name, body.lora_path)
         except AdapterError as exc:
             raise APIError(400, str(exc), "lora_path", "invalid_lora_adapter") from exc
-        _forward(state, "load", adapter)
         return PlainTextResponse(f"Success: LoRA adapter '{adapter.name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter", tags=["LoRA"])
@@ -51,12 +50,11 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
             raise APIError(404, f"The lora adapter '{body.lora_name}' cannot be found; this "
                                 f"server serves {_names(state)}", "lora_name",
                            "lora_not_found") from None
-        _forward(state, "unload", adapter)
         return PlainTextResponse(f"Success: LoRA adapter '{adapter.name}' removed successfully.")
 
     @app.get("/lora-adapters", tags=["LoRA"])
     async def lora_adapters():
-        loras = getattr(state.client, "loras", None)
+        loras = state.client.loras
         return [{"id": i, "name": a.name, "path": a.path, "scale": 1.0, "rank": a.rank}
                 for i, a in enumerate(loras.adapters() if loras is not None else [])]
 
@@ -70,7 +68,7 @@ def adapter_cards(state: ServerState) -> list[dict]:
                  "owned_by": "pagedllm", "parent": base.name, "root": dict(base.loras)[name],
                  "kind": "lora", "loaded": base.name in loaded}
                 for name, base in state.pool.catalog.adapters.items()]
-    loras = getattr(state.client, "loras", None)
+    loras = state.client.loras
     return [{"id": a.name, "object": "model", "created": state.created, "owned_by": "pagedllm",
              "parent": state.served_model_name, "root": a.path, "kind": "lora",
              "lora_rank": a.rank, "lora_format": a.source, "lora_targets": list(a.targets)}
@@ -79,7 +77,7 @@ def adapter_cards(state: ServerState) -> list[dict]:
 
 def adapter_tags(state: ServerState) -> list[dict]:
     """Ollama's /api/tags entries of the adapters (`details.parent_model` their base)."""
-    loras = getattr(state.client, "loras", None)
+    loras = state.client.loras
     return [{"name": f"{a.name}:latest", "model": f"{a.name}:latest",
              "modified_at": _modified(a.path), "size": a.num_bytes,
              "digest": a.key.rpartition("@")[2],
@@ -111,18 +109,11 @@ def _admin_loras(state: ServerState, request: HTTPRequest):
     if not state.keys.enabled and not (request.client and is_loopback(request.client.host)):
         raise APIError(403, "without API keys, adapters are loaded and unloaded from this "
                             "machine only", None, "permission_denied")
-    loras = getattr(state.client, "loras", None)
+    loras = state.client.loras
     if loras is None:
         raise APIError(400, "this server has no adapter slots: start it with --enable-lora (or "
                             "--lora NAME=PATH)", None, "lora_disabled")
     return loras
-
-
-def _forward(state: ServerState, action: str, adapter) -> None:
-    """An engine elsewhere (the engine process) hears of the change too."""
-    forward = getattr(state.client, "adapter_changed", None)
-    if forward is not None:
-        forward(action, adapter)
 
 
 def _names(state: ServerState) -> str:

@@ -16,7 +16,8 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from pagedllm.core.request import PromptTooLongError, QueuePosition, RequestOutput
+from pagedllm.core.request import QueuePosition, RequestOutput
+from pagedllm.core.output_budget import PromptTooLongError
 from pagedllm.errors import FieldError
 from pagedllm.server.chat_prompt import prepare_chat, render_chat, tool_use
 from pagedllm.server.lora_routes import adapter_tags

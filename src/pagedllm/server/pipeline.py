@@ -3,7 +3,7 @@
   parse (the API's module: its body -> a Job)
   -> grammar compiled off the event loop (cached by content)
   -> who asks, admission (queue room, the key's rate), limits resolved once per choice
-     (OutputCaps -> core.request.resolve_max_tokens, inside make_request)
+     (OutputCaps -> core.output_budget.resolve_max_tokens, inside make_request)
   -> one engine request per prompt x n, submitted with no await in between
   -> driven (drive.py) -> shaped by the API's Shape (SSE, NDJSON or one JSON body).
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from fastapi import Request as HTTPRequest
 
 from pagedllm.server.server_config import ServerConfig
-from pagedllm.core.request import OutputCaps
+from pagedllm.core.output_budget import OutputCaps
 from pagedllm.serving.client import EngineClient
 from pagedllm.server.auth import ApiKey, KeyStore
 from pagedllm.server.errors import APIError
@@ -79,18 +79,13 @@ class ServerState:
 
     def adapter_names(self) -> list[str]:
         """The LoRA adapters served over the model, in the order they were loaded."""
-        loras = getattr(self.client, "loras", None)
+        loras = self.client.loras
         return [] if loras is None else [adapter.name for adapter in loras.adapters()]
 
     def adapter_named(self, model: str | None) -> str | None:
         """The adapter a request's `model` names (Ollama's `NAME:latest` too), or None."""
-        loras = getattr(self.client, "loras", None)
-        if model is None or loras is None:
-            return None
-        for name in (model, model.removesuffix(":latest")):
-            if loras.get(name) is not None:
-                return name
-        return None
+        loras = self.client.loras
+        return None if loras is None else loras.named(model)
 
     def answers_to(self, model: str) -> bool:
         """The served name, or one of the admin's aliases (--model-alias; * patterns); in a

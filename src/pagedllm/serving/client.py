@@ -10,7 +10,7 @@ the engine's own. The contract:
 - `make_request` turns a prompt and sampling parameters into a checked Request without
   touching any engine state (safe on the event loop). It raises a FieldError (errors.py)
   naming the field for bad input; the output budget is decided there, once
-  (core/request.py resolve_max_tokens, from the OutputCaps given).
+  (core/output_budget.py resolve_max_tokens, from the OutputCaps given).
 - `compile_grammar` compiles a request's grammar into the shared cache; slow, so the
   server calls it on a worker thread.
 - `submit` queues a made request and returns its stream: an async iterable of
@@ -25,20 +25,28 @@ the engine's own. The contract:
   restarts it there (serving/process_client.py); a front for remote engines just waits.
 - `dead` says why the engines are unusable for good (the server exits); `restarting` why
   they are not taking requests for now (503 with Retry-After meanwhile).
-- `loras` lists, finds, loads and unloads the LoRA adapters served over the model
-  (lora/registry.py); an engine elsewhere hears of a change through `adapter_changed`.
+- `loras` lists, finds, loads and unloads the LoRA adapters served over the model and
+  resolves a request's model name to one (LoRAAdapters below); None where none are served
+  (no slots, the replicas, a model store's pool: its models' clients have their own). An
+  engine in another process follows its front end's loads and unloads
+  (serving/front_adapters.py).
 """
 from __future__ import annotations
 
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from pagedllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
-from pagedllm.core.request import OutputCaps, QueuePosition, Request, RequestOutput, SamplingParams
+from pagedllm.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from pagedllm.model_config import ModelConfig
+from pagedllm.core.request import QueuePosition, Request, RequestOutput, SamplingParams
+from pagedllm.core.output_budget import OutputCaps
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 from pagedllm.kernels.cpu import Capabilities
 from pagedllm.structured.spec import GrammarSpec
+
+if TYPE_CHECKING:  # torch stays out of the server's imports until an engine needs it
+    from pagedllm.lora.adapter import LoRAAdapter
 
 
 @dataclass(frozen=True)
@@ -87,12 +95,35 @@ class EngineFigures:
 RequestStream = AsyncIterable[RequestOutput | QueuePosition]
 
 
+class LoRAAdapters(Protocol):
+    """The LoRA adapters served over one model (lora/registry.py's LoRARegistry); safe from
+    any thread."""
+
+    def adapters(self) -> list[LoRAAdapter]:
+        """In the order they were loaded."""
+        ...
+
+    def get(self, name: str) -> LoRAAdapter | None: ...
+
+    def named(self, model: str | None) -> str | None:
+        """The adapter a request's `model` names (Ollama's `NAME:latest` too), or None."""
+        ...
+
+    def load(self, name: str, path: str) -> LoRAAdapter:
+        """Read, check and serve it; AdapterError (one line) when it cannot be."""
+        ...
+
+    def unload(self, name: str) -> LoRAAdapter:
+        """KeyError for a name not loaded; its running requests finish with it."""
+        ...
+
+
 @runtime_checkable
 class EngineClient(Protocol):
     info: EngineInfo
     dead: str | None  # why the engines are unusable, once they are
     restarting: str | None  # why no request is taken now, while an engine restarts
-    loras: object | None  # the LoRA adapters served (lora/registry.py's), None: no slots
+    loras: LoRAAdapters | None  # the LoRA adapters served over the model; None: none
 
     @property
     def tokenizer(self): ...

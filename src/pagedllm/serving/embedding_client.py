@@ -19,6 +19,7 @@ class EmbeddingInfo:
 
 class EmbeddingClient:
     kind = "embedding"
+    loras = None  # adapters are served over a generating model
 
     def __init__(self, service):
         self.service = service

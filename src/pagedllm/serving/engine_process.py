@@ -1,6 +1,6 @@
-"""One engine-core process and the two ZMQ sockets to it, seen from the front end: started
-(spawned: the server's threads are never forked), waited for until its model is loaded,
-stopped. A restart is a new EngineProcess with sockets of its own, so nothing meant for a
+"""One engine-core process (its life: serving/core_process.py) and the two ZMQ sockets to it,
+seen from the front end: started (spawned: the server's threads are never forked), waited
+for until its model is loaded, stopped. A restart is a new EngineProcess with sockets of its own, so nothing meant for a
 dead engine reaches the next one. The sockets are ipc:// files in a folder only this user
 can open (mkdtemp's 0700).
 """
@@ -8,92 +8,28 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
 
-import torch
 import zmq
 
 from pagedllm.config import EngineConfig
 from pagedllm.engine import wire
 from pagedllm.engine.faults import Faults
-from pagedllm.errors import ModelLoadError
-from pagedllm.errors import AdapterError
+from pagedllm.errors import AdapterError, ModelLoadError
 from pagedllm.serving.client import EngineInfo
+from pagedllm.serving.core_process import PROCESS_NAME, engine_core_main
+
+__all__ = ["PROCESS_NAME", "EngineProcess", "EngineStartError"]
 
 logger = logging.getLogger("pagedllm.engine_process")
-PROCESS_NAME = "pagedllm-engine"
 
 
 class EngineStartError(RuntimeError):
     """The engine process could not load its model, or died before it was ready."""
-
-
-def engine_core_main(config: EngineConfig, to_engine: str, from_engine: str, ready,
-                     faults: Faults, num_threads: int, load_progress=None) -> None:
-    """The child's entry: load, say ready (or why not) on the `ready` pipe, then serve the
-    sockets until told to stop or the front end is gone. load_progress: a context-manager
-    factory yielding a (done, total) callback (the CLI's progress bar on the terminal)."""
-    # Ctrl-C reaches the whole process group: the front end drains, then stops this one.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _name_process(PROCESS_NAME)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parent = os.getppid()
-    torch.set_num_threads(num_threads)  # the front end's count (--threads, or every core)
-    from pagedllm.engine.core_process import EngineCore
-    from pagedllm.engine.engine import LLMEngine
-    from pagedllm.serving.local import engine_info
-
-    try:
-        faults.hold_load()
-        if load_progress is None:
-            engine = LLMEngine(config, faults=faults, detokenize=False)
-        else:
-            with load_progress() as update:
-                engine = LLMEngine(config, faults=faults, detokenize=False,
-                                   load_progress=update)
-    except ModelLoadError as exc:  # said as in-process: the file and the problem
-        ready.send(("load_error", (exc.path, exc.problem)))
-        return
-    except AdapterError as exc:  # a --lora adapter that cannot be served: said as in-process
-        ready.send(("adapter_error", str(exc)))
-        return
-    except BaseException as exc:  # noqa: BLE001 - the front end says it and decides
-        ready.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    engine.grammars.validate_in_child = False  # the front end did, before it sent them
-    context = zmq.Context()
-    inbox, outbox = context.socket(zmq.PULL), context.socket(zmq.PUSH)
-    inbox.setsockopt(zmq.RCVHWM, 0)
-    outbox.setsockopt(zmq.SNDHWM, 0)
-    inbox.connect(to_engine)
-    outbox.connect(from_engine)
-    ready.send(("ready", engine_info(engine, f"{num_threads} compute thread(s) in the "
-                                             f"engine process (--threads)", num_threads)))
-    try:
-        code = EngineCore(engine, inbox, outbox, parent).run()
-    finally:
-        inbox.close(linger=0)
-        outbox.close(linger=1000)  # a last message (EngineDead) still goes out
-        context.term()
-        if os.getppid() != parent:  # a front end killed outright left its socket folder
-            shutil.rmtree(os.path.dirname(to_engine.removeprefix("ipc://")), ignore_errors=True)
-    sys.exit(code)
-
-
-def _name_process(name: str) -> None:
-    """The name `ps`, `top` and psutil show (Linux's prctl PR_SET_NAME; elsewhere none)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 class EngineProcess:

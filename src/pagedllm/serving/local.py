@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from pagedllm.config import EngineConfig
-from pagedllm.core.request import OutputCaps, Request, SamplingParams
+from pagedllm.core.request import Request, SamplingParams
+from pagedllm.core.output_budget import OutputCaps
 from pagedllm.core.snapshot import EngineSnapshot
 from pagedllm.engine.async_engine import AsyncEngine, RequestStream
 from pagedllm.engine.engine import LLMEngine

@@ -1,11 +1,11 @@
 """The EngineClient (serving/client.py) of an engine in a process of its own (`serve
 --engine-process`): the front end half of vLLM V1's split.
 
-Here, in the server's process: tokenizing and checking requests (request_maker.py, as the
+Here, in the server's process: tokenizing and checking requests (request_front.py, as the
 replicas' ingress does), incremental detokenizing with stop strings (the same
 RequestTextState the in-process engine uses, fed the engine's token ids), the streams.
-There, in the engine-core process (engine/core_process.py): scheduling and model steps,
-never waiting on HTTP. Messages: engine/wire.py.
+There, in the engine-core process (serving/core_process.py, around engine/core.py):
+scheduling and model steps, never waiting on HTTP. Messages: engine/wire.py.
 
 run() reads the engine's outputs on the calling thread (the server's main thread) and
 watches the process. When it dies (a kernel's segfault, an OOM kill, steps failing in a
@@ -26,18 +26,19 @@ import zmq
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.output_processor import RequestTextState
-from pagedllm.core.request import (FinishReason, OutputCaps, QueuePosition, Request,
-                                   RequestOutput, SamplingParams)
+from pagedllm.core.request import (FinishReason, QueuePosition, Request, RequestOutput,
+                                   SamplingParams)
+from pagedllm.core.output_budget import OutputCaps
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 from pagedllm.engine import wire
-from pagedllm.engine.async_engine import RequestStream, _Stream, deliver_on
+from pagedllm.engine.streams import RequestStream, StreamQueue, deliver_on
 from pagedllm.engine.faults import Faults
-from pagedllm.engine.request_maker import RequestMaker
 from pagedllm.errors import EngineDeadError
 from pagedllm.serving.client import EngineFigures, EngineInfo
 from pagedllm.serving.engine_keeper import EngineKeeper, RestartBackoff
 from pagedllm.serving.engine_process import EngineProcess
-from pagedllm.structured.compiler import GrammarCompiler
+from pagedllm.serving.front_adapters import FrontAdapters
+from pagedllm.serving.request_front import RequestFront
 from pagedllm.structured.spec import GrammarSpec
 from pagedllm.tokenizer import Tokenizer
 
@@ -50,7 +51,7 @@ class _Front:
 
     request: Request
     text: RequestTextState
-    stream: _Stream
+    stream: StreamQueue
 
 
 class ProcessEngineClient:
@@ -60,7 +61,6 @@ class ProcessEngineClient:
         """Starts the engine process and waits for its model (ModelLoadError, as in-process,
         when it cannot load). load_progress: see engine_process.engine_core_main.
         num_threads: the engine's compute threads (default: this process's torch count)."""
-        self._config = config
         self._stopped = False
         self._keeper = EngineKeeper(config, faults or Faults(),
                                     num_threads or torch.get_num_threads(), backoff,
@@ -68,16 +68,10 @@ class ProcessEngineClient:
         self.info: EngineInfo = self._keeper.wait_first()
         info = self.info
         model = info.model_config
-        self._tokenizer = Tokenizer.for_served_model(info.model_path, model.eos_token_ids,
-                                                     model.bos_token_id)
-        self.grammars = GrammarCompiler(self._tokenizer, model.vocab_size)
-        # The adapters, read and checked here too: requests are checked and routed here,
-        # and a bad file is refused before the engine hears of it.
-        self.loras = _front_loras(config, model)
-        self.requests = RequestMaker(self._tokenizer, model.vocab_size, info.max_model_len,
-                                     self.grammars, build_matchers=False,
-                                     has_draft_model=info.speculative.method == "draft",
-                                     adapters=self.loras)
+        self.loras = (FrontAdapters(model, config, self._send) if config.lora.active
+                      else None)
+        self.front = RequestFront(info.model_path, model, info.max_model_len,
+                                  info.speculative.method == "draft", self.loras)
         self._fronts: dict[str, _Front] = {}
         self._asks: dict[int, concurrent.futures.Future] = {}
         self._ask_ids = itertools.count()
@@ -88,7 +82,7 @@ class ProcessEngineClient:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        return self._tokenizer
+        return self.front.tokenizer
 
     @property
     def num_in_flight(self) -> int:
@@ -112,28 +106,19 @@ class ProcessEngineClient:
     def make_request(self, request_id: str | None, prompt: str | list[int],
                      params: SamplingParams, *, user: str | None = None,
                      cache_salt: str | None = None, caps: OutputCaps | None = None) -> Request:
-        return self.requests.make_request(request_id, prompt, params, user=user,
-                                          cache_salt=cache_salt, caps=caps)
+        return self.front.make_request(request_id, prompt, params, user=user,
+                                       cache_salt=cache_salt, caps=caps)
 
     def compile_grammar(self, spec: GrammarSpec) -> None:
-        self.grammars.compile(spec)
-
-    def adapter_changed(self, action: str, adapter) -> None:
-        """An adapter loaded or unloaded here (server/lora_routes.py): the engine follows."""
-        self._send(wire.LoadAdapter(adapter.name, adapter.path) if action == "load"
-                   else wire.UnloadAdapter(adapter.name))
+        self.front.compile_grammar(spec)
 
     def submit(self, request: Request, report_position: bool = False) -> RequestStream:
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), report_position)
+        stream = StreamQueue.on_running_loop(report_position)
         rid = request.request_id
-        self._fronts[rid] = _Front(request, RequestTextState(request, self._tokenizer), stream)
-        sent = self._send(wire.AddRequest(
-            rid, request.prompt_token_ids, request.params, list(request.eos_token_ids),
-            request.max_tokens, request.user, request.cache_salt, request.arrival_time,
-            report_position))
-        if not sent:
+        self._fronts[rid] = _Front(request, RequestTextState(request, self.front.tokenizer), stream)
+        if not self._send(wire.AddRequest.of(request, report_position)):
             self._fail(rid, self._unavailable())
-        return RequestStream(self, rid, stream)
+        return RequestStream(self.abort, rid, stream)
 
     def abort(self, request_id: str) -> None:
         if request_id in self._fronts and not self._send(wire.AbortRequests([request_id])):
@@ -271,26 +256,6 @@ class ProcessEngineClient:
         """What a restarted engine must know again: the users' policies, the adapters."""
         if self._policies is not None:
             engine.send(wire.SetUserPolicies(*self._policies))
-        for message in self._adapter_changes():  # those loaded or unloaded since the start
-            engine.send(message)
-
-    def _adapter_changes(self) -> list:
-        """What brings a fresh engine (the start's adapters) to this front end's adapters."""
-        if self.loras is None:
-            return []
-        started = dict(self._config.lora.adapters)
-        now = {adapter.name: adapter.path for adapter in self.loras.adapters()}
-        return ([wire.UnloadAdapter(name) for name in started if now.get(name) != started[name]]
-                + [wire.LoadAdapter(name, path) for name, path in now.items()
-                   if started.get(name) != path])
-
-
-def _front_loras(config: EngineConfig, model):
-    if not config.lora.active:
-        return None
-    from pagedllm.lora.registry import LoRARegistry
-
-    registry = LoRARegistry(model, config.lora)
-    for name, path in config.lora.adapters:
-        registry.load(name, path)
-    return registry
+        if self.loras is not None:  # those loaded or unloaded since the start
+            for message in self.loras.changes_since_start():
+                engine.send(message)

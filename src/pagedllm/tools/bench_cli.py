@@ -168,11 +168,23 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
     # Prompts are sized with a local tokenizer (the default model's unless told).
     tokenizer = Tokenizer.from_model_path(args.tokenizer)
     per_level = {n: args.requests or max(6, 3 * n) for n in levels}
-    results, busy = [], {}
+    results, busy = [], {}  # filled level by level (kept when interrupted)
     if args.warmup:
         console.print(f"warming up with {args.warmup} short request(s)...")
         asyncio.run(warm_up(base_url, model, args.warmup, headers))
-    interrupted = False
+    interrupted = _run_levels(args, console, levels, lengths, base_url, headers, model,
+                              tokenizer, per_level, results, busy)
+    if not results:
+        console.print("[yellow]interrupted before any level finished: nothing written[/]")
+        return 130
+    _report(args, console, results, base_url, model, levels, per_level, lengths, server, busy)
+    return 130 if interrupted else 0
+
+
+def _run_levels(args, console, levels, lengths, base_url, headers, model, tokenizer,
+                per_level, results: list, busy: dict) -> bool:
+    """Each level's requests, its summary appended to `results` as it ends; True when
+    interrupted (Ctrl-C): what finished is still worth its files."""
     with LevelProgress(console, sum(per_level.values())) as progress:
         try:
             for index, n in enumerate(levels):
@@ -192,12 +204,15 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
                 results.append(summarize_level(n, records, duration, peaks))
                 results[-1].speculative = spec_during(counted, spec_counters(base_url, headers))
                 progress.end_level(results[-1])
-        except KeyboardInterrupt:  # what finished is still worth its files
-            interrupted = True
+        except KeyboardInterrupt:
             progress.line(f"interrupted: writing the {len(results)} level(s) that finished")
-    if not results:
-        console.print("[yellow]interrupted before any level finished: nothing written[/]")
-        return 130
+            return True
+    return False
+
+
+def _report(args, console, results, base_url, model, levels, per_level, lengths, server,
+            busy) -> None:
+    """The table, the recommendation, bench.json and bench.png."""
     _connection_cap_hint(console, results)
     recommendation = recommend(results, args.slo_ttft_p95, args.slo_tpot_p95,
                                server.get("command"))
@@ -222,7 +237,6 @@ def _run(args, console, levels, lengths, base_url, headers) -> int:
     else:
         console.print(f"[yellow]no recommendation:[/] {recommendation['reason']}")
     console.print(f"wrote {json_path} and {png_path}")
-    return 130 if interrupted else 0
 
 
 def _connection_cap_hint(console, results) -> None:

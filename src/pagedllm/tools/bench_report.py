@@ -148,6 +148,23 @@ def write_plot(path: str, levels: list[LevelResult], settings: dict, recommendat
     middle.set_ylabel("ms")
     middle.set_yscale("log")
     middle.set_title("p95 latency")
+    _plot_memory(right, ns, levels)
+    for ax in (left, middle, right):
+        ax.set_xlabel("concurrent requests (N)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.grid(alpha=0.3)
+        if best:
+            ax.axvline(best, color="green", alpha=0.6, linewidth=2, label=f"recommended N={best}")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(_plot_title(settings), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_memory(right, ns: list[int], levels: list[LevelResult]) -> None:
+    """Peak KV use against N, and the server's memory (and the GPU's) on a second axis."""
     kv = [None if lv.peak_kv_usage is None else lv.peak_kv_usage * 100 for lv in levels]
     right.plot(ns, [v or 0 for v in kv], "o-", color="C2", label="peak KV-cache use (%)")
     right.set_ylabel("% of the KV pool")
@@ -170,14 +187,10 @@ def write_plot(path: str, levels: list[LevelResult], settings: dict, recommendat
         # From 0, as the KV axis: a rise of 30 MB on a 1 GiB server is a rise, not a cliff.
         twin.set_ylim(0, max(tops) * 1.15)
         twin.legend(loc="lower right", fontsize=8)
-    for ax in (left, middle, right):
-        ax.set_xlabel("concurrent requests (N)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ns, [str(n) for n in ns])
-        ax.grid(alpha=0.3)
-        if best:
-            ax.axvline(best, color="green", alpha=0.6, linewidth=2, label=f"recommended N={best}")
-        ax.legend(loc="upper left", fontsize=8)
+
+
+def _plot_title(settings: dict) -> str:
+    """The model and address, then the server's setup and the load."""
     server = settings.get("server") or {}
     setup = ", ".join(f"{k} {v}" for k, v in (
         ("max_model_len", server.get("max_model_len")), ("KV blocks", server.get("num_blocks")),
@@ -185,11 +198,8 @@ def write_plot(path: str, levels: list[LevelResult], settings: dict, recommendat
         *device_words(server)) if v is not None)
     load = (f"prompts {settings.get('prompt_tokens')} tokens, {settings.get('max_tokens')} out"
             if settings.get("prompt_tokens") else "")
-    fig.suptitle(f"{settings.get('model', '')} at {settings.get('base_url', '')}\n"
-                 f"{setup}{'; ' if setup and load else ''}{load}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return (f"{settings.get('model', '')} at {settings.get('base_url', '')}\n"
+            f"{setup}{'; ' if setup and load else ''}{load}")
 
 
 def device_words(server: dict) -> tuple[tuple[str, str | None], ...]:

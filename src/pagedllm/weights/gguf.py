@@ -11,7 +11,7 @@ import os
 import numpy as np
 import torch
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.errors import ModelLoadError
 from pagedllm.weights.gguf_config import model_config
 from pagedllm.weights.gguf_file import GGUFFile

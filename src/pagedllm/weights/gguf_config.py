@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, longrope_attention_factor, longrope_fields
 

@@ -6,7 +6,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.errors import ModelLoadError
 
 

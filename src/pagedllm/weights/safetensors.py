@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from pagedllm.config import ModelConfig
+from pagedllm.model_config import ModelConfig
 from pagedllm.errors import ModelLoadError
 from pagedllm.weights.rope import RopeScalingError, hf_longrope, hf_rope_factors, rope_kind
 
