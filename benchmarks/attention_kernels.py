@@ -23,7 +23,7 @@ from pagedllm.attention import AttentionMetadata, LayerKVCache
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.attention.layer_cache import quantize_rows
 from pagedllm.kernels import kernel_ops
-from timing import allocate_as_a_loaded_engine, ms_per_call, parse_args
+from timing import allocate_as_a_loaded_engine, ms_per_call, parse_args, smoke_or
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 SCALE = HEAD_DIM ** -0.5
@@ -109,19 +109,20 @@ def main() -> None:
     torch_backend = BatchedBackend(HEADS, KV_HEADS, HEAD_DIM)
     print(f"threads={args.threads}, bfloat16, {HEADS} heads / {KV_HEADS} KV heads, head_dim {HEAD_DIM}")
     print("decode, 30 layers:   torch gather ms   C++ ms   speed-up   C++ int8 cache ms   bf16/int8")
-    for seqs, length in ((1, 600), (8, 600), (16, 600), (16, 1500)):
-        base, ours, int8 = decode_case(ops, torch_backend, seqs, length)
+    for seqs, length in smoke_or(((1, 600), (8, 600), (16, 600), (16, 1500)), ((2, 40),)):
+        base, ours, int8 = decode_case(ops, torch_backend, seqs, length, layers=smoke_or(30, 1))
         print(f"  S={seqs:>2} L={length:>4}      {base:9.2f}   {ours:8.2f}   {base / ours:6.2f}x"
               f"   {int8:17.2f}   {ours / int8:8.2f}x")
     print("decode, SmolLM2-1.7B's heads (32 over 32 KV heads: a head's rows 4 KB apart), 24 layers:")
     wide = BatchedBackend(32, 32, HEAD_DIM)
-    for length in (330, 1000, 2000):
-        base, ours, int8 = decode_case(ops, wide, 1, length, 32, 32, 24)
+    for length in smoke_or((330, 1000, 2000), (40,)):
+        base, ours, int8 = decode_case(ops, wide, 1, length, 32, 32, smoke_or(24, 1))
         print(f"  S= 1 L={length:>4}      {base:9.2f}   {ours:8.2f}   {base / ours:6.2f}x"
               f"            {int8:8.2f}     {ours / int8:5.2f}x")
     print("prefill chunk, one layer:  SDPA ms  per-token ms  tiled ms  SDPA/tiled  per-token/tiled"
           "  tiled int8 ms  bf16/int8")
-    for length, start in ((256, 0), (450, 0), (768, 0), (256, 768), (256, 2048), (512, 3584)):
+    for length, start in smoke_or(((256, 0), (450, 0), (768, 0), (256, 768), (256, 2048),
+                                   (512, 3584)), ((32, 0), (16, 32))):
         base, per_token, tiled, tiled_int8 = prefill_case(ops, length, start)
         sdpa = f"{base:8.2f} " if start == 0 else f"{'-':>8} "
         sdpa_ratio = f"{base / tiled:10.2f}x" if start == 0 else f"{'-':>11}"

@@ -19,9 +19,10 @@ from pagedllm.attention import AttentionMetadata, LayerKVCache
 from pagedllm.attention.batched import BatchedBackend
 from pagedllm.attention.softcap import SoftcapBackend
 from pagedllm.kernels import kernel_ops
-from timing import allocate_as_a_loaded_engine, ms_per_call, parse_args
+import timing
+from timing import allocate_as_a_loaded_engine, ms_per_call, parse_args, smoke_or
 
-BLOCK, CACHES = 16, 16
+BLOCK = 16
 CASES = {  # name: heads, kv_heads, softcap, window
     "Gemma 2 2B, global": (8, 4, 50.0, None),
     "Gemma 2 2B, sliding 4096": (8, 4, 50.0, 4096),
@@ -47,14 +48,15 @@ def case(heads: int, kv_heads: int, softcap, window, lens: list[int], queries: l
     meta, num_blocks = layout(lens, queries)
     caches = [LayerKVCache(torch.randn(num_blocks, BLOCK, kv_heads, HEAD_DIM).bfloat16(),
                            torch.randn(num_blocks, BLOCK, kv_heads, HEAD_DIM).bfloat16())
-              for _ in range(CACHES)]
+              for _ in range(smoke_or(16, 2))]
     query = torch.randn(sum(queries), heads, HEAD_DIM).bfloat16()
     options = dict(scale=HEAD_DIM ** -0.5, softcap=softcap, window=window)
     plain = SoftcapBackend(heads, kv_heads, HEAD_DIM, **options)
     kernel = BatchedBackend(heads, kv_heads, HEAD_DIM, kernel_ops(), **options)
     assert kernel.kernel is not None
     turn = iter(range(10 ** 9))
-    times = [ms_per_call(lambda b=b: b.forward(query, caches[next(turn) % CACHES], meta), repeat=16)
+    times = [ms_per_call(lambda b=b: b.forward(query, caches[next(turn) % len(caches)], meta),
+                         repeat=16)
              for b in (plain, kernel)]
     return times
 
@@ -66,8 +68,11 @@ def main() -> None:
     print(f"threads={args.threads}, bfloat16, head_dim {HEAD_DIM}; ms per layer call")
     print(f"{'case':<26} {'step':<28} {'plain torch':>12} {'C++ kernel':>11} {'speed-up':>9}")
     for name, (heads, kv_heads, softcap, window) in CASES.items():
-        for step, lens, queries in (("decode, 8 x 1,500 tokens", [1500] * 8, [1] * 8),
-                                    ("prefill, 256 after 1,244", [1500], [256])):
+        steps = (("decode, 8 x 1,500 tokens", [1500] * 8, [1] * 8),
+                 ("prefill, 256 after 1,244", [1500], [256]))
+        if timing.SMOKE:
+            steps = (("decode, 2 x 48 tokens", [48] * 2, [1] * 2), ("prefill, 16 after 32", [48], [16]))
+        for step, lens, queries in steps:
             plain, kernel = case(heads, kv_heads, softcap, window, lens, queries)
             print(f"{name:<26} {step:<28} {plain:12.2f} {kernel:11.2f} {plain / kernel:8.1f}x")
 

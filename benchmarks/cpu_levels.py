@@ -15,14 +15,14 @@ import torch
 from attention_kernels import BLOCK, HEAD_DIM, HEADS, KV_HEADS, int8_cache
 from linear_kernels import NUM_LAYERS, SHAPES
 from pagedllm.kernels import capabilities, kernels_for
-from timing import allocate_as_a_loaded_engine, ms_per_call, parse_args
+from timing import allocate_as_a_loaded_engine, ms_per_call, parse_args, smoke_or
 
 
 def make_weights():
     """Per layer and projection: codes, d, m (random, as a Q4_1 file holds them)."""
     torch.manual_seed(0)
     return [(torch.randint(0, 16, (out, inp), dtype=torch.uint8), torch.rand(out, inp // 32) * 0.01,
-             torch.rand(out, inp // 32) * -0.1) for _ in range(NUM_LAYERS) for out, inp in SHAPES.values()]
+             torch.rand(out, inp // 32) * -0.1) for _ in range(smoke_or(NUM_LAYERS, 1)) for out, inp in SHAPES.values()]
 
 
 def gemm_cases(ops, weights, rows_list):
@@ -53,7 +53,7 @@ def attention_cases(ops, seqs=8, length=600):
     lens = torch.full((seqs,), length, dtype=torch.long)
     query = torch.randn(seqs, HEADS, HEAD_DIM).bfloat16()
     caches = []
-    for _ in range(NUM_LAYERS):
+    for _ in range(smoke_or(NUM_LAYERS, 1)):
         key = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).bfloat16()
         value = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).bfloat16()
         codes = int8_cache(key, value)
@@ -77,9 +77,9 @@ def main() -> None:
     table = {}
     for level in caps.available:
         ops = kernels_for(level)
-        results = gemm_cases(ops, weights, (1, 8, 64, 256))
+        results = gemm_cases(ops, weights, smoke_or((1, 8, 64, 256), (1, 8)))
         results.update(head_cases(ops, (1, 8)))
-        results.update(attention_cases(ops))
+        results.update(attention_cases(ops, *smoke_or((8, 600), (2, 40))))
         table[level] = results
     levels = list(caps.available)
     print(f"{'kernel':<34} {'rows':>5} " + " ".join(f"{lvl + ' ms':>12}" for lvl in levels)

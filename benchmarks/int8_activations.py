@@ -20,7 +20,7 @@ from pagedllm.attention import AttentionMetadata, LayerKVCache
 from pagedllm.models.build import EXACT_EDGE_LAYERS
 from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS, QuantLinear
 from pagedllm.tools.text_prompts import make_prompt_token_ids
-from timing import parse_args
+from timing import parse_args, smoke_or
 
 BLOCK = 16
 
@@ -56,7 +56,7 @@ def main() -> None:
     tokenizer = fast.tokenizer
     prompts = [tokenizer.encode("Once upon a time, in a small village by the sea, there lived an "
                                 "old fisherman. The fisherman's daughter walked to the harbour.")]
-    prompts += make_prompt_token_ids(tokenizer, [64, 150, 300, 450, 600], seed=3)
+    prompts += make_prompt_token_ids(tokenizer, smoke_or([64, 150, 300, 450, 600], [16]), seed=3)
     references = [prompt_logits(exact_llm.engine.runner.model, ids) for ids in prompts]
     layers = len(model.layers)
     settings = {"exact": set(),

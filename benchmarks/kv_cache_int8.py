@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.tools.text_prompts import make_prompt_token_ids
-from timing import parse_args
+from timing import parse_args, smoke_or
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from paged_helpers import run_paged  # noqa: E402
@@ -31,16 +31,17 @@ def decode_ms(batch: int, kv_cache_dtype: str) -> tuple[float, int]:
     llm = LLM(dtype="bfloat16", max_num_seqs=batch, kv_cache_memory=512 << 20,
               enable_prefix_caching=False, kv_cache_dtype=kv_cache_dtype)
     engine = llm.engine
-    for i, ids in enumerate(make_prompt_token_ids(llm.tokenizer, [600] * batch, seed=1)):
+    context, steps = smoke_or((600, 40), (24, 2))
+    for i, ids in enumerate(make_prompt_token_ids(llm.tokenizer, [context] * batch, seed=1)):
         engine.add_request(str(i), ids, SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
-    while any(r.num_computed_tokens < 600 for r in engine.scheduler.requests.values()):
+    while any(r.num_computed_tokens < context for r in engine.scheduler.requests.values()):
         engine.step()
     for _ in range(3):
         engine.step()
     start = time.perf_counter()
-    for _ in range(40):
+    for _ in range(steps):
         engine.step()
-    return (time.perf_counter() - start) / 40 * 1e3, engine.capacity_tokens
+    return (time.perf_counter() - start) / steps * 1e3, engine.capacity_tokens
 
 
 def main() -> None:
@@ -48,7 +49,7 @@ def main() -> None:
     print(f"threads={args.threads}, bfloat16 model, 512 MiB KV pool")
     print("decode step, 600-token contexts:  auto ms   int8 ms   auto/int8")
     capacity = {}
-    for batch in (1, 8, 16):
+    for batch in smoke_or((1, 8, 16), (1, 2)):
         (auto, capacity["auto"]), (int8, capacity["int8"]) = (decode_ms(batch, d) for d in KV_DTYPES)
         print(f"  {batch:>2} sequences {auto:22.2f} {int8:9.2f} {auto / int8:10.2f}x")
     print(f"tokens in the pool: auto {capacity['auto']:,}, int8 {capacity['int8']:,} "
@@ -59,7 +60,7 @@ def main() -> None:
     tokenizer = fast.tokenizer
     prompts = [tokenizer.encode("Once upon a time, in a small village by the sea, there lived an "
                                 "old fisherman. The fisherman's daughter walked to the harbour.")]
-    prompts += make_prompt_token_ids(tokenizer, [64, 150, 300, 450, 600], seed=3)
+    prompts += make_prompt_token_ids(tokenizer, smoke_or([64, 150, 300, 450, 600], [16]), seed=3)
     references = [run_paged(exact, [ids], block_size=16)[0] for ids in prompts]
     print(f"{len(prompts)} prompts, {sum(map(len, prompts))} tokens; against float32 with an exact cache")
     print(f"{'cache':<6} {'steps':<16} {'mean |diff|':>11} {'agreement':>10}")

@@ -22,7 +22,7 @@ from pagedllm.models.output_head import RefinedHead
 from pagedllm.models.quant_linear import DenseLinear, Int8Linear
 from pagedllm.weights.q4 import GROUP_SIZE
 from pagedllm.weights.q8 import Q8Rows
-from timing import ms_per_call, parse_args
+from timing import ms_per_call, parse_args, smoke_or
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 NUM_LAYERS = 30
@@ -30,7 +30,7 @@ NUM_LAYERS = 30
 
 def make_layers(ops):
     layers = []
-    for _ in range(NUM_LAYERS):
+    for _ in range(smoke_or(NUM_LAYERS, 1)):
         for out, inp in SHAPES.values():
             codes = torch.randint(0, 16, (out, inp), dtype=torch.int32)
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
@@ -65,10 +65,11 @@ def main() -> None:
     args = parse_args()
     ops = kernel_ops()  # the level in use: PAGEDLLM_CPU_ISA picks a lower one
     layers = make_layers(ops)
-    print(f"threads={args.threads}; ms per pass over the projections of {NUM_LAYERS} layers")
+    print(f"threads={args.threads}; ms per pass over the projections of "
+          f"{smoke_or(NUM_LAYERS, 1)} layer(s)")
     print(f"{'rows':>5} {'bf16':>8} {'prepacked':>10} {'int4':>8} {'q4_gemm':>8} {'q4_q8':>8}"
           "  prepacked/int4  int4/q4_gemm  prepacked/q4_gemm  q4_gemm/q4_q8  prepacked/q4_q8")
-    for rows in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256):
+    for rows in smoke_or((1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256), (1, 8)):
         dense_ms, prepacked_ms, int4_ms = (time_pass(layers, rows, kind)
                                            for kind in ("bf16", "prepacked", "int4"))
         q4_ms, q4_q8_ms = ((time_pass(layers, rows, kind) if ops else float("nan"))
@@ -79,13 +80,13 @@ def main() -> None:
     # The output head (vocabulary x hidden): prepacked bf16, torch's int8 per-row kernel,
     # pagedllm's q8_gemm on Q8_0 codes. Four heads in turn, so they stream from memory.
     heads = []
-    for _ in range(4):
+    for _ in range(smoke_or(4, 1)):
         q8 = Q8Rows(torch.randint(-127, 128, (49152, 576), dtype=torch.int8),
                     (torch.rand(49152, 576 // GROUP_SIZE) * 0.01).half().float())
         heads.append((Int8Linear(q8.rows(torch.arange(49152)), cpu_backend()), ops.q8_pack(q8.codes, q8.scales) if ops else None, q8))
     print("output head 49152 x 576, ms per call")
     print(f"{'rows':>5} {'prepacked':>10} {'int8':>8} {'q8_gemm':>8}  prepacked/int8  prepacked/q8_gemm")
-    for rows in (1, 2, 4, 8, 16, 64):
+    for rows in smoke_or((1, 2, 4, 8, 16, 64), (1, 8)):
         x = torch.randn(rows, 576).bfloat16()
         per_head = 1 / len(heads)
         prepacked_ms = ms_per_call(lambda: [h.dense(x) for h, _, _ in heads]) * per_head

@@ -1,0 +1,65 @@
+"""Every script under benchmarks/ runs in the suite, so none rots unnoticed (one once called a
+method that no longer existed): each with --smoke (benchmarks/timing.py: tiny sizes, one
+repeat, on the bundled model), its output parsed for the table and ratio it exists to print.
+The figures of a smoke run mean nothing; the test asserts that the script ran its whole path.
+
+SMOKE lists the scripts run here, NOT_YET those still to be given a smoke run (the list may
+only shrink: a new script must come with its entry in SMOKE)."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
+RATIO = r"\d+\.\d+ ?x"  # a speed-up or ratio as the scripts print them
+
+# script -> (extra arguments, patterns its output must hold)
+SMOKE = {
+    "attention_kernels.py": ([], [r"decode, 30 layers:", r"S= 2 L=  40 .*" + RATIO,
+                                  r"prefill chunk, one layer:", r"16 tokens from   32 .*" + RATIO]),
+    "attention_options.py": ([], [r"Gemma 2 2B, global +decode, 2 x 48 tokens .*" + RATIO,
+                                  r"Gemma 3 1B, sliding 512 +prefill, 16 after 32 .*" + RATIO]),
+    "cpu_levels.py": ([], [r"q4_q8_gemm +8 .*", r"decode attention int8 2x40 +2 "]),
+    "decode_step.py": ([], [r"^ +2 +[\d.]+ +[\d.]+ +[\d.]+ +" + RATIO]),
+    "int8_activations.py": ([], [r"^exact +[\d.]+ +[\d.]+ +[\d.]+ +1\.00x",
+                                 r"^int8 everywhere .*" + RATIO]),
+    "kv_cache_int8.py": ([], [r"^ +2 sequences .*" + RATIO, r"tokens in the pool: auto [\d,]+",
+                              r"^int8 +one token each +[\d.]+ +[\d.]+"]),
+    "linear_kernels.py": ([], [r"^ +8 +[\d.]+ .*" + RATIO, r"output head 49152 x 576",
+                               r"top-16 exact recomputation"]),
+}
+# Covered by a test of its own.
+ELSEWHERE = {"roof.py": "tests/test_roof.py"}
+# Not smoke-run yet (each needs its sizes cut under --smoke): the list may only shrink.
+NOT_YET = {
+    "amx_prefill.py", "decode_kernels.py", "embeddings.py", "engine_thread.py", "gguf_header.py",
+    "gpu_attention.py", "gpu_decode.py", "grammar_libraries.py", "host_overhead.py",
+    "k_quant_kernels.py", "kv_memory.py", "load_per_level.py", "lora.py", "lora_engine.py",
+    "model_store.py", "moe_active_params.py", "offline_batching.py", "offline_throughput.py",
+    "page_overhead.py", "prefill_attention.py", "prefix_cache_ttft.py", "profile_load.py",
+    "prompt_refusal.py", "quality_gate.py", "realistic_size.py", "replica_routing.py",
+    "sampler_speed.py", "soak_memory.py", "speculative.py", "step_split.py", "step_thread.py",
+    "structured_output.py", "vs_transformers.py", "window_kv.py",
+}
+HELPERS = {"timing.py"}  # imported by the scripts, not one
+
+
+def test_every_script_is_smoke_run_or_listed():
+    scripts = {name for name in os.listdir(BENCHMARKS) if name.endswith(".py")}
+    listed = set(SMOKE) | set(ELSEWHERE) | NOT_YET | HELPERS
+    assert scripts - listed == set(), "a new benchmark script needs its entry in SMOKE"
+    assert listed - scripts == set(), "a script listed here is gone: drop its entry"
+    assert not set(SMOKE) & NOT_YET
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_the_script_runs_its_whole_path(script):
+    arguments, patterns = SMOKE[script]
+    run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), "--smoke", *arguments],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for pattern in patterns:
+        assert re.search(pattern, run.stdout, re.M), (pattern, run.stdout[-3000:])
