@@ -16,6 +16,7 @@ import sys
 import time
 
 from pagedllm.weights import default_model_path
+from timing import add_smoke, smoke_or
 
 
 def seconds(fn, repeat: int) -> float:
@@ -32,7 +33,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default=None, help="a GGUF file (default: the bundled model)")
     parser.add_argument("--repeat", type=int, default=5)
+    add_smoke(parser)
     args = parser.parse_args()
+    args.repeat = smoke_or(args.repeat, 1)
     path = args.model or default_model_path()
     with open(path, "rb") as f:  # warm the page cache
         while f.read(1 << 24):

@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from timing import add_smoke, smoke_or
+
 SHAPES = [(2048, 2048), (16384, 2048), (2048, 8192)]  # o / q+k, gate_up, down
 STREAM_BYTES = 400 << 20
 
@@ -45,7 +47,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
+    add_smoke(parser)
     args = parser.parse_args()
+    args.repeats = smoke_or(args.repeats, 1)
     torch.set_num_threads(args.threads)
     from pagedllm.kernels import kernel_ops
 
@@ -53,7 +57,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     print(f"kernels: {ops.isa()}, {args.threads} thread(s), one activation row")
     for n, k in SHAPES:
-        copies = max(2, STREAM_BYTES // (n * k))
+        copies = smoke_or(max(2, STREAM_BYTES // (n * k)), 1)
         matrices = [forms(ops, n, k, gen) for _ in range(copies)]
         x = torch.randn(1, k).bfloat16()
         times = {name: [] for name in matrices[0]}

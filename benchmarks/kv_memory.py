@@ -18,20 +18,26 @@ from pagedllm import LLM, SamplingParams
 from pagedllm.core import sizing
 from pagedllm.units import gib
 from pagedllm.tools.text_prompts import make_prompt_token_ids
+from timing import add_smoke, smoke_or
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--context", type=int, default=8192)
+    add_smoke(parser)
     args = parser.parse_args()
+    args.context = smoke_or(args.context, 512)
     torch.set_num_threads(2)
-    llm = LLM(dtype=args.dtype, max_num_seqs=16, kv_cache_memory=2 << 30, max_model_len=args.context)
+    seqs, shortest, longest, max_tokens = smoke_or((16, 128, 768, 128), (4, 16, 48, 8))
+    llm = LLM(dtype=args.dtype, max_num_seqs=seqs, kv_cache_memory=smoke_or(2 << 30, 64 << 20),
+              max_model_len=args.context)
     engine = llm.engine
     rng = random.Random(0)
-    lengths = [rng.randint(128, 768) for _ in range(16)]
+    lengths = [rng.randint(shortest, longest) for _ in range(seqs)]
     for p in make_prompt_token_ids(llm.tokenizer, lengths, seed=3):
-        engine.add_request(None, p, SamplingParams(max_tokens=128, temperature=0, ignore_eos=True))
+        engine.add_request(None, p, SamplingParams(max_tokens=max_tokens, temperature=0,
+                                                   ignore_eos=True))
     peak_blocks = 0
     while engine.has_unfinished_requests():
         engine.step()
@@ -40,12 +46,14 @@ def main() -> None:
     per_token = sizing.kv_bytes_per_token(engine.model_config, element)
     block = engine.cache_config.block_size
     used = peak_blocks * block * per_token
-    full_context = 16 * args.context * per_token
-    per_request = sum(n + 128 for n in lengths) * per_token
+    full_context = seqs * args.context * per_token
+    per_request = sum(n + max_tokens for n in lengths) * per_token
     g = gib
-    print(f"dtype={args.dtype}: {per_token} bytes per token; 16 requests, {sum(lengths)} prompt tokens")
+    print(f"dtype={args.dtype}: {per_token} bytes per token; {seqs} requests, {sum(lengths)} "
+          f"prompt tokens")
     print(f"paged, peak in use:                        {g(used)} ({peak_blocks} blocks of {block})")
-    print(f"contiguous, full {args.context}-token context x 16:  {g(full_context)}  ({full_context / used:.1f}x more)")
+    print(f"contiguous, full {args.context}-token context x {seqs}:  {g(full_context)}  "
+          f"({full_context / used:.1f}x more)")
     print(f"contiguous, prompt + max_tokens each:      {g(per_request)}  ({per_request / used:.2f}x)")
 
 

@@ -11,6 +11,7 @@ import argparse
 import time
 
 from pagedllm.tokenizer import TokenLimitError, Tokenizer
+from timing import add_smoke
 
 TEXTS = {
     '"word " x 838,860 (a 4 MiB body)': "word " * ((4 << 20) // 5),
@@ -21,6 +22,7 @@ TEXTS = {
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--limit", type=int, default=8192)
+    add_smoke(parser)  # the texts are its sizes: a smoke run is the run
     args = parser.parse_args()
     tok = Tokenizer.from_model_path(None)
     tok.max_token_chars  # computed once per tokenizer; not part of a request's cost
