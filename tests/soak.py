@@ -10,12 +10,7 @@ import time
 
 import httpx
 
-
-def metric(url, name):
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith((f"pagedllm:{name}{{", f"pagedllm:{name} ")):
-            return float(line.split()[-1])
-    raise AssertionError(f"no metric {name}")
+from probes import metric
 
 
 def soak_round(url, rounds_seed, num_requests=160, wave=16):

@@ -48,6 +48,29 @@ def test_other_origins_are_refused_quietly(client, origin):
     assert "access-control-allow-origin" not in simple.headers
 
 
+def test_by_default_loopback_origins_pass_and_none_turns_it_off():
+    """As llama.cpp's server: a web UI on this machine (any port) may call it; nothing else,
+    and `--allowed-origins none` turns CORS off."""
+    from pagedllm.cli.main import build_parser
+    from pagedllm.cli.serve import server_config
+
+    default = server_config(build_parser().parse_args(["serve"]))
+    assert default.allowed_origins == ("localhost",)
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        return {"ok": True}
+
+    add_cors(app, default.allowed_origins)
+    client = TestClient(app)
+    assert preflight(client, "http://localhost:3000").headers[
+        "access-control-allow-origin"] == "http://localhost:3000"
+    assert "access-control-allow-origin" not in preflight(client, "http://a.example").headers
+    off = server_config(build_parser().parse_args(["serve", "--allowed-origins", "none"]))
+    assert off.allowed_origins == ()
+
+
 def test_no_origins_means_no_cors():
     app = FastAPI()
     add_cors(app, ())

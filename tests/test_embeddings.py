@@ -17,6 +17,8 @@ from pagedllm.embeddings.packaged import packaged_folder
 from pagedllm.embeddings.sentence_model import SentenceModel, read_pooling
 from server_process import ServerProcess
 
+from probes import metric
+
 SENTENCES = ["The cat sits on the mat.", "A feline rests on a rug.",
              "Quarterly revenue grew by 12 percent.",
              "naïve café — ünïcödé and emoji 🚀 survive", "x",
@@ -204,28 +206,21 @@ def test_models_that_do_not_embed(server):
     assert done.status_code == 200
 
 
-def _metric(server, name) -> float:
-    for line in httpx.get(server.url + "/metrics").text.splitlines():
-        if line.startswith(f"pagedllm:{name} ") or line.startswith(f"pagedllm:{name}{{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
-
-
 def test_concurrent_requests_are_all_answered_and_counted(server):
     """16 requests at once: all answered, counted once each; they share passes (fewer or as
     many passes as requests: how many share depends on timing, which the deterministic
     test below controls)."""
-    before_requests, before_batches = _metric(server, "embedding_requests_total"), \
-        _metric(server, "embedding_batches_total")
+    before_requests, before_batches = metric(server, "embedding_requests_total"), \
+        metric(server, "embedding_batches_total")
     body = {"model": "all-minilm", "input": [" ".join(["word"] * 120)] * 8}
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda _: httpx.post(server.url + "/v1/embeddings", json=body,
                                                      timeout=120), range(16)))
     assert all(a.status_code == 200 for a in answers)
-    requests = _metric(server, "embedding_requests_total") - before_requests
-    batches = _metric(server, "embedding_batches_total") - before_batches
+    requests = metric(server, "embedding_requests_total") - before_requests
+    batches = metric(server, "embedding_batches_total") - before_batches
     assert requests == 16 and 1 <= batches <= 16
-    assert _metric(server, "embedding_inputs_total") >= 128
+    assert metric(server, "embedding_inputs_total") >= 128
 
 
 def test_without_an_embedding_model_the_route_says_how(tmp_path):

@@ -500,3 +500,30 @@ def test_health_is_503_while_the_engine_is_unusable(real_llm):
         engine_client.loop.core.dead = "3 engine steps failed in a row: boom"
         r = client.get("/health")
         assert r.status_code == 503 and "boom" in r.json()["error"]["message"]
+
+
+def test_a_stalled_engine_and_the_instant_after_a_crash_are_503s(real_llm, monkeypatch):
+    """/health and new requests while the engine makes no progress; a request whose submit
+    finds no engine (the instant after an engine process died): 503, never a 500."""
+    from fastapi.testclient import TestClient
+
+    from pagedllm.errors import EngineUnavailableError
+    from pagedllm.server.app import create_app
+    from pagedllm.serving.local import LocalEngineClient
+
+    engine_client = LocalEngineClient(real_llm.engine)
+    app = create_app(engine_client, "smollm2")
+    body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2}
+    with TestClient(app) as client:
+        engine_client.stalled = "the engine process has made no progress for 40 s"
+        for r in (client.get("/health"), client.post("/v1/completions", json=body)):
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stalled"
+            assert "40 s" in r.json()["error"]["message"] and r.headers["retry-after"]
+        engine_client.stalled = None
+
+        def gone(request, report_position=False):
+            raise EngineUnavailableError("the engine process is not running")
+        monkeypatch.setattr(engine_client, "submit", gone)
+        r = client.post("/v1/completions", json={**body, "n": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_restarting"
+        assert "not running" in r.json()["error"]["message"]

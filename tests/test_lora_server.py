@@ -145,6 +145,9 @@ def test_bad_loads_are_refused_and_nothing_is_half_loaded(lora_server, trained_l
     (broken / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
     cases = [({"lora_name": "zorblax", "lora_path": paths["zorblax"]}, 400, "already loaded"),
              ({"lora_name": "smollm2", "lora_path": paths["zorblax"]}, 400, "served model"),
+             ({"lora_name": "SmolLM2", "lora_path": paths["zorblax"]}, 400, "served model"),
+             ({"lora_name": "sm\u043ellm2", "lora_path": paths["zorblax"]}, 400, "served model"),
+             ({"lora_name": "ZORBLAX", "lora_path": paths["quibbit"]}, 400, "reads as the loaded"),
              ({"lora_name": "x", "lora_path": str(tmp_path / "none")}, 400, "does not exist"),
              ({"lora_name": "x", "lora_path": str(broken)}, 400, "not a readable safetensors"),
              ({"lora_name": "x"}, 400, "lora_path"),
@@ -182,6 +185,18 @@ def test_the_engine_process_serves_adapters_and_only_admins_change_them(trained_
         assert "Quibbit" in complete(proc.url, "quibbit", alice).json()["choices"][0]["text"]
     finally:
         proc.stop()
+
+
+def test_an_adapter_named_like_the_model_at_start_is_one_line_and_no_server(trained_loras,
+                                                                            tmp_path):
+    """A Cyrillic "о" in the base's name: requests for the base would reach the adapter."""
+    _, paths, _ = trained_loras
+    proc = ServerProcess("--served-model-name", "smollm2", "--lora",
+                         f"sm\u043ellm2={paths['zorblax']}", log_path=str(tmp_path / "server.log"),
+                         wait_ready=False)
+    assert proc.proc.wait(600) == 2
+    assert "reads as the served model's name `smollm2`" in proc.output()
+    proc.stop()
 
 
 def test_a_bad_adapter_at_start_is_one_line_and_no_server(trained_loras, tmp_path):

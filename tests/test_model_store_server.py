@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import time
 
 import httpx
 import pytest
@@ -15,6 +14,8 @@ import pytest
 from pagedllm.embeddings.packaged import packaged_folder
 from pagedllm.weights import default_model_path
 from server_process import ServerProcess, free_port
+
+from probes import metric, wait_for
 
 HI = [{"role": "user", "content": "Say hello."}]
 
@@ -48,26 +49,8 @@ def loaded(proc) -> list[str]:
     return sorted(m["name"] for m in answer.json()["models"])
 
 
-def metric(proc, name: str, **labels) -> float:
-    text = httpx.get(proc.url + "/metrics", timeout=30).text
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(f"pagedllm:{name}") and want in line and not line.startswith("#"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def wait_for(condition, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"never happened: {what}")
-
-
 def test_every_model_is_listed_before_any_loads(store):
-    assert loaded(store) == [] and metric(store, "models_loaded") == 0
+    assert loaded(store) == [] and metric(store, "models_loaded", missing=0.0) == 0
     models = {m["id"]: m for m in httpx.get(store.url + "/v1/models", timeout=30).json()["data"]}
     assert set(models) == {"smollm2", "tiny-hf", "minilm"}
     assert models["minilm"]["kind"] == "embedding" and models["minilm"]["architecture"] == "bert"
@@ -90,7 +73,7 @@ def test_two_models_answer_in_turn_and_at_once(store):
                                                 temperature=0)
         assert answer.model == name and answer.usage.completion_tokens >= 1
     assert loaded(store) == ["smollm2:latest", "tiny-hf:latest"]
-    assert metric(store, "model_loads_total", model_name="smollm2") == 1
+    assert metric(store, "model_loads_total", model_name="smollm2", missing=0.0) == 1
 
     def ask(name):
         return client.chat.completions.create(model=name, messages=HI, max_tokens=16,
@@ -102,8 +85,8 @@ def test_two_models_answer_in_turn_and_at_once(store):
     assert all(a.usage.completion_tokens == 16 for a in answers)
     assert answers[0].choices[0].message.content == answers[2].choices[0].message.content
     # Each model's engine is counted under its own name; nothing was loaded twice.
-    assert metric(store, "generation_tokens_total", model_name="tiny-hf") >= 32
-    assert metric(store, "model_loads_total", model_name="tiny-hf") == 1
+    assert metric(store, "generation_tokens_total", model_name="tiny-hf", missing=0.0) >= 32
+    assert metric(store, "model_loads_total", model_name="tiny-hf", missing=0.0) == 1
 
 
 def test_an_unknown_model_is_answered_with_the_known_ones(store):
@@ -131,8 +114,8 @@ def test_keep_alive_zero_unloads_after_the_answer(store):
     client.chat(model="smollm2", messages=HI, keep_alive="1h", options={"num_predict": 1})
     answer = client.chat(model="tiny-hf", messages=HI, keep_alive=0, options={"num_predict": 4})
     assert answer.message.content is not None
-    wait_for(lambda: "tiny-hf:latest" not in loaded(store), "tiny-hf unloaded")
-    assert metric(store, "model_unloads_total", model_name="tiny-hf", reason="expired") >= 1
+    wait_for(lambda: "tiny-hf:latest" not in loaded(store), what="tiny-hf unloaded")
+    assert metric(store, "model_unloads_total", model_name="tiny-hf", reason="expired", missing=0.0) >= 1
     assert "smollm2:latest" in loaded(store)  # the other model's keep-alive has not run out
     # Ollama's "load" request (no prompt) loads it again; keep_alive -1 keeps it for good.
     load = httpx.post(store.url + "/api/generate", json={"model": "tiny-hf", "keep_alive": -1},
@@ -144,7 +127,7 @@ def test_keep_alive_zero_unloads_after_the_answer(store):
     unload = httpx.post(store.url + "/api/generate", json={"model": "tiny-hf", "keep_alive": 0},
                         timeout=120).json()
     assert unload["done_reason"] == "unload"
-    wait_for(lambda: "tiny-hf:latest" not in loaded(store), "tiny-hf unloaded again")
+    wait_for(lambda: "tiny-hf:latest" not in loaded(store), what="tiny-hf unloaded again")
 
 
 def test_the_budget_unloads_the_idle_model_and_never_a_busy_one(models_dir, tmp_path_factory):
@@ -156,7 +139,7 @@ def test_the_budget_unloads_the_idle_model_and_never_a_busy_one(models_dir, tmp_
         assert chat("tiny-hf").status_code == 200
         assert chat("smollm2").status_code == 200  # tiny-hf was idle: unloaded for it
         assert loaded(proc) == ["smollm2:latest"]
-        assert metric(proc, "model_unloads_total", model_name="tiny-hf", reason="room") == 1
+        assert metric(proc, "model_unloads_total", model_name="tiny-hf", reason="room", missing=0.0) == 1
         body = {"model": "smollm2", "messages": HI, "max_tokens": 2000, "ignore_eos": True,
                 "stream": True}
         with httpx.stream("POST", proc.url + "/v1/chat/completions", json=body,
@@ -177,9 +160,9 @@ def test_the_budget_unloads_the_idle_model_and_never_a_busy_one(models_dir, tmp_
             assert '"loading": true' in chunks[0] and '"model_busy"' in chunks[-1]
             assert lines[-1] == "data: [DONE]" or lines[-2] == "data: [DONE]"
         # Its client went away: the request is aborted, the model idle, and room is made.
-        wait_for(lambda: chat("tiny-hf").status_code == 200, "tiny-hf served after the stream")
+        wait_for(lambda: chat("tiny-hf").status_code == 200, what="tiny-hf served after the stream")
         assert loaded(proc) == ["tiny-hf:latest"]
-        assert metric(proc, "model_busy_refusals_total") >= 1
+        assert metric(proc, "model_busy_refusals_total", missing=0.0) >= 1
     finally:
         proc.stop()
 
@@ -219,14 +202,14 @@ def test_the_queue_bound_counts_every_models_waiting_requests(models_dir, tmp_pa
                 httpx.stream("POST", proc.url + "/v1/chat/completions", json=body,
                              timeout=120) as waiting:
             assert running.status_code == waiting.status_code == 200
-            wait_for(lambda: metric(proc, "num_requests_waiting", model_name="smollm2") == 1,
-                     "the second smollm2 request waits")
+            wait_for(lambda: metric(proc, "num_requests_waiting", model_name="smollm2", missing=0.0) == 1,
+                     what="the second smollm2 request waits")
             full = httpx.post(proc.url + "/v1/chat/completions", timeout=120,
                               json={"model": "tiny-hf", "messages": HI, "max_tokens": 4})
             assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
         wait_for(lambda: httpx.post(proc.url + "/v1/chat/completions", timeout=120, json={
             "model": "tiny-hf", "messages": HI, "max_tokens": 4}).status_code == 200,
-            "room in the queue once the streams ended")
+            what="room in the queue once the streams ended")
     finally:
         proc.stop()
 
@@ -248,7 +231,7 @@ def test_an_embedding_model_in_the_store_loads_on_demand(store):
     expected = exact.embed(exact.tokenize(texts)).numpy()
     assert vectors.shape == (2, 384) and (vectors * expected).sum(1).min() >= 0.9999
     assert "minilm:latest" in loaded(store)
-    assert metric(store, "model_loads_total", model_name="minilm") == 1
+    assert metric(store, "model_loads_total", model_name="minilm", missing=0.0) == 1
     with pytest.raises(BadRequestError, match="makes embeddings"):
         client.chat.completions.create(model="minilm", messages=HI)
     with pytest.raises(BadRequestError, match="does not make embeddings"):
@@ -257,7 +240,7 @@ def test_an_embedding_model_in_the_store_loads_on_demand(store):
     assert show["capabilities"] == ["embedding"] and show["model_info"]["embedding_length"] == 384
     embedded = ollama.Client(host=store.url).embed(model="minilm", input=texts[0], keep_alive=0)
     assert np.allclose(embedded.embeddings[0], vectors[0], atol=1e-5)
-    wait_for(lambda: "minilm:latest" not in loaded(store), "minilm unloaded after keep_alive 0")
+    wait_for(lambda: "minilm:latest" not in loaded(store), what="minilm unloaded after keep_alive 0")
 
 
 def test_a_stream_says_its_model_is_loading_while_others_serve(models_dir, tmp_path_factory):
@@ -305,7 +288,7 @@ def test_a_stream_says_its_model_is_loading_while_others_serve(models_dir, tmp_p
         assert seen["loading"] >= 2 and seen["content"]
         # The OpenAI client reads the same stream as plain chunks.
         httpx.post(proc.url + "/api/generate", json={"model": "tiny-hf", "keep_alive": 0})
-        wait_for(lambda: "tiny-hf:latest" not in loaded(proc), "tiny-hf unloaded")
+        wait_for(lambda: "tiny-hf:latest" not in loaded(proc), what="tiny-hf unloaded")
         # (A random-weight model's tokens may decode to no text: count tokens, not text.)
         chunks = list(client.chat.completions.create(
             model="tiny-hf", messages=HI, max_tokens=3, stream=True,

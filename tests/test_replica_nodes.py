@@ -17,22 +17,14 @@ pytest.importorskip("ray.serve", reason="Ray Serve is the optional extra pagedll
 
 from server_process import ServerProcess  # noqa: E402
 
+from probes import wait_for
+
 pytestmark = pytest.mark.slow
 
 
 def replica_nodes(server) -> list[str]:
     text = httpx.get(server.url + "/metrics", timeout=10).text
     return re.findall(r'pagedllm:replica_info\{[^}]*node="([0-9a-f]+)"', text)
-
-
-def wait_for(condition, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"not within {timeout} s")
 
 
 def compiled_kernels() -> dict:

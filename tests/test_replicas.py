@@ -20,6 +20,8 @@ pytest.importorskip("ray.serve", reason="Ray Serve is the optional extra pagedll
 
 from server_process import ServerProcess  # noqa: E402
 
+from probes import wait_for
+
 pytestmark = pytest.mark.slow
 KEYS = {"alice": "alice-key-0123456789", "capped": "capped-key-0123456789",
         "metered": "metered-key-0123456789"}
@@ -57,16 +59,6 @@ def cluster(tmp_path_factory):
 def client(server, key="alice", **kwargs) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEYS.get(key, key), max_retries=0,
                          **kwargs)
-
-
-def wait_for(condition, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not within {timeout} s")
 
 
 def replica_rows(server, name: str) -> dict[str, float]:

@@ -15,16 +15,10 @@ import pytest
 
 from server_process import ServerProcess
 
+from probes import metric
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 KEY = "page-key-0123456789"
-
-
-def metric(server, name, headers=None) -> float:
-    text = httpx.get(server.url + "/metrics", headers=headers or {}, timeout=30).text
-    for line in text.splitlines():
-        if line.startswith(f"pagedllm:{name}{{") or line.startswith(f"pagedllm:{name} "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no metric {name}")
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,11 @@ class EngineDeadError(RuntimeError):
     """The engine (or the replica) serving a request failed while running it."""
 
 
+class EngineUnavailableError(EngineDeadError):
+    """No engine takes requests at this instant (the engine process just died and is being
+    restarted): the request was not submitted; the server answers 503, as while restarting."""
+
+
 class AdapterError(ValueError):
     """A LoRA adapter that cannot be served over this model, in one line naming why
     (lora/: a bad file, another model's adapter, an option it cannot honour)."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 
 
-def load_with_progress(config, engine_process: bool = False, threads: int | None = None):
+def load_with_progress(config, engine_process: bool = False, threads: int | None = None,
+                       stall_after: float | None = None):
     """One engine, in this process or in one of its own (--engine-process), loaded under a
-    progress bar; test faults only where the environment asks for them (engine/faults.py)."""
+    progress bar; test faults only where the environment asks for them (engine/faults.py).
+    stall_after: --engine-stall-timeout (serving/stall_watch.py)."""
     from pagedllm.engine.faults import Faults
 
     faults = Faults.from_env()
@@ -17,8 +19,11 @@ def load_with_progress(config, engine_process: bool = False, threads: int | None
 
         # --threads (else every core, as in one process: BENCHMARKS.md, "The engine in its
         # own process", has what fewer would give).
+        from pagedllm.serving.stall_watch import StallWatch
+
+        watch = None if stall_after is None else StallWatch(stall_after, 6 * stall_after)
         return ProcessEngineClient(config, faults, load_progress=load_progress_bar,
-                                   num_threads=threads)
+                                   num_threads=threads, stall_watch=watch)
     from pagedllm.serving.local import LocalEngineClient
 
     with load_progress_bar() as update:

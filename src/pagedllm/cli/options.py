@@ -50,6 +50,16 @@ def memory_amount(text: str) -> int | float:
     return size(text)
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

@@ -7,8 +7,10 @@ import os
 import signal
 import sys
 
-from pagedllm.cli.options import add_engine_args, engine_config, positive_int, size
+from pagedllm.cli.options import (add_engine_args, engine_config, positive_int, positive_seconds,
+                                  size)
 from pagedllm.server.server_config import ServerConfig
+from pagedllm.serving.stall_watch import STALL_AFTER_S
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -73,6 +75,11 @@ def _add_http_args(http) -> None:
                            "this one keeping HTTP, tokenizing and detokenizing; a crashed engine "
                            "process is restarted while the server goes on (default: off, one "
                            "process: see BENCHMARKS.md, \"The engine in its own process\")")
+    http.add_argument("--engine-stall-timeout", type=positive_seconds, default=STALL_AFTER_S,
+                      metavar="SECONDS",
+                      help="with --engine-process: an engine silent this long while requests "
+                           "wait counts as stalled (/health and new requests 503 "
+                           "engine_stalled, logged), and is restarted after 6 times as long")
     http.add_argument("--bench-results", default=None, metavar="DIR",
                       help="a folder of `pagedllm bench --out` results; the page at / shows "
                            "the newest (default: none)")
@@ -104,7 +111,9 @@ def _add_shared_args(shared) -> None:
     shared.add_argument("--shared-prefix-cache", action="store_true",
                         help="share cached prompt blocks across users (otherwise salted per user)")
     shared.add_argument("--allowed-origins", default=None,
-                        help="comma-separated CORS origins (default: none)")
+                        help="comma-separated CORS origins; `localhost` is any port on a "
+                             "loopback host, `none` no origin (default: localhost, as "
+                             "llama.cpp's server)")
     shared.add_argument("--max-queue", type=int, default=None,
                         help="waiting requests before 429 (default: unbounded)")
     shared.add_argument("--max-prompt-tokens", type=positive_int, default=None,
@@ -146,7 +155,7 @@ def server_config(args) -> ServerConfig:
         host=args.host, port=args.port, served_model_name=args.served_model_name,
         api_key_file=args.api_key_file, public_metrics=args.public_metrics,
         shared_prefix_cache=args.shared_prefix_cache,
-        model_aliases=_names(args.model_alias), allowed_origins=_names(args.allowed_origins),
+        model_aliases=_names(args.model_alias), allowed_origins=_origins(args.allowed_origins),
         max_queue=args.max_queue, max_prompt_tokens=args.max_prompt_tokens,
         max_prompts_per_request=args.max_prompts_per_request,
         max_tokens_limit=args.max_tokens_limit, request_timeout=args.request_timeout,
@@ -165,6 +174,13 @@ def start_command(argv: list[str] | None = None) -> str:
     if "serve" in argv:
         argv = argv[argv.index("serve") + 1:]
     return shlex.join(["pagedllm", "serve", *argv])
+
+
+def _origins(text: str | None) -> tuple[str, ...]:
+    """--allowed-origins: None is the default (loopback origins), `none` no origin at all."""
+    if text is None:
+        return ServerConfig.allowed_origins
+    return () if text.strip().lower() == "none" else _names(text)
 
 
 def _names(text: str | None) -> tuple[str, ...]:
@@ -200,7 +216,8 @@ def cmd_serve(args) -> int:
     try:
         # Until the model is ready the port answers 503 "loading" (server/loading.py).
         with LoadingServer(args.host, args.port, args.ssl_certfile, args.ssl_keyfile):
-            client = load_with_progress(engine_settings, args.engine_process, args.threads)
+            client = load_with_progress(engine_settings, args.engine_process, args.threads,
+                                        args.engine_stall_timeout)
             embeddings = load_embeddings(args.embedding_model, args.pooling, args.embedding_dtype)
     except ModelLoadError as exc:
         print(f"error: {exc}; {MODEL_HINT}", file=sys.stderr)
@@ -208,7 +225,24 @@ def cmd_serve(args) -> int:
     except (EmbeddingModelError, AdapterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    clash = _adapter_name_clash(client, config)
+    if clash is not None:
+        print(f"error: --lora: {clash}", file=sys.stderr)
+        client.shutdown()
+        return 2
     return serve(client, config, embeddings)
+
+
+def _adapter_name_clash(client, config) -> str | None:
+    """An adapter named at start (--lora) that reads as the served model's name."""
+    from pagedllm.server.lora_routes import model_name_clash
+
+    served = config.served_model_name or client.info.model_config.name
+    for adapter in client.loras.adapters() if client.loras is not None else ():
+        clash = model_name_clash(adapter.name, served, config.model_aliases)
+        if clash is not None:
+            return clash
+    return None
 
 
 def _check_server_setup(args) -> None:

@@ -33,6 +33,7 @@ class Faults:
     break_every_step: bool = False
     load_delay: float = 0.0  # seconds added to the model's load
     load_gate: str | None = None  # the load waits until this path exists
+    step_delay: float = 0.0  # seconds each step takes longer (catching an answer mid-way)
 
     @classmethod
     def from_env(cls) -> Faults:
@@ -61,6 +62,8 @@ class Faults:
             time.sleep(0.05)
 
     def before_step(self) -> None:
+        if self.step_delay:
+            time.sleep(self.step_delay)
         if self.break_every_step:
             raise RuntimeError("injected engine fault")
 

@@ -1,6 +1,7 @@
 """The adapters an engine serves, by name: those given at start and those loaded while it
-runs. Loading reads and checks the whole file before the name appears (nothing half-loaded);
-the HTTP thread loads and unloads, the engine thread reads, under one lock. An unloaded
+runs; no two names read alike (lora/names.py). Loading reads and checks the whole file
+before the name appears (nothing half-loaded); the HTTP thread loads and unloads, the
+engine thread reads, under one lock. An unloaded
 adapter's requests already running finish with it; its slot is freed after them (the engine
 hears of it through take_unloaded)."""
 from __future__ import annotations
@@ -11,8 +12,7 @@ from pagedllm.config import LoRAConfig
 from pagedllm.model_config import ModelConfig
 from pagedllm.lora.adapter import AdapterError, LoRAAdapter
 from pagedllm.lora.load import load_adapter
-
-MAX_NAME_CHARS = 128
+from pagedllm.lora.names import check_name, look_alike
 
 
 class LoRARegistry:
@@ -31,17 +31,23 @@ class LoRARegistry:
         """Read, check and add an adapter; AdapterError (one line) if it cannot be."""
         check_name(name)
         with self._lock:
-            if name in self._adapters:
-                raise AdapterError(f"an adapter named {name} is already loaded "
-                                   f"(from {self._adapters[name].path})")
+            self._check_free(name)
         adapter = load_adapter(name, path, self.model_config, self.config.max_lora_rank)
         if not self.keep_weights:
             adapter = adapter.described()
         with self._lock:
-            if name in self._adapters:  # a second load of the same name won the race
-                raise AdapterError(f"an adapter named {name} is already loaded")
+            self._check_free(name)  # a second load of the same name may have won the race
             self._adapters[name] = adapter
         return adapter
+
+    def _check_free(self, name: str) -> None:
+        taken = look_alike(name, list(self._adapters))
+        if taken == name:
+            raise AdapterError(f"an adapter named {name} is already loaded (from "
+                               f"{self._adapters[name].path})")
+        if taken is not None:
+            raise AdapterError(f"the name {name!r} reads as the loaded adapter {taken!r} "
+                               f"(case, or look-alike letters): give it another")
 
     def unload(self, name: str) -> LoRAAdapter:
         with self._lock:
@@ -73,12 +79,3 @@ class LoRARegistry:
         with self._lock:
             keys, self._unloaded = self._unloaded, []
         return keys
-
-
-def check_name(name: str) -> None:
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME_CHARS:
-        raise AdapterError(f"an adapter's name must be 1-{MAX_NAME_CHARS} characters, got "
-                           f"{name!r}")
-    if any(c.isspace() or not c.isprintable() for c in name):
-        raise AdapterError(f"an adapter's name may not hold spaces or control characters, got "
-                           f"{name!r}")

@@ -52,6 +52,7 @@ class ReplicaClient:
         self.slots = UserSlots()
         self.dead: str | None = None  # no one replica's death kills the deployment
         self.restarting: str | None = None  # Ray Serve replaces replicas on its own
+        self.stalled: str | None = None  # (its health checks are Ray Serve's)
         self.loras = None  # (adapters are not served with --replicas yet)
         self._stopped = asyncio.Event()
 

@@ -6,12 +6,14 @@ bad file is a 400 naming why, and nothing is half-loaded."""
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
 from pagedllm.errors import AdapterError
+from pagedllm.lora.names import look_alike
 from pagedllm.server.auth import is_loopback
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import RequestModel
@@ -32,9 +34,10 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/load_lora_adapter", tags=["LoRA"])
     async def load_lora_adapter(body: LoadLoRARequest, request: HTTPRequest):
         loras = _admin_loras(state, request)
-        if state.answers_to(body.lora_name) and state.adapter_named(body.lora_name) is None:
-            raise APIError(400, f"`{body.lora_name}` is the served model's name; give the "
-                                f"adapter another", "lora_name", "invalid_value")
+        clash = model_name_clash(body.lora_name, state.served_model_name,
+                                 state.config.model_aliases)
+        if clash is not None:
+            raise APIError(400, clash, "lora_name", "invalid_value")
         try:
             adapter = await asyncio.to_thread(loras.load, body.lora_name, body.lora_path)
         except AdapterError as exc:
@@ -57,6 +60,17 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
         loras = state.client.loras
         return [{"id": i, "name": a.name, "path": a.path, "scale": 1.0, "rank": a.rank}
                 for i, a in enumerate(loras.adapters() if loras is not None else [])]
+
+
+def model_name_clash(name: str, served_model_name: str, aliases: tuple[str, ...]) -> str | None:
+    """Why an adapter may not be named `name` on this server (requests pick it by `model`,
+    so it must not read as the served model's name or match an alias); None when it may."""
+    if any(fnmatch.fnmatchcase(name, alias) for alias in aliases):
+        return f"`{name}` matches a --model-alias of the served model; give the adapter another name"
+    if look_alike(name, [served_model_name, served_model_name + ":latest"]) is not None:
+        return (f"`{name}` reads as the served model's name `{served_model_name}` (case, or "
+                f"look-alike letters); give the adapter another name")
+    return None
 
 
 def adapter_cards(state: ServerState) -> list[dict]:

@@ -20,6 +20,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 
 from pagedllm.core.request import SamplingParams
+from pagedllm.errors import EngineUnavailableError
 from pagedllm.server.auth import ApiKey
 from pagedllm.server.choice import Choice
 from pagedllm.server.drive import CLIENT_CLOSED, collect
@@ -110,6 +111,15 @@ def _make_choice(state: ServerState, job: Job, prompt, j: int, user: str, key: A
 
 def submit(state: ServerState, choices: list[Choice], report_position: bool = False) -> None:
     """Queue every choice's request, with no await between the queue check and this."""
-    for choice in choices:
-        choice.stream = state.client.submit(choice.request, report_position)
+    for index, choice in enumerate(choices):
+        try:
+            choice.stream = state.client.submit(choice.request, report_position)
+        except EngineUnavailableError as exc:  # the instant after an engine process died
+            for submitted in choices[:index]:
+                state.client.abort(submitted.request.request_id)
+                state.live_choices.pop(submitted.request.request_id, None)
+            for unsent in choices:  # nothing ran: the key's reservation is given back
+                unsent.settle_tokens(state, queued=False)
+            raise APIError(503, f"the engine is restarting: {exc}; retry shortly", None,
+                           "engine_restarting", {"Retry-After": "2"}) from exc
         state.live_choices[choice.request.request_id] = choice

@@ -18,8 +18,9 @@ class ServerConfig:
     api_key_file: str | None = None
     public_metrics: bool = False  # /metrics without a key
     shared_prefix_cache: bool = False  # share cached blocks across users
-    # CORS: origins ("http://app.example:3000"), or "localhost": any port on a loopback host.
-    allowed_origins: tuple[str, ...] = ()
+    # CORS: origins ("http://app.example:3000"), or "localhost": any port on a loopback host
+    # (the default, as llama.cpp's server: a team member's local web UI); () for none.
+    allowed_origins: tuple[str, ...] = ("localhost",)
     max_queue: int | None = None  # waiting requests; beyond -> 429
     max_body_bytes: int = 4 << 20
     max_prompt_tokens: int | None = None

@@ -51,13 +51,17 @@ class ServerState:
     lora_scale: float = 1.0
 
     def check_draining(self) -> None:
-        """New work is refused while the server drains or its engine restarts."""
+        """New work is refused while the server drains or its engine restarts or stalls."""
         if self.draining:
             raise APIError(503, "server is shutting down", None, "shutting_down")
         restarting = self.client.restarting
         if restarting:
             raise APIError(503, f"the engine is restarting: {restarting}; retry shortly", None,
                            "engine_restarting", {"Retry-After": "2"})
+        stalled = self.client.stalled
+        if stalled:
+            raise APIError(503, f"the engine is stalled: {stalled}", None, "engine_stalled",
+                           {"Retry-After": "5"})
 
     def check_model(self, model: str | None) -> None:
         self.check_draining()

@@ -24,7 +24,9 @@ the engine's own. The contract:
   runs faster on the main thread); the engine process's front end reads its outputs and
   restarts it there (serving/process_client.py); a front for remote engines just waits.
 - `dead` says why the engines are unusable for good (the server exits); `restarting` why
-  they are not taking requests for now (503 with Retry-After meanwhile).
+  they are not taking requests for now (503 with Retry-After meanwhile); `stalled` why an
+  engine with requests in flight has made no progress for a while (serving/stall_watch.py;
+  503 too).
 - `loras` lists, finds, loads and unloads the LoRA adapters served over the model and
   resolves a request's model name to one (LoRAAdapters below); None where none are served
   (no slots, the replicas, a model store's pool: its models' clients have their own). An
@@ -123,6 +125,7 @@ class EngineClient(Protocol):
     info: EngineInfo
     dead: str | None  # why the engines are unusable, once they are
     restarting: str | None  # why no request is taken now, while an engine restarts
+    stalled: str | None  # why no request is taken now, while an engine makes no progress
     loras: LoRAAdapters | None  # the LoRA adapters served over the model; None: none
 
     @property

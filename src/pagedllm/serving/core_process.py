@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 import torch
 import zmq
@@ -28,6 +29,9 @@ from pagedllm.errors import AdapterError, ModelLoadError
 logger = logging.getLogger("pagedllm.engine_core")
 PROCESS_NAME = "pagedllm-engine"
 IDLE_POLL_MS = 500  # how often an idle engine looks whether its front end is still there
+# A busy engine is heard from at least this often, outputs or not (a long prefill): its
+# front end takes silence while requests wait as a stall (serving/stall_watch.py).
+HEARTBEAT_S = 1.0
 EXIT_GAVE_UP = 70  # steps failed in a row: the front end restarts it
 
 
@@ -105,6 +109,7 @@ class CoreSockets:
         self.core = core
         self.inbox, self.outbox = inbox, outbox
         self.parent_pid = parent_pid
+        self.last_sent = time.monotonic()
 
     def run(self) -> int:
         """Until Stop (0), the front end's exit (0), or steps failing in a row (70)."""
@@ -144,8 +149,11 @@ class CoreSockets:
         deltas += [wire.TokenDelta(request_id, [], FinishReason.ERROR.value, error=out.error)
                    for request_id in out.failed]
         positions = self.core.positions()
-        if not deltas and positions is None:
+        now = time.monotonic()
+        if not deltas and positions is None and (now - self.last_sent < HEARTBEAT_S
+                                                 or not self.core.has_work):
             return
+        self.last_sent = now
         engine = self.core.engine
         self.outbox.send(wire.encoder.encode(wire.StepOutputs(
             deltas, positions, engine.stats(), engine.waiting_by_user())))

@@ -20,6 +20,7 @@ class EmbeddingInfo:
 class EmbeddingClient:
     kind = "embedding"
     loras = None  # adapters are served over a generating model
+    restarting = stalled = None
 
     def __init__(self, service):
         self.service = service

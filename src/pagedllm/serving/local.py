@@ -18,6 +18,7 @@ from pagedllm.structured.spec import GrammarSpec
 
 class LocalEngineClient:
     restarting = None  # an engine in this process is never restarted
+    stalled = None  # (a step that hangs holds this thread: nothing here would notice)
 
     def __init__(self, engine: LLMEngine, start_thread: bool = False):
         """start_thread=False: the caller runs the loop with run() (the server's main

@@ -117,6 +117,7 @@ class UnloadedClient:
 
     dead = None
     restarting = None
+    stalled = None
     loras = None
     num_in_flight = 0
 

@@ -56,6 +56,7 @@ class ModelPool:
         self.events = PoolEvents()
         self.dead: str | None = None  # a store keeps serving when one model fails
         self.restarting: str | None = None
+        self.stalled: str | None = None  # each model's client says its own
         self.loras = None  # adapters are served over one model (serve --lora), not a store
         self._load, self._estimate = load, estimate
         self._load_embedding, self._estimate_embedding = load_embedding, estimate_embedding

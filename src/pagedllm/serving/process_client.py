@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -33,12 +34,13 @@ from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 from pagedllm.engine import wire
 from pagedllm.engine.streams import RequestStream, StreamQueue, deliver_on
 from pagedllm.engine.faults import Faults
-from pagedllm.errors import EngineDeadError
+from pagedllm.errors import EngineDeadError, EngineUnavailableError
 from pagedllm.serving.client import EngineFigures, EngineInfo
 from pagedllm.serving.engine_keeper import EngineKeeper, RestartBackoff
 from pagedllm.serving.engine_process import EngineProcess
 from pagedllm.serving.front_adapters import FrontAdapters
 from pagedllm.serving.request_front import RequestFront
+from pagedllm.serving.stall_watch import StallWatch
 from pagedllm.structured.spec import GrammarSpec
 from pagedllm.tokenizer import Tokenizer
 
@@ -57,11 +59,13 @@ class _Front:
 class ProcessEngineClient:
     def __init__(self, config: EngineConfig, faults: Faults | None = None,
                  load_progress=None, backoff: RestartBackoff | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, stall_watch: StallWatch | None = None):
         """Starts the engine process and waits for its model (ModelLoadError, as in-process,
-        when it cannot load). load_progress: see engine_process.engine_core_main.
-        num_threads: the engine's compute threads (default: this process's torch count)."""
+        when it cannot load). load_progress: see core_process.engine_core_main.
+        num_threads: the engine's compute threads (default: this process's torch count).
+        stall_watch: when a silent engine counts as stalled, and is restarted."""
         self._stopped = False
+        self._stall = stall_watch or StallWatch()
         self._keeper = EngineKeeper(config, faults or Faults(),
                                     num_threads or torch.get_num_threads(), backoff,
                                     load_progress)
@@ -73,6 +77,9 @@ class ProcessEngineClient:
         self.front = RequestFront(info.model_path, model, info.max_model_len,
                                   info.speculative.method == "draft", self.loras)
         self._fronts: dict[str, _Front] = {}
+        # The run() thread follows the engine's tokens in a request's text while the event
+        # loop may end it (an abort): one at a time.
+        self._text_lock = threading.Lock()
         self._asks: dict[int, concurrent.futures.Future] = {}
         self._ask_ids = itertools.count()
         self._policies: tuple[dict, dict] | None = None
@@ -99,6 +106,11 @@ class ProcessEngineClient:
         return self._keeper.restarting
 
     @property
+    def stalled(self) -> str | None:
+        """Why requests get 503 now, while the engine process makes no progress."""
+        return self._stall.reason()
+
+    @property
     def restarts(self) -> int:
         return self._keeper.restarts
 
@@ -117,11 +129,15 @@ class ProcessEngineClient:
         rid = request.request_id
         self._fronts[rid] = _Front(request, RequestTextState(request, self.front.tokenizer), stream)
         if not self._send(wire.AddRequest.of(request, report_position)):
-            self._fail(rid, self._unavailable())
+            del self._fronts[rid]  # (the instant after a crash, before run() has seen it)
+            raise EngineUnavailableError(self._unavailable())
         return RequestStream(self.abort, rid, stream)
 
     def abort(self, request_id: str) -> None:
-        if request_id in self._fronts and not self._send(wire.AbortRequests([request_id])):
+        """The stream ends here at once (a timeout or a client gone is not held up by a
+        busy or stalled engine); the engine drops the request when it hears of it."""
+        if request_id in self._fronts:
+            self._send(wire.AbortRequests([request_id]))
             self._end_here(request_id)
 
     def abort_all(self) -> None:
@@ -169,9 +185,15 @@ class ProcessEngineClient:
                     continue
                 if engine.from_engine.poll(POLL_MS):
                     self._take_messages(engine)
+                    self._stall.heard()
                 elif not engine.process.is_alive():
                     self._take_messages(engine)  # what it sent before it went
                     self._on_engine_exit(engine)
+                elif self._stall.check(len(self._fronts)):
+                    self._keeper.dead_reason = (
+                        f"the engine process (pid {engine.pid}) made no progress for "
+                        f"{self._stall.silent_for():.0f} s and was killed")
+                    engine.process.kill()
         finally:
             self._keeper.close()
             for request_id in list(self._fronts):
@@ -199,14 +221,15 @@ class ProcessEngineClient:
     def _on_outputs(self, message: wire.StepOutputs) -> None:
         self._stats, self._waiting_by_user = message.stats, message.waiting_by_user
         deliveries: dict = defaultdict(list)
-        for delta in message.deltas:
-            front = self._fronts.get(delta.request_id)
-            if front is None:  # ended here already (a stop string, an abort)
-                continue
-            output = self._apply(front, delta)
-            if output.finished:
-                self._fronts.pop(delta.request_id, None)
-            deliveries[front.stream.loop].append((front.stream.queue, output))
+        with self._text_lock:
+            for delta in message.deltas:
+                front = self._fronts.get(delta.request_id)
+                if front is None:  # ended here already (a stop string, an abort)
+                    continue
+                output = self._apply(front, delta)
+                if output.finished:
+                    self._fronts.pop(delta.request_id, None)
+                deliveries[front.stream.loop].append((front.stream.queue, output))
         positions = message.positions
         if positions is not None:
             for request_id, position in zip(positions.request_ids, positions.positions):
@@ -238,14 +261,17 @@ class ProcessEngineClient:
             deliver_on(front.stream.loop, [(front.stream.queue, EngineDeadError(why))])
 
     def _end_here(self, request_id: str) -> None:
-        """Aborted with no engine to tell: the final output comes from here."""
-        front = self._fronts.pop(request_id, None)
-        if front is not None:
+        """Aborted: the final output comes from here, whatever the engine is doing."""
+        with self._text_lock:
+            front = self._fronts.pop(request_id, None)
+            if front is None:
+                return
             output = front.text.last_output(FinishReason.ABORT)
-            deliver_on(front.stream.loop, [(front.stream.queue, output)])
+        deliver_on(front.stream.loop, [(front.stream.queue, output)])
 
     def _on_engine_exit(self, engine: EngineProcess) -> None:
         reason = self._keeper.on_exit(engine, len(self._fronts))
+        self._stall.reset()
         for request_id in list(self._fronts):
             self._fail(request_id, f"{reason}; the server is restarting it: retry the request")
         for future in list(self._asks.values()):
@@ -254,6 +280,7 @@ class ProcessEngineClient:
 
     def _brief_new_engine(self, engine: EngineProcess) -> None:
         """What a restarted engine must know again: the users' policies, the adapters."""
+        self._stall.reset()
         if self._policies is not None:
             engine.send(wire.SetUserPolicies(*self._policies))
         if self.loras is not None:  # those loaded or unloaded since the start
