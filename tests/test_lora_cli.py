@@ -33,6 +33,37 @@ def test_a_name_without_its_path_is_told_to_write_name_equals_path(tmp_path, mon
     assert lora_modules("sql") == ["sql=sql"]
 
 
+def test_vllms_json_form_is_taken_and_its_fields_checked():
+    import argparse
+
+    [module] = lora_modules('{"name": "sql", "path": "/srv/sql", "base_model_name": "smollm2"}')
+    assert module == "sql=/srv/sql" and module.base_model_name == "smollm2"
+    args = build_parser().parse_args(["serve", "--lora-modules", '{"name": "a", "path": "/x"}'])
+    assert engine_config(args).lora.adapters == (("a", "/x"),)
+    assert args.lora[0].base_model_name is None
+    for bad, words in (('{"name": "sql"}', "vLLM's form"), ('{"name": "a", "path": "/p", "r": 4}',
+                       "unknown: r"), ("{nope", "not JSON"),
+                       ('{"name": "a", "path": "/p", "base_model_name": 3}', "must be a string")):
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            lora_modules(bad)
+
+
+def test_a_base_model_name_that_is_not_the_served_model_is_refused():
+    from types import SimpleNamespace
+
+    from pagedllm.cli.serve import _adapter_name_clash
+    from pagedllm.server.server_config import ServerConfig
+
+    client = SimpleNamespace(loras=None, info=SimpleNamespace(
+        model_config=SimpleNamespace(name="SmolLM2-135M-Instruct")))
+    config = ServerConfig(served_model_name="smollm2", model_aliases=("gpt-4o-mini",))
+    ours = lora_modules('{"name": "a", "path": "/p", "base_model_name": "gpt-4o-mini"}')
+    assert _adapter_name_clash(client, config, ours) is None
+    other = lora_modules('{"name": "a", "path": "/p", "base_model_name": "llama-3-8b"}')
+    assert "a's base_model_name is 'llama-3-8b', but this server serves 'smollm2'" in \
+        _adapter_name_clash(client, config, other)
+
+
 @pytest.mark.parametrize("extra", [["--models-dir", "/nowhere"], ["--replicas", "2"]])
 def test_serve_refuses_lora_where_it_cannot_serve_it(extra, capsys):
     from pagedllm.cli.main import main

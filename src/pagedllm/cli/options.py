@@ -70,9 +70,19 @@ def positive_int(text: str) -> int:
     return value
 
 
-def lora_modules(text: str) -> list[str]:
+class LoRAModule(str):
+    """One --lora entry, "NAME=PATH", and the base model it names (vLLM's JSON form's
+    base_model_name; None: the served model), which serve checks once the model is known."""
+
+    base_model_name: str | None = None
+
+
+def lora_modules(text: str) -> list[LoRAModule]:
     """An argparse type: NAME=PATH (a bare PATH is named by its file or folder), several
-    separated by commas (as a config file's list arrives)."""
+    separated by commas (as a config file's list arrives), or vLLM's JSON form
+    {"name": ..., "path": ..., "base_model_name": ...}."""
+    if text.lstrip().startswith("{"):
+        return [_json_lora_module(text)]
     entries = []
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, _, path = entry.rpartition("=") if "=" in entry else ("", "", entry)
@@ -85,8 +95,32 @@ def lora_modules(text: str) -> list[str]:
         if not name or not path:
             raise argparse.ArgumentTypeError(f"{entry!r}: write NAME=PATH (a PEFT folder or a "
                                              f"GGUF LoRA file)")
-        entries.append(f"{name}={path}")
+        entries.append(LoRAModule(f"{name}={path}"))
     return entries
+
+
+def _json_lora_module(text: str) -> LoRAModule:
+    import json
+
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): vLLM's form is "
+                                         f'{{"name": ..., "path": ...}}') from None
+    unknown = set(fields) - {"name", "path", "base_model_name"} if isinstance(fields, dict) \
+        else set()
+    if not isinstance(fields, dict) or unknown or not all(
+            isinstance(fields.get(key), str) and fields[key] for key in ("name", "path")):
+        extra = f"; unknown: {', '.join(sorted(unknown))}" if unknown else ""
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: vLLM's form is {{\"name\": NAME, \"path\": PATH, \"base_model_name\": "
+            f"MODEL}} (base_model_name optional){extra}")
+    module = LoRAModule(f"{fields['name']}={fields['path']}")
+    base = fields.get("base_model_name")
+    if base is not None and not isinstance(base, str):
+        raise argparse.ArgumentTypeError(f"{text!r}: base_model_name must be a string")
+    module.base_model_name = base
+    return module
 
 
 def add_lora_args(group) -> None:

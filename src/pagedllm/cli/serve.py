@@ -225,7 +225,7 @@ def cmd_serve(args) -> int:
     except (EmbeddingModelError, AdapterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    clash = _adapter_name_clash(client, config)
+    clash = _adapter_name_clash(client, config, args.lora or ())
     if clash is not None:
         print(f"error: --lora: {clash}", file=sys.stderr)
         client.shutdown()
@@ -233,11 +233,17 @@ def cmd_serve(args) -> int:
     return serve(client, config, embeddings)
 
 
-def _adapter_name_clash(client, config) -> str | None:
-    """An adapter named at start (--lora) that reads as the served model's name."""
+def _adapter_name_clash(client, config, modules=()) -> str | None:
+    """An adapter named at start (--lora) that reads as the served model's name, or whose
+    base_model_name (vLLM's JSON form) names another model."""
     from pagedllm.server.lora_routes import model_name_clash
 
     served = config.served_model_name or client.info.model_config.name
+    for module in modules:
+        base = module.base_model_name
+        if base is not None and base not in (served, *config.model_aliases):
+            return (f"{module.split('=', 1)[0]}'s base_model_name is {base!r}, but this server "
+                    f"serves {served!r} (--served-model-name, --model-alias)")
     for adapter in client.loras.adapters() if client.loras is not None else ():
         clash = model_name_clash(adapter.name, served, config.model_aliases)
         if clash is not None:
