@@ -69,8 +69,8 @@ def test_bad_config_fields_are_refused_by_name(config, tmp_path, settings, messa
 
 
 @pytest.mark.parametrize("a, b, message", [
-    (torch.ones(2, 64, dtype=torch.int64), torch.ones(64, 2, dtype=torch.int64), "torch.int64"),
-    (torch.ones(2, 64, dtype=torch.bool), torch.ones(64, 2, dtype=torch.bool), "torch.bool"),
+    (torch.ones(2, 64, dtype=torch.int64), torch.ones(64, 2, dtype=torch.int64), "holds I64 weights"),
+    (torch.ones(2, 64, dtype=torch.bool), torch.ones(64, 2, dtype=torch.bool), "holds BOOL weights"),
     (torch.zeros(0, 64), torch.zeros(64, 0), r"has A \(0, 64\): a LoRA A is a \[rank, inputs\] matrix"),
     (torch.zeros(64), torch.zeros(64, 2), r"has A \(64,\)"),
 ])
@@ -78,6 +78,23 @@ def test_weights_that_are_not_a_float_lora_pair_are_refused(config, tmp_path, a,
     path = write_adapter(tmp_path / "a", {"lora_alpha": 8}, a, b)
     with pytest.raises(AdapterError, match=message):
         load_adapter("a", path, config)
+
+
+def test_rank_and_shapes_are_checked_from_the_header_before_any_tensor_is_read(
+        config, tmp_path, monkeypatch):
+    """A file of the wrong rank or for another model is refused from its header (a 2 GB file
+    used to be read whole first); the adapter's shape is said as the adapter's."""
+    def never(*args):
+        raise AssertionError("the tensors were read")
+
+    monkeypatch.setattr(peft_folder, "_read_safetensors", never)
+    wide = write_adapter(tmp_path / "wide", {"lora_alpha": 8}, torch.ones(8, 64), torch.ones(64, 8))
+    with pytest.raises(AdapterError, match="has rank 8, above this server's --max-lora-rank 4"):
+        load_adapter("a", wide, config, max_rank=4)
+    other = write_adapter(tmp_path / "other", {"lora_alpha": 8}, torch.ones(2, 96), torch.ones(80, 2))
+    with pytest.raises(AdapterError, match=r"is 80x96 in the adapter \(B \(80, 2\), A \(2, 96\)\) "
+                                           r"but 64x64 in the base model"):
+        load_adapter("a", other, config)
 
 
 def test_a_bad_config_is_named_before_the_weights_are_read(config, tmp_path):

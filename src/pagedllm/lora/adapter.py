@@ -95,6 +95,32 @@ def lora_rank(name: str, where: str, a: torch.Tensor) -> int:
     return a.shape[0]
 
 
+def check_pair_shapes(name: str, layer: int, part: str, a_shape: tuple[int, ...],
+                      b_shape: tuple[int, ...], config: ModelConfig, max_rank: int | None) -> int:
+    """A part's A and B shapes against the base model and the rank limit, before (from a
+    file's header) and after reading it; returns the rank. AdapterError says what is wrong."""
+    where = f"layer {layer} {part}"
+    if not 0 <= layer < config.num_layers:
+        raise AdapterError(f"adapter {name} has weights for layer {layer}; the base model "
+                           f"has {config.num_layers} layers: it was made for another model")
+    if len(a_shape) != 2 or a_shape[0] == 0:
+        raise AdapterError(f"adapter {name}: {where} has A {tuple(a_shape)}: a LoRA A is a "
+                           f"[rank, inputs] matrix of rank 1 or more")
+    rank = a_shape[0]
+    if len(b_shape) != 2 or b_shape[1] != rank:
+        raise AdapterError(f"adapter {name}: {where} has A {tuple(a_shape)} and B "
+                           f"{tuple(b_shape)}, which do not make a LoRA pair")
+    fan_in, fan_out = part_shapes(config)[part]
+    if a_shape[1] != fan_in or b_shape[0] != fan_out:
+        raise AdapterError(f"adapter {name}: {where} is {b_shape[0]}x{a_shape[1]} in the adapter "
+                           f"(B {tuple(b_shape)}, A {tuple(a_shape)}) but {fan_out}x{fan_in} in "
+                           f"the base model: it was made for another model")
+    if max_rank is not None and rank > max_rank:
+        raise AdapterError(f"adapter {name} has rank {rank}, above this server's "
+                           f"--max-lora-rank {max_rank}")
+    return rank
+
+
 def build_adapter(name: str, path: str, source: str, alpha: float,
                   parts: dict[tuple[int, str], PartWeights], config: ModelConfig,
                   max_rank: int | None) -> LoRAAdapter:
@@ -108,35 +134,20 @@ def build_adapter(name: str, path: str, source: str, alpha: float,
     if config.rotary_dim:
         raise AdapterError(f"adapter {name}: LoRA on a partial-rotary model "
                            f"({config.architecture}) is not supported yet")
-    shapes = part_shapes(config)
     rank = 0
     for (layer, part), w in parts.items():
         where = f"layer {layer} {part}"
-        if not 0 <= layer < config.num_layers:
-            raise AdapterError(f"adapter {name} has weights for layer {layer}; the base model "
-                               f"has {config.num_layers} layers: it was made for another model")
-        fan_in, fan_out = shapes[part]
         if not (w.a.is_floating_point() and w.b.is_floating_point()):
             raise AdapterError(f"adapter {name}: {where} holds {w.a.dtype} / {w.b.dtype} "
                                f"weights; LoRA weights are floating point")
         if not math.isfinite(w.scale) or abs(w.scale) > MAX_SCALE:
             raise AdapterError(f"adapter {name}: {where}'s scale (alpha / rank) is {w.scale!r}; "
                                f"pagedllm serves scales of at most {MAX_SCALE:g} in magnitude")
-        r = lora_rank(name, where, w.a)
-        if w.a.dim() != 2 or w.b.dim() != 2 or w.b.shape[1] != r:
-            raise AdapterError(f"adapter {name}: {where} has A {tuple(w.a.shape)} and B "
-                               f"{tuple(w.b.shape)}, which do not make a LoRA pair")
-        if w.a.shape[1] != fan_in or w.b.shape[0] != fan_out:
-            raise AdapterError(f"adapter {name}: {where} is {fan_out}x{fan_in} in the adapter "
-                               f"(B {tuple(w.b.shape)}, A {tuple(w.a.shape)}) but "
-                               f"{shapes[part][1]}x{shapes[part][0]} in the base model: it was "
-                               f"made for another model")
+        r = check_pair_shapes(name, layer, part, tuple(w.a.shape), tuple(w.b.shape), config,
+                              max_rank)
         if not (torch.isfinite(w.a).all() and torch.isfinite(w.b).all()):
             raise AdapterError(f"adapter {name}: {where} holds values that are not finite")
         rank = max(rank, r)
-    if max_rank is not None and rank > max_rank:
-        raise AdapterError(f"adapter {name} has rank {rank}, above this server's "
-                           f"--max-lora-rank {max_rank}")
     modules = {}
     for layer, fused in sorted({(layer, PART_TO_FUSED[part]) for layer, part in parts}):
         modules[(layer, fused)] = FusedWeights(tuple(

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from pagedllm.model_config import ModelConfig
-from pagedllm.lora.adapter import (PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter,
-                                   lora_rank)
+from pagedllm.lora.adapter import (PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights,
+                                   build_adapter, check_pair_shapes, lora_rank)
 from pagedllm.weights.gguf import _permuted_heads, canonical_name
 from pagedllm.weights.gguf_file import GGUFFile, GGUFFormatError
 from pagedllm.weights.permute import unpermute_rows
@@ -46,15 +46,12 @@ def read_gguf_adapter(name: str, path: str, config: ModelConfig,
         raise AdapterError(f"adapter {name} was made for a {arch} model; the base model is "
                            f"{config.architecture}")
     alpha = float(fields.get("adapter.lora.alpha", 0.0) or 0.0)
+    _check_header(name, path, reader, config, max_rank)  # before any tensor is read
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for tensor in reader.tensors:
         base_name, _, half = tensor.name.rpartition(".")
-        canonical = canonical_name(base_name) if half in ("lora_a", "lora_b") else None
-        part = None if canonical is None else canonical.split(".")[-2]
-        if part not in PART_TO_FUSED:
-            raise AdapterError(f"adapter {name}: {path} holds `{tensor.name}`, a weight pagedllm "
-                               f"does not apply (LoRA on q/k/v/o and gate/up/down projections "
-                               f"only)")
+        part = _part(name, path, tensor.name)
+        canonical = canonical_name(base_name)
         try:
             array = np.array(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         except (NotImplementedError, ValueError) as exc:
@@ -76,4 +73,31 @@ def read_gguf_adapter(name: str, path: str, config: ModelConfig,
         parts[(layer, part)] = PartWeights(pair["lora_a"], pair["lora_b"],
                                            alpha / rank if alpha else 1.0)
     return build_adapter(name, path, "gguf", alpha, parts, config, max_rank)
+
+
+def _part(name: str, path: str, tensor_name: str) -> str:
+    """The checkpoint part a tensor of the file adapts (q_proj, ...), or AdapterError."""
+    base_name, _, half = tensor_name.rpartition(".")
+    canonical = canonical_name(base_name) if half in ("lora_a", "lora_b") else None
+    part = None if canonical is None else canonical.split(".")[-2]
+    if part not in PART_TO_FUSED:
+        raise AdapterError(f"adapter {name}: {path} holds `{tensor_name}`, a weight pagedllm "
+                           f"does not apply (LoRA on q/k/v/o and gate/up/down projections only)")
+    return part
+
+
+def _check_header(name: str, path: str, reader, config: ModelConfig,
+                  max_rank: int | None) -> None:
+    """Every tensor's name, and each pair's shapes and rank, from the file's directory."""
+    shapes: dict[tuple[int, str], dict[str, tuple[int, ...]]] = {}
+    for tensor in reader.tensors:
+        part = _part(name, path, tensor.name)
+        base_name, _, half = tensor.name.rpartition(".")
+        layer = int(canonical_name(base_name).split(".")[1])
+        shapes.setdefault((layer, part), {})[half] = tuple(int(n) for n in reversed(tensor.shape))
+    for (layer, part), pair in shapes.items():
+        if set(pair) != {"lora_a", "lora_b"}:
+            raise AdapterError(f"adapter {name}: layer {layer} {part} has "
+                               f"{' and '.join(pair)} but not its other half")
+        check_pair_shapes(name, layer, part, pair["lora_a"], pair["lora_b"], config, max_rank)
 

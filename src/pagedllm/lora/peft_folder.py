@@ -14,8 +14,8 @@ import re
 import regex
 
 from pagedllm.model_config import ModelConfig
-from pagedllm.lora.adapter import (PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights, build_adapter,
-                                   lora_rank)
+from pagedllm.lora.adapter import (PART_TO_FUSED, AdapterError, LoRAAdapter, PartWeights,
+                                   build_adapter, check_pair_shapes)
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 # How long one alpha_pattern or rank_pattern key may take to match one module name. PEFT's
@@ -24,6 +24,7 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 # module matches with a time limit and lets other threads run meanwhile.
 PATTERN_SECONDS = 0.05
 _KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names
 
 
 def is_peft_folder(path: str) -> bool:
@@ -40,7 +41,32 @@ def read_peft_folder(name: str, path: str, config: ModelConfig,
                                f"which pagedllm does not read; save it with "
                                f"safe_serialization=True (adapter_model.safetensors)")
         raise AdapterError(f"adapter {name}: {path} has no {WEIGHTS_FILE}")
-    tensors = _read_safetensors(name, weights_path)
+    # The header first: names, dtypes, shapes and ranks are checked before any tensor is
+    # read (a 2 GB file of the wrong rank is refused at once, not after reading it).
+    _pairs(name, _read_header(name, weights_path), config, max_rank)
+    halves = _pairs(name, _read_safetensors(name, weights_path), config, max_rank)
+    parts = {}
+    for (layer, part), pair in halves.items():
+        rank = pair["A"].shape[0]
+        module = f"model.layers.{layer}.{'self_attn' if part in ('q_proj', 'k_proj', 'v_proj', 'o_proj') else 'mlp'}.{part}"
+        alpha = _pattern_value(name, "alpha_pattern", settings.get("alpha_pattern") or {},
+                               module, settings["lora_alpha"])
+        scale = alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
+        parts[(layer, part)] = PartWeights(pair["A"], pair["B"], scale)
+    return build_adapter(name, path, "peft", settings["lora_alpha"], parts, config, max_rank)
+
+
+class _Header:
+    """A tensor as the safetensors header describes it: its shape and dtype, no data."""
+
+    def __init__(self, shape: list[int], dtype: str):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+def _pairs(name: str, tensors: dict, config: ModelConfig,
+           max_rank: int | None) -> dict[tuple[int, str], dict[str, object]]:
+    """(layer, part) -> {"A": ..., "B": ...}, every name and pair's shapes checked; tensors
+    or their headers (_Header) alike."""
     halves: dict[tuple[int, str], dict[str, object]] = {}
     for key, tensor in tensors.items():
         match = _KEY.search(key)
@@ -48,20 +74,30 @@ def read_peft_folder(name: str, path: str, config: ModelConfig,
             raise AdapterError(f"adapter {name}: {WEIGHTS_FILE} holds `{key}`, a weight "
                                f"pagedllm does not apply (LoRA on q/k/v/o and gate/up/down "
                                f"projections only)")
+        if isinstance(tensor, _Header) and tensor.dtype not in _FLOAT_DTYPES:
+            raise AdapterError(f"adapter {name}: `{key}` holds {tensor.dtype} weights; LoRA "
+                               f"weights are floating point")
         layer, part, half = int(match.group(1)), match.group(3), match.group(4)
         halves.setdefault((layer, part), {})[half] = tensor
-    parts = {}
     for (layer, part), pair in halves.items():
         if set(pair) != {"A", "B"}:
             raise AdapterError(f"adapter {name}: layer {layer} {part} has lora_{''.join(pair)} "
                                f"but not its other half")
-        rank = lora_rank(name, f"layer {layer} {part}", pair["A"])
-        module = f"model.layers.{layer}.{'self_attn' if part in ('q_proj', 'k_proj', 'v_proj', 'o_proj') else 'mlp'}.{part}"
-        alpha = _pattern_value(name, "alpha_pattern", settings.get("alpha_pattern") or {},
-                               module, settings["lora_alpha"])
-        scale = alpha / (math.sqrt(rank) if settings.get("use_rslora") else rank)
-        parts[(layer, part)] = PartWeights(pair["A"], pair["B"], scale)
-    return build_adapter(name, path, "peft", settings["lora_alpha"], parts, config, max_rank)
+        check_pair_shapes(name, layer, part, tuple(pair["A"].shape), tuple(pair["B"].shape),
+                          config, max_rank)
+    return halves
+
+
+def _read_header(name: str, path: str) -> dict[str, _Header]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            return {key: _Header(f.get_slice(key).get_shape(), f.get_slice(key).get_dtype())
+                    for key in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise AdapterError(f"adapter {name}: {path} is not a readable safetensors file: "
+                           f"{exc}") from exc
 
 
 def _read_config(name: str, path: str) -> dict:
