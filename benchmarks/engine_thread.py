@@ -16,10 +16,12 @@ import time
 from pagedllm.engine.engine import LLMEngine
 from pagedllm.core.request import SamplingParams
 from pagedllm.tools.text_prompts import make_prompt_token_ids
+from timing import add_smoke, smoke_or
 
 
 def decode_ms_per_step(engine: LLMEngine, prompt: list[int], result: list) -> None:
-    engine.add_request(None, prompt, SamplingParams(max_tokens=64, ignore_eos=True, temperature=0))
+    engine.add_request(None, prompt, SamplingParams(max_tokens=smoke_or(64, 3), ignore_eos=True,
+                                                    temperature=0))
     engine.step()  # prefill
     start, steps = time.perf_counter(), 0
     while engine.has_unfinished_requests():
@@ -32,13 +34,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--built-on-helper", action="store_true")
+    add_smoke(parser)
     args = parser.parse_args()
     if args.built_on_helper:
         result: list = []
 
         def build_and_step():
             engine = LLMEngine(None, dtype=args.dtype, kv_cache_memory=256 << 20)
-            prompt = make_prompt_token_ids(engine.tokenizer, [400], seed=0)[0]
+            prompt = make_prompt_token_ids(engine.tokenizer, [smoke_or(400, 24)], seed=0)[0]
             decode_ms_per_step(engine, prompt, [])  # warm-up
             decode_ms_per_step(engine, prompt, result)
 
@@ -48,7 +51,7 @@ def main() -> None:
         print(f"dtype={args.dtype}: built and stepped on a helper thread {result[0]:.1f} ms/step")
         return
     engine = LLMEngine(None, dtype=args.dtype, kv_cache_memory=256 << 20)
-    prompt = make_prompt_token_ids(engine.tokenizer, [400], seed=0)[0]
+    prompt = make_prompt_token_ids(engine.tokenizer, [smoke_or(400, 24)], seed=0)[0]
     decode_ms_per_step(engine, prompt, [])  # warm-up
     on_thread: list = []
     worker = threading.Thread(target=decode_ms_per_step, args=(engine, prompt, on_thread))

@@ -13,6 +13,7 @@ import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.tools.text_prompts import make_prompt_token_ids
+from timing import add_smoke, smoke_or
 
 LENGTHS = [30, 600, 75, 250, 140, 410, 45, 330]
 
@@ -23,12 +24,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    add_smoke(parser)
     args = parser.parse_args()
+    lengths = smoke_or(LENGTHS, [16, 24, 8])
+    args.max_tokens = smoke_or(args.max_tokens, 4)
     torch.set_num_threads(args.threads)
 
     llm = LLM(dtype=args.dtype, enable_prefix_caching=False,
               max_num_batched_tokens=args.max_num_batched_tokens)
-    prompts = make_prompt_token_ids(llm.tokenizer, LENGTHS, seed=0)
+    prompts = make_prompt_token_ids(llm.tokenizer, lengths, seed=0)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_tokens=4))  # warm-up
 
@@ -44,10 +48,10 @@ def main() -> None:
     if args.dtype == "float32":  # the exact path is batch-invariant; bf16 kernels vary by batch
         assert same == len(prompts)
     out_tokens = sum(len(o.token_ids) for o in together)
-    all_tokens = out_tokens + sum(LENGTHS)
+    all_tokens = out_tokens + sum(lengths)
     print(f"dtype={args.dtype} threads={args.threads} budget={llm.engine.scheduler_config.max_num_batched_tokens} "
           f"requests={len(prompts)} "
-          f"prompt_tokens={sum(LENGTHS)} output_tokens={out_tokens}")
+          f"prompt_tokens={sum(lengths)} output_tokens={out_tokens}")
     print(f"one at a time: {sequential_s:6.2f} s  {out_tokens / sequential_s:7.1f} output tok/s  "
           f"{all_tokens / sequential_s:7.1f} total tok/s")
     print(f"all at once:   {batched_s:6.2f} s  {out_tokens / batched_s:7.1f} output tok/s  "

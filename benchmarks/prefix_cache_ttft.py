@@ -16,6 +16,7 @@ import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.tools.text_prompts import make_prompt_token_ids
+from timing import add_smoke, smoke_or
 
 QUESTIONS = ["What happened to the river?", "Summarise the committee meeting.",
              "How does a compiler work?", "Why does bread rise?", "Describe the mountain path."]
@@ -26,7 +27,7 @@ def ttfts(llm: LLM, system: list[int]) -> list[float]:
     params = SamplingParams(max_tokens=1, temperature=0)
     llm.generate([system + llm.tokenizer.encode(" Warm up.")], params)
     times = []
-    for question in QUESTIONS:
+    for question in smoke_or(QUESTIONS, QUESTIONS[:2]):
         prompt = system + llm.tokenizer.encode(" " + question)
         start = time.perf_counter()
         engine.add_request(None, prompt, params)
@@ -40,12 +41,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", default="bfloat16")
+    add_smoke(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results = {}
     for caching in (False, True):
         llm = LLM(dtype=args.dtype, enable_prefix_caching=caching, kv_cache_memory=256 << 20)
-        system = make_prompt_token_ids(llm.tokenizer, [1000], seed=7)[0]
+        system = make_prompt_token_ids(llm.tokenizer, [smoke_or(1000, 64)], seed=7)[0]
         results[caching] = statistics.median(ttfts(llm, system))
         print(f"prefix caching {'on ' if caching else 'off'}: TTFT median {results[caching] * 1000:7.1f} ms")
     print(f"dtype={args.dtype} threads={args.threads}; ratio off/on: {results[False] / results[True]:.1f}x")

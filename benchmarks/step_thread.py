@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 from concurrent.futures import ThreadPoolExecutor
+from timing import add_smoke, smoke_or
 
 
 def main() -> None:
@@ -20,7 +21,9 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="GGUF file or folder (default: the default model)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--calls", type=int, default=100)
+    add_smoke(parser)
     args = parser.parse_args()
+    args.calls = smoke_or(args.calls, 2)
     import torch
 
     from pagedllm import LLM, SamplingParams

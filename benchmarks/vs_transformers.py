@@ -19,19 +19,22 @@ import torch
 from pagedllm import LLM, SamplingParams
 from pagedllm.tools.text_prompts import make_prompt_token_ids
 from pagedllm.weights import default_model_path
+from timing import add_smoke, smoke_or
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
+    add_smoke(parser)
     args = parser.parse_args()
+    args.max_tokens = smoke_or(args.max_tokens, 4)
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
     llm = LLM(dtype="bfloat16", enable_prefix_caching=False)
     rng = random.Random(0)
-    lengths = [rng.randint(128, 768) for _ in range(8)]
+    lengths = [rng.randint(*smoke_or((128, 768), (8, 24))) for _ in range(8)]
     prompts = make_prompt_token_ids(llm.tokenizer, lengths, seed=0)
     prompt_tokens = sum(lengths)
     new = args.max_tokens

@@ -502,6 +502,38 @@ def test_health_is_503_while_the_engine_is_unusable(real_llm):
         assert r.status_code == 503 and "boom" in r.json()["error"]["message"]
 
 
+def test_a_request_whose_adapter_is_unloaded_as_it_starts_is_a_404(real_llm, monkeypatch):
+    """Checked when made, unloaded before the engine takes it: the engine refuses it alone,
+    and the client hears 404 model_not_found (not a 500)."""
+    import dataclasses
+
+    from fastapi.testclient import TestClient
+
+    from pagedllm.server.app import create_app
+    from pagedllm.serving.local import LocalEngineClient
+
+    engine_client = LocalEngineClient(real_llm.engine, start_thread=True)
+    made = engine_client.make_request
+
+    def made_then_unloaded(*args, **kwargs):
+        request = made(*args, **kwargs)
+        request.params = dataclasses.replace(request.params, lora="sql")  # gone by now
+        return request
+    monkeypatch.setattr(engine_client, "make_request", made_then_unloaded)
+    app = create_app(engine_client, "smollm2")
+    try:
+        with TestClient(app) as client:
+            r = client.post("/v1/completions", json={"model": "smollm2", "prompt": "Hi",
+                                                     "max_tokens": 2})
+            assert r.status_code == 404, r.text
+            error = r.json()["error"]
+            assert error["code"] == "model_not_found" and error["param"] == "model"
+            assert "the adapter sql is not loaded" in error["message"]
+    finally:
+        engine_client.shutdown()
+    assert real_llm.engine.kv_manager.num_free_blocks == real_llm.engine.kv_manager.num_blocks
+
+
 def test_a_stalled_engine_and_the_instant_after_a_crash_are_503s(real_llm, monkeypatch):
     """/health and new requests while the engine makes no progress; a request whose submit
     finds no engine (the instant after an engine process died): 503, never a 500."""

@@ -87,6 +87,11 @@ def test_llama_cpps_lora_field_picks_and_weighs_an_adapter(lora_server):
         refused = complete(url, "smollm2", lora=lora)
         assert refused.status_code == status and words in refused.text, refused.text
         assert refused.json()["error"]["param"].startswith("lora")
+    # NaN is what Python's json writes for float("nan"); it is no scale (nor "above 10").
+    nan = httpx.post(url + "/v1/completions", headers={"Content-Type": "application/json"},
+                     content='{"model": "smollm2", "prompt": "Hi", "max_tokens": 2, '
+                             '"lora": [{"id": 0, "scale": NaN}]}')
+    assert nan.status_code == 400 and "finite number" in nan.text, nan.text
 
 
 def test_an_unknown_model_names_the_adapters_too(lora_server):
@@ -155,6 +160,10 @@ def test_bad_loads_are_refused_and_nothing_is_half_loaded(lora_server, trained_l
     for body, status, words in cases:
         refused = httpx.post(url + "/v1/load_lora_adapter", json=body)
         assert refused.status_code == status and words in refused.text, (body, refused.text)
+        about_the_name = words in ("already loaded", "served model", "reads as the loaded",
+                                   "spaces")
+        assert refused.json()["error"]["param"] == ("lora_name" if about_the_name
+                                                    else "lora_path"), refused.text
     gone = httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": "nope"})
     assert gone.status_code == 404 and "zorblax" in gone.text
     names = [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
@@ -183,6 +192,13 @@ def test_the_engine_process_serves_adapters_and_only_admins_change_them(trained_
         assert httpx.post(proc.url + "/v1/load_lora_adapter", json=load,
                           headers=root).status_code == 200
         assert "Quibbit" in complete(proc.url, "quibbit", alice).json()["choices"][0]["text"]
+        # Files on the server are the admins' to see: no paths for alice.
+        for who, sees in ((alice, False), (root, True)):
+            listed = httpx.get(proc.url + "/lora-adapters", headers=who).json()
+            assert [a["path"] is not None for a in listed] == [sees, sees]
+            models = httpx.get(proc.url + "/v1/models", headers=who).json()["data"]
+            roots = [m["root"] for m in models if m.get("kind") == "lora"]
+            assert roots == ([paths["zorblax"], paths["quibbit"]] if sees else [None, None])
     finally:
         proc.stop()
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request as HTTPRequest
 
 from pagedllm.core.request import QueuePosition, RequestOutput
+from pagedllm.errors import AdapterError
 from pagedllm.server.choice import Choice
 from pagedllm.server.errors import APIError
 from pagedllm.server.state import ServerState
@@ -49,6 +50,10 @@ async def _on_output(state: ServerState, choice: Choice, out: RequestOutput, sin
     if out.finished:
         _observe_finish(state, choice, out)
     if out.error is not None:  # counted above like any finish; the client gets the error
+        adapter_gone = out.error.removeprefix(f"{AdapterError.__name__}: ")
+        if adapter_gone != out.error:  # unloaded between the request's check and its start
+            raise APIError(404, f"{adapter_gone}: it was unloaded as this request arrived",
+                           "model", "model_not_found")
         raise APIError(500, f"this request failed in the engine ({out.error}); the server "
                             f"goes on serving", None, "request_failed")
     if sink is not None:

@@ -13,7 +13,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
 from pagedllm.errors import AdapterError
-from pagedllm.lora.names import look_alike
+from pagedllm.lora.names import check_name, look_alike
 from pagedllm.server.auth import is_loopback
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import RequestModel
@@ -34,10 +34,7 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/load_lora_adapter", tags=["LoRA"])
     async def load_lora_adapter(body: LoadLoRARequest, request: HTTPRequest):
         loras = _admin_loras(state, request)
-        clash = model_name_clash(body.lora_name, state.served_model_name,
-                                 state.config.model_aliases)
-        if clash is not None:
-            raise APIError(400, clash, "lora_name", "invalid_value")
+        _check_new_name(state, loras, body.lora_name)
         try:
             adapter = await asyncio.to_thread(loras.load, body.lora_name, body.lora_path)
         except AdapterError as exc:
@@ -56,9 +53,10 @@ def add_lora_routes(app: FastAPI, state: ServerState) -> None:
         return PlainTextResponse(f"Success: LoRA adapter '{adapter.name}' removed successfully.")
 
     @app.get("/lora-adapters", tags=["LoRA"])
-    async def lora_adapters():
-        loras = state.client.loras
-        return [{"id": i, "name": a.name, "path": a.path, "scale": 1.0, "rank": a.rank}
+    async def lora_adapters(request: HTTPRequest):
+        loras, paths = state.client.loras, shows_paths(state, request)
+        return [{"id": i, "name": a.name, "path": a.path if paths else None, "scale": 1.0,
+                 "rank": a.rank}
                 for i, a in enumerate(loras.adapters() if loras is not None else [])]
 
 
@@ -73,18 +71,28 @@ def model_name_clash(name: str, served_model_name: str, aliases: tuple[str, ...]
     return None
 
 
-def adapter_cards(state: ServerState) -> list[dict]:
+def shows_paths(state: ServerState, request: HTTPRequest) -> bool:
+    """Whether this caller may see files on the server (adapters' paths): an admin key, or
+    anyone on a server without keys (loopback only, unless --insecure-no-auth)."""
+    if not state.keys.enabled:
+        return True
+    key = request.scope.get("state", {}).get("api_key")
+    return key is not None and key.admin
+
+
+def adapter_cards(state: ServerState, paths: bool = True) -> list[dict]:
     """/v1/models' entries of the adapters, each with its base as `parent` (as vLLM lists
-    them) and `root` its file."""
+    them) and `root` its file (None for a caller who may not see files: shows_paths)."""
     if state.pool is not None:  # a store's adapters, beside their bases (loaded or not)
         loaded = {m.name for m in state.pool.loaded()}
         return [{"id": name, "object": "model", "created": state.created,
-                 "owned_by": "pagedllm", "parent": base.name, "root": dict(base.loras)[name],
+                 "owned_by": "pagedllm", "parent": base.name,
+                 "root": dict(base.loras)[name] if paths else None,
                  "kind": "lora", "loaded": base.name in loaded}
                 for name, base in state.pool.catalog.adapters.items()]
     loras = state.client.loras
     return [{"id": a.name, "object": "model", "created": state.created, "owned_by": "pagedllm",
-             "parent": state.served_model_name, "root": a.path, "kind": "lora",
+             "parent": state.served_model_name, "root": a.path if paths else None, "kind": "lora",
              "lora_rank": a.rank, "lora_format": a.source, "lora_targets": list(a.targets)}
             for a in (loras.adapters() if loras is not None else [])]
 
@@ -128,6 +136,23 @@ def _admin_loras(state: ServerState, request: HTTPRequest):
         raise APIError(400, "this server has no adapter slots: start it with --enable-lora (or "
                             "--lora NAME=PATH)", None, "lora_disabled")
     return loras
+
+
+def _check_new_name(state: ServerState, loras, name: str) -> None:
+    """A name that cannot be written, or that reads as the served model's or a loaded
+    adapter's: 400 naming lora_name (the file is not read)."""
+    try:
+        check_name(name)
+    except AdapterError as exc:
+        raise APIError(400, str(exc), "lora_name", "invalid_value") from exc
+    clash = model_name_clash(name, state.served_model_name, state.config.model_aliases)
+    if clash is not None:
+        raise APIError(400, clash, "lora_name", "invalid_value")
+    taken = look_alike(name, [adapter.name for adapter in loras.adapters()])
+    if taken is not None:
+        raise APIError(400, f"an adapter named {name} is already loaded" if taken == name else
+                       f"`{name}` reads as the loaded adapter `{taken}` (case, or look-alike "
+                       f"letters): give it another name", "lora_name", "invalid_value")
 
 
 def _names(state: ServerState) -> str:

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from pagedllm.errors import FieldError
 from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
-from pagedllm.server.lora_routes import adapter_cards
+from pagedllm.server.lora_routes import adapter_cards, shows_paths
 from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                       TokenizeRequest)
 from pagedllm.server.state import ServerState
@@ -22,15 +22,16 @@ from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     @app.get("/models", include_in_schema=False)
-    async def models():
-        return {"object": "list", "data": await _model_entries(state)}
+    async def models(request: HTTPRequest):
+        return {"object": "list",
+                "data": await _model_entries(state, shows_paths(state, request))}
 
     # OpenAI's "retrieve model" (the openai SDK's models.retrieve): the one entry of the list.
     # `:path`, since a served name may hold a slash (HuggingFaceTB/SmolLM2-135M-Instruct).
     @app.get("/v1/models/{model_id:path}")
     @app.get("/models/{model_id:path}", include_in_schema=False)
-    async def model(model_id: str):
-        for entry in await _model_entries(state):
+    async def model(model_id: str, request: HTTPRequest):
+        for entry in await _model_entries(state, shows_paths(state, request)):
             if entry["id"] == model_id:
                 return entry
         raise APIError(404, f"The model `{model_id}` does not exist", "model", "model_not_found")
@@ -62,7 +63,7 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
                                                              skip_special_tokens=False)}
 
 
-async def _model_entries(state: ServerState) -> list[dict]:
+async def _model_entries(state: ServerState, paths: bool) -> list[dict]:
     """Every model /v1/models lists: the served ones (with their cards), the adapters, the
     embedding model."""
     embedder = state.embeddings
@@ -71,7 +72,7 @@ async def _model_entries(state: ServerState) -> list[dict]:
                   "kind": "embedding", "dimensions": embedder.model.dimensions}] if embedder else []
     cards = await asyncio.to_thread(_model_cards, state)
     return [{"id": name, "object": "model", "created": state.created, "owned_by": "pagedllm",
-             **card} for name, card in cards.items()] + adapter_cards(state) + embedding
+             **card} for name, card in cards.items()] + adapter_cards(state, paths) + embedding
 
 
 def _tokenize(state: ServerState, body: TokenizeRequest) -> dict:

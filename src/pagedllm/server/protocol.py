@@ -50,7 +50,7 @@ class LoraChoice(RequestModel):
     """llama.cpp's per-request adapter: its id in GET /lora-adapters and its scale."""
 
     id: int = Field(ge=0)
-    scale: float = Field(default=1.0, ge=-10.0, le=10.0)
+    scale: float = Field(default=1.0, ge=-10.0, le=10.0, allow_inf_nan=False)
 
 
 class SamplingFields(RequestModel):
