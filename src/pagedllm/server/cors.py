@@ -19,6 +19,16 @@ HEADERS = ("Authorization", "X-Api-Key", "Content-Type", "Anthropic-Version", "A
 
 
 class RefusingCORS(CORSMiddleware):
+    async def __call__(self, scope, receive, send) -> None:
+        # A request without Origin (every non-browser client) passes straight through:
+        # Starlette's middleware otherwise wraps `send` for every response, each streamed
+        # chunk included, which the one-process server's tokens/s showed once CORS was on
+        # by default (BENCHMARKS.md, "Architecture III").
+        if scope["type"] == "http" and not any(name == b"origin" for name, _ in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
     def preflight_response(self, request_headers: Headers) -> Response:
         response = super().preflight_response(request_headers)
         if response.status_code == 200:
