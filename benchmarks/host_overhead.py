@@ -37,6 +37,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # tiny_models
 
+from timing import add_smoke  # noqa: E402
+
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea. " * 3
 
 
@@ -165,7 +167,10 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the figures here too")
     parser.add_argument("--model", default=None,
                         help="a GGUF file or folder, or `default` (default: a tiny random model)")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.concurrency, args.max_tokens = "2", 4
     model = model_path(args.model)
     import torch
 

@@ -21,6 +21,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # tiny_models
 
+from timing import add_smoke  # noqa: E402
+
 PHASES = {  # (class path, method) -> what the line says
     ("pagedllm.core.scheduler", "Scheduler", "schedule"): "plan",
     ("pagedllm.engine.model_runner", "ModelRunner", "_forward"): "inputs+model",
@@ -59,7 +61,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--serve-args", default="--dtype float32")
     parser.add_argument("--rounds", type=int, default=2)
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.concurrency, args.max_tokens, args.rounds = 2, 4, 1
     import torch
 
     import host_overhead

@@ -52,18 +52,23 @@ def _serving(client):
     return thread
 
 
+async def _stopped_mid_answer(client, pid: int):
+    """A long answer begun, then its engine process stopped: (the request, its outputs)."""
+    request = client.make_request(None, [1, 2, 3], SamplingParams(max_tokens=500,
+                                                                  ignore_eos=True))
+    outputs = aiter(client.submit(request))
+    await anext(outputs)
+    os.kill(pid, signal.SIGSTOP)
+    return request, outputs
+
+
 def test_a_stopped_engine_is_noticed_forgiven_and_an_abort_ends_its_stream(config):
     client = ProcessEngineClient(config, SLOW, stall_watch=StallWatch(1.0, 600.0))
     thread = _serving(client)
     pid = client.engine_pid
     try:
         async def main():
-            request = client.make_request(None, [1, 2, 3],
-                                          SamplingParams(max_tokens=500, ignore_eos=True))
-            stream = client.submit(request)
-            outputs = aiter(stream)
-            await anext(outputs)
-            os.kill(pid, signal.SIGSTOP)
+            request, outputs = await _stopped_mid_answer(client, pid)
             stalled = await asyncio.to_thread(wait_for, lambda: client.stalled, 60,
                                               "the stall noticed")
             assert "no progress for" in stalled
@@ -94,11 +99,7 @@ def test_an_engine_that_stays_stopped_is_killed_and_restarted(config):
     pid = client.engine_pid
     try:
         async def main():
-            request = client.make_request(None, [1, 2, 3],
-                                          SamplingParams(max_tokens=500, ignore_eos=True))
-            outputs = aiter(client.submit(request))
-            await anext(outputs)
-            os.kill(pid, signal.SIGSTOP)
+            _, outputs = await _stopped_mid_answer(client, pid)
             with pytest.raises(EngineDeadError, match="made no progress for .* and was killed"):
                 await asyncio.wait_for(_last(outputs), 120)
         asyncio.run(main())
