@@ -127,7 +127,7 @@ NON_DEFAULTS = {
     "max-loaded-models": 2, "keep-alive": "10m", "embedding-dtype": "float32",
     "pooling": "mean", "gpu-memory-utilization": 0.8, "cuda-graphs": True, "overlap-steps": True, "gpu-4bit-weights": True,
     "gpu-fp8-weights": True,
-    "engine-process": True, "insecure-ray-cluster": True,
+    "engine-process": True, "engine-stall-timeout": 12.5, "insecure-ray-cluster": True,
     "lora": "sql=/srv/sql-lora,tone=/srv/tone.gguf", "enable-lora": True, "max-loras": 2,
     "max-lora-rank": 64,
 }
