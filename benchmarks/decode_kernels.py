@@ -25,6 +25,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported (CPU
 
 import torch  # noqa: E402
 
+from timing import add_smoke, smoke_or  # noqa: E402
+
 
 def count_step(model_path: str | None, layer_ops: str, n: int) -> dict:
     from pagedllm import LLM, SamplingParams
@@ -93,7 +95,9 @@ def main() -> int:
                         "bundled SmolLM2-135M)")
     parser.add_argument("--levels", default="1,8")
     parser.add_argument("--json", default=None)
+    add_smoke(parser)
     args = parser.parse_args()
+    args.levels = smoke_or(args.levels, "1")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = []
     for n in (int(level) for level in args.levels.split(",")):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import sys
 import time
 
@@ -19,12 +20,13 @@ import numpy as np
 
 from pagedllm.embeddings.packaged import packaged_folder
 from pagedllm.embeddings.sentence_model import SentenceModel
-from timing import parse_args
+from timing import parse_args, smoke_or
 
 TEXT = "The committee met on Tuesday to review the budget for the coming year and decide {}."
 
 
 def per_second(fn, count: int, repeat: int = 3) -> float:
+    repeat = smoke_or(repeat, 1)
     fn()  # warm-up
     start = time.perf_counter()
     for _ in range(repeat):
@@ -36,7 +38,7 @@ def server_figures(texts: list[str]) -> tuple[float, float]:
     """Texts/s through the server: 16 clients of 8 texts at once, and the same one by one."""
     import httpx
 
-    sys.path.insert(0, "tests")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
     from server_process import ServerProcess
 
     server = ServerProcess("--embedding-model", "all-minilm", "--kv-cache-memory", str(64 << 20),
@@ -67,7 +69,7 @@ def main() -> None:
     args = parse_args(parser)
     from sentence_transformers import SentenceTransformer
 
-    texts = [TEXT.format(i) for i in range(args.texts)]
+    texts = [TEXT.format(i) for i in range(smoke_or(args.texts, 128))]
     ours = SentenceModel(packaged_folder(), dtype=args.dtype)
     theirs = SentenceTransformer(packaged_folder(), device="cpu")
     mine_vectors = ours.embed(ours.tokenize(texts)).numpy()

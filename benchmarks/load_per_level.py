@@ -17,13 +17,14 @@ import subprocess
 import sys
 
 from pagedllm.kernels import ENV_VAR, capabilities
+from timing import add_smoke, smoke_or
 
 
 def run_level(level: str, args) -> dict:
     out = os.path.join(args.out, level)
     cmd = [sys.executable, "-m", "pagedllm.cli", "bench", "--launch", "--launch-args",
            "--max-num-seqs 16", "--concurrency", args.concurrency, "--requests", str(args.requests),
-           "--out", out]
+           "--out", out, *smoke_or([], ["--max-tokens", "8", "--warmup", "0"])]
     subprocess.run(cmd, check=True, env={**os.environ, ENV_VAR: level})
     with open(os.path.join(out, "bench.json")) as f:
         return {entry["concurrency"]: entry for entry in json.load(f)["levels"]}
@@ -36,7 +37,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--levels", default=",".join(caps.available))
     parser.add_argument("--out", default="bench-results/levels")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        import tempfile
+
+        args.concurrency, args.requests, args.out = "1", 2, tempfile.mkdtemp()
     levels = [lvl.strip() for lvl in args.levels.split(",") if lvl.strip()]
     results = {level: run_level(level, args) for level in levels}
     flags = sorted(f for f in caps.flags if f.startswith(("avx", "fma", "f16c")))

@@ -26,6 +26,9 @@ from pagedllm.weights import default_model_path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from server_process import ServerProcess  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from timing import add_smoke, smoke_or  # noqa: E402
+
 PROMPT = [{"role": "user", "content": "Tell me a long story about the sea."}]
 
 
@@ -53,7 +56,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--second", default=None, help="another model file for the second name")
+    add_smoke(parser)
     args = parser.parse_args()
+    args.clients, args.tokens = smoke_or((args.clients, args.tokens), (1, 4))
     folder = tempfile.mkdtemp(prefix="pagedllm-store-")
     os.symlink(default_model_path(), os.path.join(folder, "first.gguf"))
     second = os.path.abspath(args.second) if args.second else default_model_path()

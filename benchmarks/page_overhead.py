@@ -21,6 +21,9 @@ import httpx
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from server_process import ServerProcess  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import add_smoke  # noqa: E402
+
 
 def load(url: str, concurrency: int, max_tokens: int) -> float:
     """`concurrency` requests of max_tokens each, at once; output tokens/s."""
@@ -73,7 +76,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--kv-cache-memory", default=str(256 << 20))
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.concurrency, args.max_tokens = 2, 2, 8
     print(f"one engine snapshot of a 16,384-block pool, half in use: {snapshot_cost():.2f} ms")
     server = ServerProcess("--kv-cache-memory", args.kv_cache_memory, log_path="/tmp/page-overhead.log")
     try:

@@ -19,8 +19,9 @@ from pagedllm.attention.batched import SDPA_MIN_SCORES, BatchedBackend
 from pagedllm.core.request import SamplingParams
 from pagedllm.engine.engine import LLMEngine
 from pagedllm.kernels import capabilities
+from timing import add_smoke, smoke_or
 
-LENGTHS = (164, 300, 480)
+LENGTHS = smoke_or((164, 300, 480), (40,))
 
 
 def ttft_ms(engine: LLMEngine, length: int, seed: int) -> float:
@@ -36,11 +37,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="default")
     parser.add_argument("--rounds", type=int, default=5)
+    add_smoke(parser)
     args = parser.parse_args()
+    args.rounds = smoke_or(args.rounds, 1)
     print(f"CPU kernels: {capabilities().summary}")
     for model in args.models.split(","):
         engine = LLMEngine(None if model == "default" else model, dtype="bfloat16",
-                           kv_cache_memory=1 << 30, max_model_len=2048,
+                           kv_cache_memory=smoke_or(1 << 30, 64 << 20), max_model_len=2048,
                            enable_prefix_caching=False)
         backends = [m.backend for m in engine.runner.model.modules()
                     if isinstance(getattr(m, "backend", None), BatchedBackend)]

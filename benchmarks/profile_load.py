@@ -15,7 +15,7 @@ import time
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.tools.text_prompts import make_prompt_token_ids
-from timing import parse_args
+from timing import parse_args, smoke_or
 
 
 def main() -> None:
@@ -24,19 +24,22 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, default=16)
     parser.add_argument("--top", type=int, default=10, help="functions to list")
     args = parse_args(parser)
-    llm = LLM(dtype="bfloat16", max_num_seqs=args.seqs, kv_cache_memory=1 << 30,
+    count, shortest, longest, max_tokens = smoke_or((32, 128, 768, 128), (4, 16, 48, 8))
+    llm = LLM(dtype="bfloat16", max_num_seqs=args.seqs,
+              kv_cache_memory=smoke_or(1 << 30, 128 << 20),
               max_num_batched_tokens=args.budget, enable_prefix_caching=False)
     rng = random.Random(0)
-    lengths = [rng.randint(128, 768) for _ in range(32)]
+    lengths = [rng.randint(shortest, longest) for _ in range(count)]
     prompts = make_prompt_token_ids(llm.tokenizer, lengths, seed=1)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4))
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
-    llm.generate(prompts, SamplingParams(max_tokens=128, temperature=0, ignore_eos=True))
+    llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
     profiler.disable()
     elapsed = time.perf_counter() - start
-    print(f"budget {args.budget}: {elapsed:.1f} s, {(sum(lengths) + 128 * 32) / elapsed:.0f} total tok/s")
+    print(f"budget {args.budget}: {elapsed:.1f} s, "
+          f"{(sum(lengths) + max_tokens * count) / elapsed:.0f} total tok/s")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
 
 

@@ -39,6 +39,7 @@ from pagedllm import LLM
 from pagedllm.attention import AttentionMetadata
 from pagedllm.config import SpeculativeConfig
 from pagedllm.core.request import SamplingParams
+from timing import add_smoke, smoke_or
 
 QUESTIONS = [
     ("What is the capital of France?", "Paris"), ("What is the capital of Japan?", "Tokyo"),
@@ -105,7 +106,8 @@ def perplexity(llm: LLM, tokens: list[int], one_at_a_time: bool) -> float:
 def answers(llm: LLM) -> list[str]:
     prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": q}]) for q, _ in QUESTIONS]
     ids = [llm.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    outs = [llm.generate([i], SamplingParams(temperature=0, max_tokens=24))[0] for i in ids]
+    outs = [llm.generate([i], SamplingParams(temperature=0, max_tokens=smoke_or(24, 4)))[0]
+            for i in ids[:smoke_or(len(ids), 2)]]
     return [o.text for o in outs]
 
 
@@ -115,7 +117,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1024, help="held-out tokens scored")
     parser.add_argument("--settings", default=",".join(SETTINGS),
                         help="which, comma-separated (float32, the reference, always runs)")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:  # two settings, a few tokens, two questions
+        args.tokens, args.settings = 16, list(SETTINGS)[1]
     chosen = ["float32"] + [n for n in args.settings.split(",") if n and n != "float32"]
     unknown = [n for n in chosen if n not in SETTINGS]
     if unknown:

@@ -31,9 +31,10 @@ from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.structured import mask as mask_module
 from pagedllm.structured.mask import apply_grammar_masks
 from pagedllm.structured.spec import json_schema_spec
-from timing import parse_args
+from timing import parse_args, smoke_or
 
-N, MAX_TOKENS, PROMPT = 8, 128, "List forty fruits as JSON."
+N, MAX_TOKENS = smoke_or((8, 128), (2, 8))
+PROMPT = "List forty fruits as JSON."
 
 
 def forty_strings(item: dict) -> dict:
@@ -148,14 +149,14 @@ def main() -> None:
             print(f"  {name:<28} {tokens / seconds:7.1f} tok/s   time vs no schema "
                   f"{seconds / free:.3f}x   {share}")
 
-    cold = [compile_ms(llm, FIFTY) for _ in range(3)]
+    cold = [compile_ms(llm, FIFTY) for _ in range(smoke_or(3, 1))]
     print(f"50-property schema: compile + first mask {statistics.median(cold):.1f} ms "
           f"(median of 3, each cold); cached afterwards")
 
     prompts = [chat_ids(llm, f"Describe {t} as JSON with keys name, age (a number) and pets "
-                             f"(a list of cat/dog/fish).") for t in TOPICS]
+                             f"(a list of cat/dog/fish).") for t in smoke_or(TOPICS, TOPICS[:2])]
     for label, spec in (("unguided", None), ("guided", json_schema_spec(OWNER, "guided_json"))):
-        outs = run_together(llm, prompts, [SamplingParams(max_tokens=120, temperature=1.0, seed=s,
+        outs = run_together(llm, prompts, [SamplingParams(max_tokens=smoke_or(120, 8), temperature=1.0, seed=s,
                                                           guided=spec) for s in range(len(prompts))])
         ok = sum(valid(o.text, OWNER) for o in outs)
         print(f"{label:>9}: {ok}/{len(outs)} answers parse and validate at temperature 1")
