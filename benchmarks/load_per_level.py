@@ -24,7 +24,8 @@ def run_level(level: str, args) -> dict:
     out = os.path.join(args.out, level)
     cmd = [sys.executable, "-m", "pagedllm.cli", "bench", "--launch", "--launch-args",
            "--max-num-seqs 16", "--concurrency", args.concurrency, "--requests", str(args.requests),
-           "--out", out, *smoke_or([], ["--max-tokens", "8", "--warmup", "0"])]
+           "--out", out, *smoke_or([], ["--max-tokens", "8", "--warmup", "0",
+                                        "--prompt-tokens", "16:32"])]
     subprocess.run(cmd, check=True, env={**os.environ, ENV_VAR: level})
     with open(os.path.join(out, "bench.json")) as f:
         return {entry["concurrency"]: entry for entry in json.load(f)["levels"]}
