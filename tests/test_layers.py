@@ -75,11 +75,12 @@ def test_every_engine_client_has_the_whole_protocol():
     from pagedllm.serving.client import EngineClient
     from pagedllm.serving.local import LocalEngineClient
 
-    # info, dead, restarting, loras: set by each constructor (or a class attribute, or a property)
+    # info, dead, restarting, stalled, loras: set by each constructor (or a class attribute, or
+    # a property)
     attributes = set(EngineClient.__annotations__)
     wanted = [name for name in dir(EngineClient) if not name.startswith("_")]
     assert {"submit", "abort", "figures", "make_request", "run"} <= set(wanted)
-    assert attributes == {"info", "dead", "restarting", "loras"}
+    assert attributes == {"info", "dead", "restarting", "stalled", "loras"}
     assert [name for name in wanted if name not in dir(LocalEngineClient)] == []
     for path, class_name in (("replicas/front.py", "ReplicaClient"),
                              ("serving/process_client.py", "ProcessEngineClient")):

@@ -1,9 +1,9 @@
-"""Adapter names that read as another (lora/names.py): case, NFKC forms and Unicode's
+"""Adapter names that read as another (core/adapter_names.py): case, NFKC forms and Unicode's
 confusables are the same name to a person choosing a model, so they are the same name here."""
 import pytest
 
 from pagedllm.errors import AdapterError
-from pagedllm.lora.names import check_name, look_alike
+from pagedllm.core.adapter_names import check_name, look_alike
 from pagedllm.server.lora_routes import model_name_clash
 
 

@@ -1,5 +1,5 @@
 """The adapters an engine serves, by name: those given at start and those loaded while it
-runs; no two names read alike (lora/names.py). Loading reads and checks the whole file
+runs; no two names read alike (core/adapter_names.py). Loading reads and checks the whole file
 before the name appears (nothing half-loaded); the HTTP thread loads and unloads, the
 engine thread reads, under one lock. An unloaded
 adapter's requests already running finish with it; its slot is freed after them (the engine
@@ -12,7 +12,7 @@ from pagedllm.config import LoRAConfig
 from pagedllm.model_config import ModelConfig
 from pagedllm.lora.adapter import AdapterError, LoRAAdapter
 from pagedllm.lora.load import load_adapter
-from pagedllm.lora.names import check_name, look_alike
+from pagedllm.core.adapter_names import check_name, look_alike
 
 
 class LoRARegistry:

@@ -13,7 +13,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
 from pagedllm.errors import AdapterError
-from pagedllm.lora.names import check_name, look_alike
+from pagedllm.core.adapter_names import check_name, look_alike
 from pagedllm.server.auth import is_loopback
 from pagedllm.server.errors import APIError
 from pagedllm.server.protocol import RequestModel
