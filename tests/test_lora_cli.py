@@ -51,17 +51,17 @@ def test_vllms_json_form_is_taken_and_its_fields_checked():
 def test_a_base_model_name_that_is_not_the_served_model_is_refused():
     from types import SimpleNamespace
 
-    from pagedllm.cli.serve import _adapter_name_clash
+    from pagedllm.cli.serve_checks import adapter_name_clash
     from pagedllm.server.server_config import ServerConfig
 
     client = SimpleNamespace(loras=None, info=SimpleNamespace(
         model_config=SimpleNamespace(name="SmolLM2-135M-Instruct")))
     config = ServerConfig(served_model_name="smollm2", model_aliases=("gpt-4o-mini",))
     ours = lora_modules('{"name": "a", "path": "/p", "base_model_name": "gpt-4o-mini"}')
-    assert _adapter_name_clash(client, config, ours) is None
+    assert adapter_name_clash(client, config, ours) is None
     other = lora_modules('{"name": "a", "path": "/p", "base_model_name": "llama-3-8b"}')
     assert "a's base_model_name is 'llama-3-8b', but this server serves 'smollm2'" in \
-        _adapter_name_clash(client, config, other)
+        adapter_name_clash(client, config, other)
 
 
 @pytest.mark.parametrize("extra", [["--models-dir", "/nowhere"], ["--replicas", "2"]])
