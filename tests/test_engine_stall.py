@@ -73,7 +73,7 @@ def test_a_stopped_engine_is_noticed_forgiven_and_an_abort_ends_its_stream(confi
                                               "the stall noticed")
             assert "no progress for" in stalled
             client.abort(request.request_id)  # what --request-timeout does
-            final = await asyncio.wait_for(_last(outputs), 5)
+            final = await asyncio.wait_for(_last(outputs), 60)  # at once, bounded for a busy CI
             assert final.finished and final.finish_reason == "abort"
             os.kill(pid, signal.SIGCONT)
             await asyncio.to_thread(wait_for, lambda: client.stalled is None, 60,

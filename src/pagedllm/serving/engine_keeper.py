@@ -41,8 +41,10 @@ class EngineKeeper:
             raise
 
     def send(self, message) -> bool:
+        """False when no engine process would take it: none, or one that has died and not
+        yet been seen to (ZMQ may still queue for a peer whose exit it has not noticed)."""
         engine = self.engine
-        return engine is not None and engine.send(message)
+        return engine is not None and engine.process.is_alive() and engine.send(message)
 
     def on_exit(self, engine: EngineProcess, num_failing: int) -> str:
         """The engine process ended: closed, the next start planned; returns why it ended."""
