@@ -32,6 +32,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from timing import SMOKE, add_smoke  # noqa: E402
+
 CHILD = r"""
 import json, sys, time
 from pagedllm.core.request import SamplingParams
@@ -49,14 +51,17 @@ def run(prompts, max_tokens):
     return time.perf_counter() - start, tokens
 
 prompt = lambda n, seed: [1000 + (seed * 7919 + i * 31) % 30000 for i in range(n)]
+smoke = sys.argv[2:] == ["--smoke"]
+short, long, tries, decoded = (24, 40, 1, 5) if smoke else (164, 480, 3, 65)
 run([prompt(64, 0)], 1)  # warm-up
 out = {"level": engine.cpu.summary}
-for n in (164, 480):
-    out[f"ttft_{n}_ms"] = 1000 * min(run([prompt(n, s)], 1)[0] for s in range(1, 4))
-seconds, tokens = run([prompt(164, 10 + i) for i in range(8)], 32)
+for n in (short, long):
+    out[f"ttft_{n}_ms"] = 1000 * min(run([prompt(n, s)], 1)[0] for s in range(1, 1 + tries))
+seconds, tokens = run([prompt(short, 10 + i) for i in range(8)], 32 if not smoke else 4)
 out["n8_tok_s"] = tokens / seconds
-first = min(run([prompt(16, 20 + s)], 1)[0] for s in range(3))
-out["tpot_n1_ms"] = 1000 * (min(run([prompt(16, 30 + s)], 65)[0] for s in range(2)) - first) / 64
+first = min(run([prompt(16, 20 + s)], 1)[0] for s in range(tries))
+out["tpot_n1_ms"] = 1000 * (min(run([prompt(16, 30 + s)], decoded)[0]
+                                for s in range(tries)) - first) / (decoded - 1)
 print(json.dumps(out))
 """
 
@@ -67,8 +72,8 @@ SWITCHES = {"amx": "PAGEDLLM_CPU_AMX", "int16": "PAGEDLLM_CPU_INT16"}
 
 def measure(model: str, on: bool, switch: str = "amx") -> dict:
     env = {**os.environ, SWITCHES[switch]: "1" if on else "0"}
-    done = subprocess.run([sys.executable, "-c", CHILD, model], env=env, capture_output=True,
-                          text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", CHILD, model, *(["--smoke"] if SMOKE else [])],
+                          env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -153,7 +158,10 @@ def main() -> None:
     parser.add_argument("--switch", choices=sorted(SWITCHES), default="amx",
                         help="what is compared on against off: the AMX tiles (PAGEDLLM_CPU_AMX) or "
                              "the 16-bit integer activations (PAGEDLLM_CPU_INT16)")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.models, args.rounds = "default", 1
     if args.projections:
         projections()
         return

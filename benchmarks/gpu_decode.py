@@ -30,6 +30,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from timing import add_smoke  # noqa: E402
+
 
 def copy_bandwidth(device: str) -> float | None:
     """Bytes per second of a device-to-device copy (read + write), best of 5."""
@@ -227,7 +229,13 @@ def main() -> int:
                              "and device (batch 1 and 8) and print our TPOT over its")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="decode steps replayed as CUDA graphs (serve --cuda-graphs)")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:  # the whole path on the CPU: the script's check, not its figures
+        import tempfile
+
+        args.device, args.levels, args.tokens, args.prompt_tokens = "torch-cpu", "1,2", 4, 16
+        args.models, args.work, args.transformers_baseline = "default", tempfile.mkdtemp(), True
     args.levels = [int(n) for n in args.levels.split(",")]
     bandwidth = copy_bandwidth(args.device)
     report = {"device": args.device, "dtype": args.dtype, "cuda_graphs": args.cuda_graphs,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import socket
@@ -28,8 +29,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from host_overhead import PROMPT  # noqa: E402
 from realistic_size import wait_ready  # noqa: E402
+from timing import add_smoke, smoke_or  # noqa: E402
 
-NUM_ADAPTERS, RANK = 8, 16
+NUM_ADAPTERS, RANK = smoke_or(8, 2), 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -42,14 +44,16 @@ def make_adapters(folder: str, merged: bool) -> tuple[list[str], list[str]]:
     from pagedllm.weights import default_model_path
 
     path = default_model_path()
-    load = lambda: AutoModelForCausalLM.from_pretrained(  # noqa: E731
+    # read once (transformers dequantizes the GGUF: ~20 s), copied for each adapter: peft
+    # changes the model it is given in place
+    base = AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path),
                                               gguf_file=os.path.basename(path))
     adapters, models = [], []
     for i in range(NUM_ADAPTERS):
         torch.manual_seed(i)
-        model = get_peft_model(load(), LoraConfig(r=RANK, lora_alpha=2 * RANK,
+        model = get_peft_model(copy.deepcopy(base), LoraConfig(r=RANK, lora_alpha=2 * RANK,
                                                   target_modules=TARGETS,
                                                   init_lora_weights=False))
         with torch.no_grad():
@@ -123,7 +127,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-merged", action="store_true")
     parser.add_argument("--json", default=None)
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.concurrency, args.max_tokens, args.rounds = 2, 4, 1
     n = args.concurrency
     folder = tempfile.mkdtemp(prefix="pagedllm-lora-bench-")
     adapters, merged = make_adapters(folder, not args.skip_merged)

@@ -20,12 +20,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from timing import add_smoke, smoke_or  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--adapters", default=None)
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.tokens = 4
     folder = args.adapters
     if folder is None:
         from lora import make_adapters
@@ -60,12 +65,13 @@ def main() -> None:
         finally:
             model.decode_loop = kept
 
-    run([None] * 16)  # warm-up
-    base = run([None] * 16)
+    n = smoke_or(16, 2)
+    run([None] * n)  # warm-up
+    base = run([None] * n)
     figures = {"base, C++ decode loop": base,
-               "base, Python layers": run([None] * 16, loop=False),
-               f"{len(adapters)} adapters mixed": run([f"a{i % len(adapters)}" for i in range(16)]),
-               "one adapter for all": run(["a0"] * 16)}
+               "base, Python layers": run([None] * n, loop=False),
+               f"{len(adapters)} adapters mixed": run([f"a{i % len(adapters)}" for i in range(n)]),
+               "one adapter for all": run(["a0"] * n)}
     for name, rate in figures.items():
         print(f"{name}: {rate:.0f} tok/s = {rate / base:.2f}x the base")
 

@@ -20,7 +20,9 @@ import time
 
 import torch
 
-LAYERS, HIDDEN, EXPERTS, ACTIVE, EXPERT_INTER = 8, 1024, 64, 8, 384
+from timing import add_smoke, smoke_or
+
+LAYERS, HIDDEN, EXPERTS, ACTIVE, EXPERT_INTER = smoke_or(8, 1), 1024, smoke_or(64, 8), smoke_or(8, 2), 384
 ATTENTION = dict(num_attention_heads=16, num_key_value_heads=4, head_dim=128)
 
 
@@ -73,7 +75,7 @@ def configs() -> dict:
     common = dict(vocab_size=49152, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                   max_position_embeddings=4096, tie_word_embeddings=True, **ATTENTION)
     return {
-        "MoE (64 experts, 8 active)": Qwen3MoeConfig(
+        f"MoE ({EXPERTS} experts, {ACTIVE} active)": Qwen3MoeConfig(
             num_experts=EXPERTS, num_experts_per_tok=ACTIVE, moe_intermediate_size=EXPERT_INTER,
             intermediate_size=EXPERT_INTER, decoder_sparse_step=1, **common),
         "dense, the active size": Qwen3Config(intermediate_size=ACTIVE * EXPERT_INTER, **common),
@@ -95,11 +97,12 @@ def decode_ms(folder: str, batch: int) -> float:
     for _ in range(3):
         engine.step()
     best = float("inf")
-    for _ in range(4):  # the best of 4 runs of 12 steps: other work on the host only adds
+    runs, steps = smoke_or((4, 12), (1, 2))
+    for _ in range(runs):  # the best of 4 runs of 12 steps: other work on the host only adds
         start = time.perf_counter()
-        for _ in range(12):
+        for _ in range(steps):
             engine.step()
-        best = min(best, (time.perf_counter() - start) / 12 * 1e3)
+        best = min(best, (time.perf_counter() - start) / steps * 1e3)
     return best
 
 
@@ -107,7 +110,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="bench-results/moe")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        import tempfile
+
+        args.out = tempfile.mkdtemp(prefix="pagedllm-moe-")
     torch.set_num_threads(args.threads)
     rows = []
     for name, config in configs().items():

@@ -29,6 +29,9 @@ import httpx
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from server_process import ServerProcess  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import add_smoke  # noqa: E402
+
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 TOPICS = ("astronomy", "baking", "cycling", "databases", "economics", "forestry", "geology",
           "harbours", "irrigation", "jazz", "knitting", "linguistics")
@@ -123,7 +126,11 @@ def main() -> None:
     parser.add_argument("--throughput-tokens", type=int, default=128)
     parser.add_argument("--two-nodes", action="store_true",
                         help="the router comparison on a two-node cluster, nothing else")
+    add_smoke(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.conversations, args.turns, args.max_tokens = 2, 2, 4
+        args.throughput_requests, args.throughput_tokens = 2, 4
     common = ("--kv-cache-memory", args.kv_cache_memory, "--max-num-seqs", "8")
     cluster = None
     if args.two_nodes:

@@ -34,6 +34,8 @@ from pagedllm.tools.text_prompts import grounded_prompt_token_ids
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from timing import add_smoke, smoke_or  # noqa: E402
+
 
 def decode_ms(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
     """Milliseconds per output token after the first, and the tokens, for one request."""
@@ -67,7 +69,7 @@ def cmd_grounded(args) -> None:
             ms, out = decode_ms(llm, prompt, args.max_tokens)
             tpots.append(ms)
             outs.append(out)
-        tps, batch = throughput(llm, prompts, args.max_tokens)
+        tps, batch = throughput(llm, prompts[:smoke_or(16, 4)], args.max_tokens)
         stats = llm.engine.speculator.stats
         results[method] = (statistics.median(tpots), tps, stats)
         tokens[method] = (outs, batch)
@@ -98,7 +100,7 @@ def cmd_json(args) -> None:
                                 guided=json_schema_spec(schema, "response_format"))
         llm.generate([prompt], params)
         times = []
-        for _ in range(5):
+        for _ in range(smoke_or(5, 1)):
             start = time.perf_counter()
             out = llm.generate([prompt], params)[0]
             times.append((time.perf_counter() - start) / len(out.token_ids) * 1000)
@@ -133,10 +135,10 @@ def step_ms(llm: LLM, rows: int, context: int = 256, repeat: int = 20) -> float:
         return runner.model.compute_logits(hidden)
 
     run(0, context, False)
-    for _ in range(3):
+    for _ in range(smoke_or(3, 1)):
         run(context, rows, True)
     times = []
-    for _ in range(repeat):
+    for _ in range(smoke_or(repeat, 1)):
         start = time.perf_counter()
         run(context, rows, True)
         times.append(time.perf_counter() - start)
@@ -202,7 +204,7 @@ def cmd_verify_cost(args) -> None:
         base = step_ms(llm, 1)
         print(f"{name}: one plain step {base:.2f} ms ({torch.get_num_threads()} threads)")
         print("   k   step ms   cost c(k)   break-even acceptance")
-        for k in range(1, 9):
+        for k in range(1, smoke_or(9, 3)):
             ms = step_ms(llm, k + 1)
             cost = ms / base
             print(f"  {k:2d}   {ms:7.2f}   {cost:9.2f}   {break_even(cost, k):.2f}")
@@ -211,7 +213,8 @@ def cmd_verify_cost(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    add_smoke(parser)  # every command at tiny sizes, one after the other
+    sub = parser.add_subparsers(dest="command", required="--smoke" not in sys.argv)
     grounded = sub.add_parser("grounded")
     grounded.add_argument("--requests", type=int, default=6)
     grounded.add_argument("--max-tokens", type=int, default=128)
@@ -223,6 +226,10 @@ def main() -> None:
                       help="folder for the random 1.7B-shaped file (written once, ~1 GB)")
     cost.set_defaults(func=cmd_verify_cost)
     args = parser.parse_args()
+    if args.smoke:
+        for func in (cmd_grounded, cmd_json, cmd_verify_cost):
+            func(argparse.Namespace(requests=2, max_tokens=8, prompt_tokens=64, shape_dir=None))
+        return
     args.func(args)
 
 

@@ -3,8 +3,7 @@ method that no longer existed): each with --smoke (benchmarks/timing.py: tiny si
 repeat, on the bundled model), its output parsed for the table and ratio it exists to print.
 The figures of a smoke run mean nothing; the test asserts that the script ran its whole path.
 
-SMOKE lists the scripts run here, NOT_YET those still to be given a smoke run (the list may
-only shrink: a new script must come with its entry in SMOKE)."""
+SMOKE lists the scripts run here: a new script must come with its entry."""
 import os
 import re
 import subprocess
@@ -73,23 +72,34 @@ SMOKE = {
                               r"median open / closed: [\d.]+ \("]),
     "quality_gate.py": ([], [r"held-out text: 16 tokens",
                              r"^float32 +[\d.]+ +[\d.]+ +\d+/\d+ +2/\d+"]),
+    "amx_prefill.py": ([], [r"^default: \S+ .* against \S+", r"n8_tok_s: [\d.]+ on, [\d.]+ off: "
+                                                                  r"[\d.]+x"]),
+    "gpu_decode.py": ([], [r"^default N=2: \{", r'"tpot_over_transformers": \{\s+"1": [\d.]+']),
+    "load_per_level.py": ([], [r"^portable +1 +\d+ .* 1\.00x$"]),
+    "lora.py": ([], [r"N=2: base alone \d+ tok/s; 2 adapters mixed \d+ tok/s = [\d.]+x the base",
+                     r"2 servers of merged models.*LoRA serving [\d.]+x the throughput"]),
+    "lora_engine.py": ([], [r"^2 adapters mixed: \d+ tok/s = [\d.]+x the base",
+                            r"^one adapter for all: \d+ tok/s"]),
+    "moe_active_params.py": ([], [r"MoE / dense-active: b=1 [\d.]+x, b=8 [\d.]+x"]),
+    "realistic_size.py": ([], [r"projections \+ head at one row, all layers: [\d.]+ ms",
+                               r"^N=1: total tok/s [\d.]+x llama.cpp's",
+                               r"over 1 paired rounds .*output tok/s [\d.]+x"]),
+    "replica_routing.py": ([], [r"^distinct: hit rate .* with prefix routing",
+                                r"2 replicas x 1 thread / 1 replica x 2 threads: [\d.]+x"]),
+    "speculative.py": ([], [r"ratio ngram/off: TPOT p50 at N=1 [\d.]+x",
+                            r"identical outputs: \w+; ratio ngram/off [\d.]+x",
+                            r"^ +2 +[\d.]+ +[\d.]+ +[\d.]+$"]),
 }
 # Covered by a test of its own.
 ELSEWHERE = {"roof.py": "tests/test_roof.py"}
-# Not smoke-run yet (each needs its sizes cut under --smoke): the list may only shrink.
-NOT_YET = {
-    "amx_prefill.py", "gpu_decode.py", "load_per_level.py", "lora.py", "lora_engine.py",
-    "moe_active_params.py", "realistic_size.py", "replica_routing.py", "speculative.py",
-}
 HELPERS = {"timing.py"}  # imported by the scripts, not one
 
 
 def test_every_script_is_smoke_run_or_listed():
     scripts = {name for name in os.listdir(BENCHMARKS) if name.endswith(".py")}
-    listed = set(SMOKE) | set(ELSEWHERE) | NOT_YET | HELPERS
+    listed = set(SMOKE) | set(ELSEWHERE) | HELPERS
     assert scripts - listed == set(), "a new benchmark script needs its entry in SMOKE"
     assert listed - scripts == set(), "a script listed here is gone: drop its entry"
-    assert not set(SMOKE) & NOT_YET
 
 
 @pytest.mark.parametrize("script", sorted(SMOKE))
