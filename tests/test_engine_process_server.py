@@ -1,6 +1,6 @@
 """`pagedllm serve --engine-process` on the default model, through the official SDKs: the same
 answers as the one-process server, and an engine process killed mid-stream ends that stream
-with an error, /health says why while it restarts, and the next request is answered."""
+with a finish_reason and an error, /health says why while it restarts, and the next request is answered."""
 import time
 
 import httpx
@@ -90,10 +90,16 @@ def test_a_killed_engine_process_ends_its_stream_and_the_server_restarts_it(engi
     stream = _openai(engine_server).completions.create(
         model="smollm2", prompt="Once upon a time", max_tokens=1000, temperature=0, stream=True,
         extra_body={"ignore_eos": True})
+    chunks = []
     with pytest.raises(APIError, match="killed by SIGKILL"):
-        for i, _chunk in enumerate(stream):
+        for i, chunk in enumerate(stream):
+            chunks.append(chunk)
             if i == 3:
                 engine.kill()
+    # the stream's own end came first: a finish_reason, and an error naming why
+    [last] = chunks[-1].choices
+    assert last.finish_reason == "length"
+    assert "killed by SIGKILL" in last.model_extra["error"]["message"]
     seen_restarting = None
     for _ in range(1200):  # the new engine loads the model again (seconds; minutes if busy)
         health = httpx.get(engine_server.url + "/health")

@@ -481,6 +481,11 @@ def test_a_broken_engine_ends_every_stream_reports_503_and_exits_70(tmp_path):
         for _ in range(3):  # three failed steps in a row: the engine counts as dead
             events = _stream(proc.url)
             assert events[-1] == "[DONE]" and "engine error" in events[-2]
+            # before the error, the choice's own end: a finish_reason and why
+            [last] = json.loads(events[-3])["choices"]
+            assert last["finish_reason"] == "length"
+            assert last["error"]["type"] == "request_cut_short"
+            assert "the engine stopped serving it" in last["error"]["message"]
         assert proc.proc.wait(60) == 70
         assert "engine unusable" in proc.output() and "exiting" in proc.output()
     finally:

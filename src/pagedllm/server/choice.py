@@ -2,7 +2,7 @@
 said of choices when they end: the finish reason clients are told, the usage."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pagedllm.core.request import FinishReason, Request, RequestOutput
 from pagedllm.server.auth import ApiKey
@@ -27,7 +27,20 @@ class Choice:
     final: RequestOutput | None = None
     cut_reason: str | None = None  # why the server aborted it (a timeout), when it did
     tokens_seen: int = 0  # generated tokens so far
+    latest: RequestOutput | None = None  # the last output the client was given
+    failure: Exception | None = None  # the engine's, when it stopped serving this choice
     reservation: TokenUse | None = None  # its key's tokens-per-minute share, until settled
+
+    def cut_by(self, failure: Exception) -> RequestOutput:
+        """The final output of an answer whose engine stopped serving it (a crash, a stall):
+        what was said so far, no new tokens, finish "abort" and why (told by public_finish)."""
+        self.failure = failure
+        self.cut_reason = f"the engine stopped serving it ({failure})"
+        if self.latest is None:
+            return RequestOutput(self.request.request_id, self.request.prompt_token_ids, [], "",
+                                 [], "", True, FinishReason.ABORT.value)
+        return replace(self.latest, new_token_ids=[], new_text="", new_logprobs=None,
+                       finished=True, finish_reason=FinishReason.ABORT.value, stop_string=None)
 
     def settle_tokens(self, state: ServerState, queued: bool = True) -> None:
         """Once, when it ends however it ends: its tokens count as used, not reserved (none

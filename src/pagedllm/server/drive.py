@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request as HTTPRequest
 
 from pagedllm.core.request import QueuePosition, RequestOutput
-from pagedllm.errors import AdapterError
+from pagedllm.errors import AdapterError, EngineDeadError
 from pagedllm.server.choice import Choice
 from pagedllm.server.errors import APIError
 from pagedllm.server.state import ServerState
@@ -32,6 +32,10 @@ async def _drive(state: ServerState, choice: Choice, sink: asyncio.Queue | None)
                     await sink.put((choice, out))
                 continue
             await _on_output(state, choice, out, sink)
+    except EngineDeadError as exc:  # a crash or a stall: a stream ends with a finish and why
+        if sink is None:
+            raise
+        await _on_output(state, choice, choice.cut_by(exc), sink)
     except Exception as exc:  # noqa: BLE001 - a stream must end with its error, never hang
         if sink is None:
             raise
@@ -47,6 +51,7 @@ async def _on_output(state: ServerState, choice: Choice, out: RequestOutput, sin
     if choice.first_token_time is None and out.new_token_ids:
         choice.first_token_time = time.monotonic()
     choice.tokens_seen = len(out.token_ids)
+    choice.latest = out
     if out.finished:
         _observe_finish(state, choice, out)
     if out.error is not None:  # counted above like any finish; the client gets the error
@@ -105,7 +110,9 @@ async def outputs(state: ServerState, choices: list[Choice]
 
 async def merged(state: ServerState, choices: list[Choice]
                  ) -> AsyncIterator[tuple[Choice, RequestOutput | QueuePosition]]:
-    """Every choice's outputs (and queue positions) as they come, for one stream."""
+    """Every choice's outputs (and queue positions) as they come, for one stream. A choice
+    its engine stopped serving (a crash, a stall) ends like the rest, with a finish and why;
+    then the engine's error is raised, for the stream's in-band error."""
     sink: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.create_task(_drive(state, c, sink)) for c in choices]
     remaining = len(choices)
@@ -117,6 +124,9 @@ async def merged(state: ServerState, choices: list[Choice]
             if isinstance(out, RequestOutput) and out.finished:
                 remaining -= 1
             yield choice, out
+        failure = next((c.failure for c in choices if c.failure is not None), None)
+        if failure is not None:  # after every finish: each API then says it in-band too
+            raise failure
     finally:
         for t in tasks:
             t.cancel()
