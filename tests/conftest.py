@@ -31,6 +31,20 @@ def cpu_hogs(request):
         hog.wait()
 
 
+def pytest_collection_finish(session):
+    # The GPU path's modules switched Triton's interpreter on as they were collected: record
+    # its launches, for the compile check on real cards (scripts/compile_gpu_kernels.py).
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        import triton_launches
+
+        triton_launches.start_recording()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if "triton_launches" in sys.modules:
+        sys.modules["triton_launches"].write()
+
+
 def pytest_runtest_setup(item):
     # At most 2 compute threads, as on the project's machine, once a test module brought torch.
     torch = sys.modules.get("torch")

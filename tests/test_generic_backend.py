@@ -83,6 +83,36 @@ def test_bfloat16_stays_close_to_float32(backend, tmp_path):
     assert agree > 0.8
 
 
+# One layer of the default model's shape (SmolLM2-135M: 9 heads of 64, 3 KV heads) and of
+# Qwen3-1.7B's (16 heads of 128, 8 KV heads): what their kernels are launched with.
+GPU_MODEL_SHAPES = {
+    "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, head_dim=64,
+                                   num_attention_heads=9, num_key_value_heads=3)),
+    "qwen3-1.7b": ("qwen3", dict(hidden_size=2048, intermediate_size=6144, head_dim=128,
+                                 num_attention_heads=16, num_key_value_heads=8)),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(GPU_MODEL_SHAPES))
+def test_bfloat16_engines_of_the_gpu_models_shapes(shape, monkeypatch, tmp_path):
+    """What the default GPU model (bfloat16, head size 64) and Qwen3's (128) launch: an engine
+    through the Triton kernels, prefill then batched decode, whose first tokens are float32's
+    (the compile check for real cards, scripts/compile_gpu_kernels.py, takes these launches)."""
+    build_engines_as_on_the_gpu(monkeypatch, layer_ops="triton")
+    arch, config = GPU_MODEL_SHAPES[shape]
+    reference = tiny_hf_model(arch, seed=3, num_hidden_layers=1, **config)
+    folder = write_hf_folder(reference, tmp_path)
+    prompts = [SEQS[1], SEQS[3][:20]]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outs = {dtype: LLM(folder, dtype=dtype, kv_cache_memory=16 << 20, device=DEVICE
+                       ).generate(prompts, params) for dtype in ("bfloat16", "float32")}
+    assert all(len(out.token_ids) == 4 for out in outs["bfloat16"])
+    assert [o.token_ids[0] for o in outs["bfloat16"]] == [o.token_ids[0] for o in outs["float32"]]
+    with torch.no_grad():
+        expected = [reference(torch.tensor([p])).logits[0, -1].argmax().item() for p in prompts]
+    assert [o.token_ids[0] for o in outs["float32"]] == expected
+
+
 def test_the_default_model_greedy_equals_transformers(hf_reference):
     """The real GGUF, float32, several requests batched: token for token (where its package
     is installed: the GPU machine has no room for it)."""

@@ -28,7 +28,8 @@ def byte_level_alphabet() -> list[str]:
 
 
 def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra):
-    """extra: more config fields (rope_scaling, sliding_window, ...)."""
+    """extra: more config fields (rope_scaling, sliding_window, ...), or other values of the
+    common ones."""
     from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                               Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
                               MixtralConfig, MixtralForCausalLM,
@@ -40,7 +41,7 @@ def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra)
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=tie,
-                  bos_token_id=1, eos_token_id=0, **extra)
+                  bos_token_id=1, eos_token_id=0) | extra
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     elif arch == "qwen3":  # an explicit head_dim, wider than hidden_size / heads, as Qwen3's
