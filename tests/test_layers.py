@@ -18,6 +18,7 @@ FORBIDDEN = {
                "weights.safetensors", "replicas", "serving.local", "cli", "tools"),
     "models": ("engine", "serving", "server", "replicas", "cli", "tools"),
     "tokenizer": ("core", "engine", "serving", "server", "models"),
+    "reasoning": ("engine", "serving", "server", "replicas", "models", "backends", "cli", "tools"),
 }
 
 

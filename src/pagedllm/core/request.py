@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from pagedllm.config import COMPLETIONS_DEFAULT_MAX_TOKENS, SPECULATIVE_METHODS
 from pagedllm.errors import FieldError
+from pagedllm.core.thinking import ThinkingControl
 from pagedllm.structured.spec import GrammarSpec
 
 
@@ -54,6 +55,9 @@ class SamplingParams:
     # travels with every request's knobs to wherever the engine runs.
     lora: str | None = None
     lora_scale: float = 1.0
+    # A reasoning model's thinking: its markers, its budget, the grammar kept for the answer
+    # after it (core/thinking.py); None: the answer is not read for thinking.
+    thinking: ThinkingControl | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):

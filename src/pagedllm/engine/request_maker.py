@@ -8,6 +8,7 @@ import itertools
 from pagedllm.core.request import Request, SamplingParams, SamplingParamsError
 from pagedllm.core.output_budget import OutputCaps, PromptTooLongError, resolve_max_tokens
 from pagedllm.errors import FieldError
+from pagedllm.reasoning.gate import request_grammar
 from pagedllm.structured.compiler import GrammarCompiler
 from pagedllm.tokenizer import TokenLimitError, Tokenizer
 
@@ -80,7 +81,7 @@ class RequestMaker:
                           eos_token_ids=self.tokenizer.eos_token_ids,
                           max_model_len=caps.max_model_len, max_tokens=max_tokens, user=user,
                           cache_salt=cache_salt)
-        if params.guided is not None:  # compiled here, on the caller's thread
-            matcher = self.grammars.matcher(params.guided)
-            request.grammar = matcher if self.build_matchers else None
+        # compiled here, on the caller's thread (a bad grammar is refused before it queues)
+        grammar = request_grammar(params, self.grammars, request.eos_token_ids)
+        request.grammar = grammar if self.build_matchers else None
         return request

@@ -14,6 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from pagedllm.core.request import Request, SamplingParams, TokenLogprob
+from pagedllm.reasoning.gate import request_grammar
 from pagedllm.core.snapshot import EngineSnapshot, EngineStats
 
 
@@ -46,8 +47,7 @@ class AddRequest(_Message, tag="add"):
                           eos_token_ids=tuple(self.eos_token_ids), max_model_len=max_model_len,
                           max_tokens=self.max_tokens, user=self.user, cache_salt=self.cache_salt,
                           arrival_time=self.arrival_time)
-        if self.params.guided is not None:
-            request.grammar = grammars.matcher(self.params.guided)
+        request.grammar = request_grammar(self.params, grammars, request.eos_token_ids)
         return request
 
 
