@@ -54,7 +54,6 @@ def test_bad_logit_bias_is_a_400_naming_it(server, bias, why):
     ("/v1/completions", "best_of", 2),
     ("/v1/completions", "suffix", "!"),
     ("/v1/chat/completions", "mirostat", 2),
-    ("/v1/chat/completions", "chat_template_kwargs", {"enable_thinking": True}),
     ("/v1/chat/completions", "functions", [{"name": "f"}]),
 ])
 def test_a_field_the_server_does_not_honour_is_refused_by_name(server, path, field, value):

@@ -97,7 +97,8 @@ def test_text_format_json_schema_is_followed(client):
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning.effort"),  # no thinking
+    ({"input": "hi", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input"),

@@ -7,6 +7,7 @@ import signal
 import sys
 
 from pagedllm.cli.options import add_engine_args, positive_int, positive_seconds, size
+from pagedllm.reasoning.syntax import CHOICES as REASONING_PARSERS
 from pagedllm.server.server_config import ServerConfig
 from pagedllm.serving.stall_watch import STALL_AFTER_S
 
@@ -78,6 +79,19 @@ def _add_http_args(http) -> None:
                       help="with --engine-process: an engine silent this long while requests "
                            "wait counts as stalled (/health and new requests 503 "
                            "engine_stalled, logged), and is restarted after 6 times as long")
+    http.add_argument("--reasoning-parser", default="auto", choices=REASONING_PARSERS,
+                      help="how a reasoning model's thinking is told from its answer and "
+                           "returned apart (OpenAI's reasoning_content, Ollama's thinking, "
+                           "Anthropic's thinking blocks): auto reads the chat template and "
+                           "vocabulary (vLLM's names); none leaves it in the answer")
+    http.add_argument("--reasoning-budget", type=positive_int, default=None, metavar="TOKENS",
+                      help="thinking tokens a request gets unless it says (Anthropic's "
+                           "thinking.budget_tokens): then the end of the thinking is written "
+                           "into the answer and the model answers (default: no limit)")
+    http.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                      help="a Jinja chat template (a file, or the template itself) used "
+                           "instead of the model's own, for models whose template is wrong "
+                           "or missing (default: the model's)")
     http.add_argument("--bench-results", default=None, metavar="DIR",
                       help="a folder of `pagedllm bench --out` results; the page at / shows "
                            "the newest (default: none)")
@@ -161,7 +175,8 @@ def server_config(args) -> ServerConfig:
         ssl_keyfile=args.ssl_keyfile, header_timeout=args.header_timeout,
         max_connections_per_client=args.max_connections_per_client,
         max_body_bytes=args.max_body_bytes, log_level=args.log_level,
-        bench_results=args.bench_results)
+        bench_results=args.bench_results, reasoning_parser=args.reasoning_parser,
+        reasoning_budget=args.reasoning_budget, chat_template=args.chat_template)
 
 
 def start_command(argv: list[str] | None = None) -> str:

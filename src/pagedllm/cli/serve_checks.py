@@ -52,6 +52,34 @@ def check_server_setup(args) -> None:
     busy = port_in_use(args.host, args.port)
     if busy:
         raise SetupError(busy)
+    if args.chat_template is not None:
+        from pagedllm.cli.serve_store import store_table
+
+        store = args.models_dir is not None or bool(store_table(args))
+        args.chat_template = chat_template_text(args.chat_template, store)
+
+
+def chat_template_text(given: str, store: bool = False) -> str:
+    """--chat-template: a file's text, or the template itself; SetupError for one that is
+    neither or does not parse."""
+    import os
+
+    from pagedllm.tokenizer.tokenizer import ChatTemplateError, compile_chat_template
+
+    if store:
+        raise SetupError("--chat-template replaces one model's template: it does not go with "
+                         "a model store (--models-dir, [models]): each model keeps its own")
+    if os.path.isfile(given):
+        with open(given, encoding="utf-8") as f:
+            given = f.read()
+    elif "{{" not in given and "{%" not in given:
+        raise SetupError(f"--chat-template {given!r}: no such file, and not a Jinja template "
+                         f"either (no {{{{ or {{% in it)")
+    try:
+        compile_chat_template(given)
+    except ChatTemplateError as exc:
+        raise SetupError(f"--chat-template: {exc}") from exc
+    return given
 
 
 def check_engine_setup(args):

@@ -19,3 +19,14 @@ class ThinkingControl:
             raise ValueError("a thinking marker has no tokens")
         if self.budget is not None and self.budget < 1:
             raise ValueError(f"a thinking budget must be at least 1 token, got {self.budget}")
+
+    def reasoning_tokens(self, token_ids: list[int]) -> int:
+        """An answer's tokens that were thinking: up to and including the end marker (all
+        of them when it never came), when the answer thought at all."""
+        start, end = list(self.start_ids), list(self.end_ids)
+        if not token_ids or (not self.inside and token_ids[:len(start)] != start):
+            return 0
+        for i in range(len(token_ids) - len(end) + 1):
+            if token_ids[i:i + len(end)] == end:
+                return i + len(end)
+        return len(token_ids)

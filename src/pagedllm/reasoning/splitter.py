@@ -3,6 +3,8 @@ several pieces is held back until it is whole (or cannot be), so no piece of a m
 reaches either side."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pagedllm.reasoning.syntax import ReasoningSyntax
 
 
@@ -66,3 +68,15 @@ class ThinkingSplitter:
         if self.inside:
             return held, ""
         return "", held if self._answer_begun or self.opening else self._answer(held)
+
+
+@dataclass(frozen=True)
+class PromptThinking:
+    """How a rendered prompt leaves a reasoning model's thinking: the family's syntax, and
+    whether the answer starts inside the thinking."""
+
+    syntax: ReasoningSyntax
+    inside: bool
+
+    def new_splitter(self) -> ThinkingSplitter:
+        return ThinkingSplitter(self.syntax, self.inside)

@@ -1,24 +1,43 @@
-"""A streamed chat answer split into what clients see as it comes: text, and tool calls
-(each whole, once its syntax closes). Text that may begin a call is held back by the model's
-tool-call parser (tool_calls/parser.py). Every API that streams content blocks or output
-items (Anthropic's, the Responses API) reads an answer through this."""
+"""A chat answer split into what clients see as it comes: a reasoning model's thinking (kept
+apart by the family's markers, reasoning/splitter.py), text, and tool calls (each whole, once
+its syntax closes; read from the text after the thinking only). Text that may begin a call
+or a marker is held back until it is clear. Every chat API reads an answer through this,
+streamed piece by piece or whole at once."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from pagedllm.reasoning.splitter import PromptThinking
 from pagedllm.server.chat_prompt import ToolUse
 from pagedllm.tool_calls.spec import ToolCall
 
 
-class AnswerParts:
-    def __init__(self, tools: ToolUse | None):
-        self.parser = tools.new_parser() if tools else None
-        self.calls: list[ToolCall] = []  # every call so far
+@dataclass
+class AnswerPiece:
+    thinking: str = ""
+    text: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
 
-    def feed(self, new_text: str, finished: bool,
-             cut: bool = False) -> tuple[str, list[ToolCall]]:
-        """The text that can be shown now and the calls completed by this piece; cut: the
-        answer ended at its token limit (a call it cut off is not shown as text)."""
+
+class AnswerParts:
+    def __init__(self, tools: ToolUse | None, thinking: PromptThinking | None = None):
+        self.parser = tools.new_parser() if tools else None
+        self.splitter = thinking.new_splitter() if thinking else None
+        self.calls: list[ToolCall] = []  # every call so far
+        self.thinking = ""  # all the thinking so far
+
+    def feed(self, new_text: str, finished: bool, cut: bool = False) -> AnswerPiece:
+        """What can be shown now of this piece; cut: the answer ended at its token limit (a
+        call it cut off is not shown as text)."""
+        thinking = ""
+        if self.splitter is not None:
+            thinking, new_text = self.splitter.feed(new_text)
+            if finished:
+                more_thinking, more_text = self.splitter.finish()
+                thinking, new_text = thinking + more_thinking, new_text + more_text
+            self.thinking += thinking
         if self.parser is None:
-            return new_text, []
+            return AnswerPiece(thinking, new_text)
         before = len(self.parser.calls)
         text, _ = self.parser.feed(new_text)
         if finished:
@@ -26,4 +45,11 @@ class AnswerParts:
             text += rest
         calls = self.parser.calls[before:]
         self.calls += calls
-        return text, calls
+        return AnswerPiece(thinking, text, calls)
+
+
+def whole_answer(text: str, cut: bool, tools: ToolUse | None,
+                 thinking: PromptThinking | None) -> AnswerPiece:
+    """A finished answer's thinking, text and calls at once."""
+    return AnswerParts(tools, thinking).feed(text, True, cut)
+

@@ -9,9 +9,9 @@ import json
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
-from pagedllm.server.answer_parts import AnswerParts
+from pagedllm.server.answer_parts import AnswerParts, whole_answer
 from pagedllm.server.anthropic_protocol import CountTokensRequest, MessagesRequest, tool_input
-from pagedllm.server.chat_prompt import ToolUse, prepare_chat, render_chat, tool_use
+from pagedllm.server.chat_prompt import ChatPrompt, prepare_chat, render_chat, tool_use
 from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import outputs
 from pagedllm.server.errors import anthropic_error_type
@@ -29,10 +29,11 @@ def add_anthropic_routes(app: FastAPI, state: ServerState) -> None:
                 served, body.conversation(), body.sampling_params(), tools=body.openai_tools(),
                 tool_choice=body.openai_tool_choice(), continue_final=body.prefill(),
                 parallel_tool_calls=body.parallel_tool_calls(),
-                template_options=_thinking_options(served, body.thinking))
+                template_options=_thinking_options(served, body.thinking),
+                thinking_budget=body.thinking.budget() if body.thinking else None)
             job = Job([prompt.token_ids], params, body.stream, body.user(),
                       api="anthropic.messages")
-            return await run(served, request, job, MessageShape(body.model, prompt.tools))
+            return await run(served, request, job, MessageShape(body.model, prompt))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
@@ -52,17 +53,20 @@ def _thinking_options(served: ServerState, thinking) -> dict:
 class MessageShape:
     """One message (Anthropic's answer has no n): content blocks of text and tool_use."""
 
-    def __init__(self, model: str, tools: ToolUse | None):
+    def __init__(self, model: str, prompt: ChatPrompt):
         self.model = model  # Anthropic's answer names the model as asked
-        self.tools = tools
+        self.prompt = prompt
         self.message_id = random_id("msg", "_")
 
     def whole(self, state: ServerState, choices: list[Choice]) -> Response:
         choice = choices[0]
         final = choice.final
         cut = final.finish_reason == "length"
-        text, calls = self.tools.parse(final.text, cut) if self.tools else (final.text, [])
-        content = ([{"type": "text", "text": text}] if text else []) + [
+        answer = whole_answer(final.text, cut, self.prompt.tools, self.prompt.thinking)
+        text, calls = answer.text, answer.calls
+        thinking = ([{"type": "thinking", "thinking": answer.thinking, "signature": SIGNATURE}]
+                    if answer.thinking else [])
+        content = thinking + ([{"type": "text", "text": text}] if text else []) + [
             {"type": "tool_use", "id": tool_use_id(call), "name": call.name,
              "input": tool_input(call.arguments)} for call in calls]
         reason, error = _stop_reason(state, choice, final.finish_reason, final.stop_string, calls)
@@ -77,7 +81,7 @@ class MessageShape:
         choice = choices[0]
 
         async def events():
-            blocks = _Blocks(self.tools)
+            blocks = _Blocks(self.prompt)
             start = {**self._head(choice), "content": [], "stop_reason": None,
                      "stop_sequence": None, "usage": _usage(choice, 0)}
             yield _event("message_start", {"type": "message_start", "message": start})
@@ -112,22 +116,35 @@ class MessageShape:
 
 
 class _Blocks:
-    """A streamed answer as content blocks: text while it is text, each tool call as one
-    tool_use block (start, its whole input as one input_json_delta, stop), as the SDK
-    reassembles them."""
+    """A streamed answer as content blocks: a reasoning model's thinking first (thinking
+    deltas, then its signature delta, as the SDK expects), text while it is text, each tool
+    call as one tool_use block (start, its whole input as one input_json_delta, stop), as
+    the SDK reassembles them."""
 
-    def __init__(self, tools: ToolUse | None):
-        self.parts = AnswerParts(tools)
+    def __init__(self, prompt: ChatPrompt):
+        self.parts = AnswerParts(prompt.tools, prompt.thinking)
         self.index = 0
         self.text_open = False
+        self.thinking_open = False
 
     @property
     def calls(self) -> list:
         return self.parts.calls
 
     def feed(self, new_text: str, finished: bool, cut: bool = False) -> list[dict]:
-        text, calls = self.parts.feed(new_text, finished, cut)
+        piece = self.parts.feed(new_text, finished, cut)
+        text, calls = piece.text, piece.calls
         events = []
+        if piece.thinking:
+            if not self.thinking_open:
+                events.append({"type": "content_block_start", "index": self.index,
+                               "content_block": {"type": "thinking", "thinking": "",
+                                                 "signature": ""}})
+                self.thinking_open = True
+            events.append({"type": "content_block_delta", "index": self.index,
+                           "delta": {"type": "thinking_delta", "thinking": piece.thinking}})
+        if text or calls or finished:
+            events += self._close_thinking()
         if text:
             if not self.text_open:
                 events.append({"type": "content_block_start", "index": self.index,
@@ -149,6 +166,15 @@ class _Blocks:
         if finished:
             events += self._close_text()
         return events
+
+    def _close_thinking(self) -> list[dict]:
+        if not self.thinking_open:
+            return []
+        self.thinking_open = False
+        self.index += 1
+        return [{"type": "content_block_delta", "index": self.index - 1,
+                 "delta": {"type": "signature_delta", "signature": SIGNATURE}},
+                {"type": "content_block_stop", "index": self.index - 1}]
 
     def _close_text(self) -> list[dict]:
         if not self.text_open:
@@ -178,6 +204,9 @@ def _usage(choice: Choice, output_tokens: int) -> dict:
 
 
 _event = named_sse_event
+# Anthropic signs thinking so that it can be handed back unchanged; nothing here checks one
+# handed back, so the field is present (the SDK reads it) and says where the thinking came from.
+SIGNATURE = "pagedllm-unsigned"
 
 
 def tool_use_id(call) -> str:

@@ -110,6 +110,10 @@ class Thinking(RequestModel):
             return {}
         return {"enable_thinking": self.type != "disabled"}
 
+    def budget(self) -> int | None:
+        """The thinking tokens allowed before the model is made to answer (enabled only)."""
+        return self.budget_tokens if self.type == "enabled" else None
+
 
 class OutputFormat(RequestModel):
     type: Literal["json_schema"]
@@ -142,7 +146,7 @@ class MessagesFields(RequestModel):
         if system:
             out.append({"role": "system", "content": system})
         for i, message in enumerate(self.messages):
-            text, calls = [], []
+            text, calls, thinking = [], [], []
             for j, block in enumerate(message.blocks()):
                 where = f"messages[{i}].content[{j}]"
                 if isinstance(block, TextBlock):
@@ -150,10 +154,13 @@ class MessagesFields(RequestModel):
                         raise FieldError(f"{where}.citations", "citations are not supported")
                     text.append(block.text)
                 elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
-                    # An earlier turn's thinking: not part of the next prompt, as Anthropic's
-                    # API leaves it out (and Qwen3's template drops past reasoning).
+                    # An earlier turn's thinking: handed to the template as the message's
+                    # reasoning_content, which decides what to keep (Qwen3's drops past
+                    # turns' and keeps the turn in progress's).
                     if message.role != "assistant":
                         raise FieldError(where, f"{block.type} blocks come from the assistant")
+                    if isinstance(block, ThinkingBlock):
+                        thinking.append(block.thinking)
                 elif isinstance(block, ToolUseBlock):
                     if message.role != "assistant":
                         raise FieldError(where, "tool_use blocks come from the assistant")
@@ -163,10 +170,12 @@ class MessagesFields(RequestModel):
                         raise FieldError(where, "tool_result blocks come from the user")
                     out.append({"role": "tool", "tool_call_id": block.tool_use_id,
                                 "content": block.text()})
-            if text or calls or not out or out[-1]["role"] != "tool":
+            if text or calls or thinking or not out or out[-1]["role"] != "tool":
                 turn: dict[str, Any] = {"role": message.role, "content": "".join(text)}
                 if calls:
                     turn["tool_calls"] = calls
+                if thinking:
+                    turn["reasoning_content"] = "".join(thinking)
                 out.append(turn)
         return out
 

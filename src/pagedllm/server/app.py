@@ -93,6 +93,8 @@ def _server_state(client: EngineClient, served_model_name: str | None, config: S
     name = (pool.catalog.names[0] if pool is not None
             else served_model_name or client.info.model_config.name)
     keys = KeyStore(config.api_key_file)
+    if config.chat_template is not None and pool is None:
+        client.tokenizer.set_chat_template(config.chat_template)
     state = ServerState(client, name, metrics or ServerMetrics(client.figures, name),
                         config, keys, int(time.time()), pool=pool)
     if pool is not None:

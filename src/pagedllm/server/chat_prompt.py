@@ -8,8 +8,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pagedllm.core.request import SamplingParams
+from pagedllm.core.thinking import ThinkingControl
 from pagedllm.core.output_budget import PromptTooLongError
 from pagedllm.errors import FieldError
+from pagedllm.reasoning.splitter import PromptThinking
 from pagedllm.server.errors import APIError
 from pagedllm.server.state import ServerState
 from pagedllm.structured.spec import json_schema_spec
@@ -43,6 +45,7 @@ class ToolUse:
 class ChatPrompt:
     token_ids: list[int]
     tools: ToolUse | None  # None: no tools offered, or tool_choice "none"
+    thinking: PromptThinking | None = None  # a reasoning model's: how its answer is split
 
 
 def tool_use(state: ServerState, tools: Any, tool_choice: Any = None, tools_param: str = "tools",
@@ -61,14 +64,8 @@ def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
     with its text, so the answer continues it. template_options: more variables for the
     template (enable_thinking)."""
     tok = state.client.tokenizer
-    template_messages, tools = template_inputs(messages, use.functions, use.choice, use.template)
-    try:
-        text = tok.apply_chat_template(template_messages, add_generation_prompt and not
-                                       continue_final, tools=tools, **(template_options or {}))
-    except ChatTemplateError as exc:
-        raise FieldError("messages", str(exc)) from exc
-    if continue_final:
-        text = cut_after_final(text, messages)
+    text = chat_text(state, messages, use, add_generation_prompt, continue_final,
+                     template_options)
     limit = state.client.info.max_model_len
     # The template writes special tokens as text; encode without adding BOS twice.
     try:
@@ -79,7 +76,23 @@ def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
     except ValueError as exc:  # not valid Unicode
         raise FieldError("messages", str(exc)) from exc
     offered = use.functions and use.choice.mode != "none"
-    return ChatPrompt(ids, use if offered else None)
+    syntax = state.reasoning_syntax()
+    thinking = PromptThinking(syntax, syntax.opened_by(text)) if syntax is not None else None
+    return ChatPrompt(ids, use if offered else None, thinking)
+
+
+def chat_text(state: ServerState, messages: list[dict], use: ToolUse,
+              add_generation_prompt: bool = True, continue_final: bool = False,
+              template_options: dict | None = None) -> str:
+    """The conversation as the model's template renders it (what /apply-template shows)."""
+    template_messages, tools = template_inputs(messages, use.functions, use.choice, use.template)
+    try:
+        text = state.client.tokenizer.apply_chat_template(
+            template_messages, add_generation_prompt and not continue_final, tools=tools,
+            **(template_options or {}))
+    except ChatTemplateError as exc:
+        raise FieldError("messages", str(exc)) from exc
+    return cut_after_final(text, messages) if continue_final else text
 
 
 def cut_after_final(text: str, messages: list[dict]) -> str:
@@ -103,18 +116,39 @@ def cut_after_final(text: str, messages: list[dict]) -> str:
 async def prepare_chat(state: ServerState, messages: list[dict], params: SamplingParams, *,
                        tools=None, tool_choice=None, add_generation_prompt: bool = True,
                        continue_final: bool = False, parallel_tool_calls: bool = True,
-                       template_options: dict | None = None) -> tuple[ChatPrompt, SamplingParams]:
+                       template_options: dict | None = None,
+                       thinking_budget: int | None = None) -> tuple[ChatPrompt, SamplingParams]:
     """A chat request's prompt and final sampling parameters, for every chat API: its tools
     read (ToolError names a bad one), the conversation rendered through the model's
     template, the offered functions' schemas compiled (cached; on a worker thread; tools
-    that will not be used, tool_choice "none", are not), a forced call made a grammar."""
+    that will not be used, tool_choice "none", are not), a forced call made a grammar, a
+    reasoning model's thinking told to the engine (its budget: the request's, else the
+    server's --reasoning-budget)."""
     prompt = render_chat(state, messages, tool_use(state, tools, tool_choice),
                          add_generation_prompt, continue_final, template_options)
     use = prompt.tools
     for i, function in enumerate(use.functions if use is not None else ()):
         spec = json_schema_spec(function.parameters, f"{use.tools_param}[{i}].function.parameters")
         await asyncio.to_thread(state.client.compile_grammar, spec)
-    return prompt, with_tool_grammar(params, prompt, parallel_tool_calls)
+    params = with_tool_grammar(params, prompt, parallel_tool_calls)
+    return prompt, with_thinking(state, params, prompt.thinking,
+                                 thinking_budget or state.config.reasoning_budget)
+
+
+def with_thinking(state: ServerState, params: SamplingParams, thinking: PromptThinking | None,
+                  budget: int | None) -> SamplingParams:
+    """The engine told of the thinking: its markers' tokens, where the answer starts, the
+    budget; a grammar then applies to the answer after it (n-gram proposals off: their
+    masks would not follow the thinking's end)."""
+    if thinking is None:
+        return params
+    tok = state.client.tokenizer
+    syntax = thinking.syntax
+    control = ThinkingControl(tuple(tok.encode(syntax.start, add_special_tokens=False)),
+                              tuple(tok.encode(syntax.end, add_special_tokens=False)),
+                              thinking.inside, budget)
+    speculative = "off" if params.guided is not None else params.speculative
+    return replace(params, thinking=control, speculative=speculative)
 
 
 def with_tool_grammar(params: SamplingParams, prompt: ChatPrompt, parallel: bool) -> SamplingParams:

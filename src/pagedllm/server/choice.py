@@ -65,17 +65,23 @@ def public_finish(state: ServerState, choice: Choice, finish_reason: str | None
 
 
 def usage_of(choices: list[Choice]) -> dict:
-    prompt_tokens, completion = 0, 0
+    prompt_tokens, completion, reasoning = 0, 0, None
     seen_prompts = {}
     for c in choices:
         final = c.final
         if final is None:
             continue
         completion += len(final.token_ids)
+        thinking = c.request.params.thinking
+        if thinking is not None:
+            reasoning = (reasoning or 0) + thinking.reasoning_tokens(final.token_ids)
         best = seen_prompts.get(c.prompt_index)
         if best is None:
             prompt_tokens += len(final.prompt_token_ids)
             seen_prompts[c.prompt_index] = final.num_cached_tokens
         else:
             seen_prompts[c.prompt_index] = max(best, final.num_cached_tokens)
-    return usage(prompt_tokens, completion, sum(seen_prompts.values()))
+    counted = usage(prompt_tokens, completion, sum(seen_prompts.values()))
+    if reasoning is not None:  # a reasoning model's answers: how many tokens were thinking
+        counted["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return counted

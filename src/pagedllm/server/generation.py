@@ -6,7 +6,8 @@ from __future__ import annotations
 from fastapi import Request as HTTPRequest
 
 from pagedllm.core.request import RequestOutput
-from pagedllm.server.chat_prompt import ToolUse, prepare_chat
+from pagedllm.server.answer_parts import AnswerParts, whole_answer
+from pagedllm.server.chat_prompt import ChatPrompt, prepare_chat
 from pagedllm.server.choice import Choice
 from pagedllm.server.endpoint import Endpoint, OpenAIShape
 from pagedllm.server.errors import APIError
@@ -84,53 +85,42 @@ def _chat_logprobs(state: ServerState, lps):
                          "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]}
 
 
-def chat_endpoint(state: ServerState, tools: ToolUse | None = None) -> Endpoint:
-    if tools is not None:
-        return _tool_chat_endpoint(state, tools)
-    return Endpoint(
-        "chatcmpl", "chat.completion", "chat.completion.chunk",
-        chunk_choice=lambda c, out: {"index": c.index,
-                                     "delta": {"content": out.new_text} if out.new_text else {},
-                                     "logprobs": _chat_logprobs(state, out.new_logprobs),
-                                     "finish_reason": out.finish_reason},
-        final_choice=lambda c: {"index": c.index,
-                                "message": {"role": "assistant", "content": c.final.text},
-                                "logprobs": _chat_logprobs(state, c.final.logprobs),
-                                "finish_reason": c.final.finish_reason},
-        first_delta={"role": "assistant", "content": ""})
-
-
-def _tool_chat_endpoint(state: ServerState, tools: ToolUse) -> Endpoint:
-    """Chat whose answers are read for tool calls: streamed content holds back what may be a
-    call; each call goes out whole in one delta (index, id, name, arguments), as OpenAI's
-    clients reassemble them; finish_reason "tool_calls" when the answer made any."""
-    parsers: dict[int, object] = {}
+def chat_endpoint(state: ServerState, prompt: ChatPrompt) -> Endpoint:
+    """Chat answers read as they come (server/answer_parts.py): a reasoning model's thinking
+    as `reasoning_content` (vLLM's and DeepSeek's field), content without it, tool calls
+    each whole in one delta (index, id, name, arguments), as OpenAI's clients reassemble
+    them; finish_reason "tool_calls" when the answer made any."""
+    parts: dict[int, AnswerParts] = {}
+    reasons = prompt.thinking is not None
 
     def chunk_choice(c: Choice, out: RequestOutput) -> dict | None:
-        parser = parsers.setdefault(c.index, tools.new_parser())
-        before = len(parser.calls)
-        content, _ = parser.feed(out.new_text)
-        if out.finished:
-            rest, _ = parser.finish(out.finish_reason == "length")
-            content += rest
-        delta = {"content": content} if content else {}
-        if len(parser.calls) > before:
-            delta["tool_calls"] = [call.as_openai(index=i) for i, call in
-                                   enumerate(parser.calls) if i >= before]
+        reader = parts.setdefault(c.index, AnswerParts(prompt.tools, prompt.thinking))
+        before = len(reader.calls)
+        piece = reader.feed(out.new_text, out.finished, out.finish_reason == "length")
+        delta = {"reasoning_content": piece.thinking} if piece.thinking else {}
+        if piece.text:
+            delta["content"] = piece.text
+        if piece.calls:
+            delta["tool_calls"] = [call.as_openai(index=before + i)
+                                   for i, call in enumerate(piece.calls)]
         if not delta and not out.finished and not out.new_logprobs:
             return None
         return {"index": c.index, "delta": delta,
                 "logprobs": _chat_logprobs(state, out.new_logprobs),
-                "finish_reason": _finish_reason(out.finish_reason, parser.calls)}
+                "finish_reason": _finish_reason(out.finish_reason, reader.calls)}
 
     def final_choice(c: Choice) -> dict:
-        content, calls = tools.parse(c.final.text, c.final.finish_reason == "length")
-        message = {"role": "assistant", "content": content or None}
-        if calls:
-            message["tool_calls"] = [call.as_openai() for call in calls]
+        answer = whole_answer(c.final.text, c.final.finish_reason == "length", prompt.tools,
+                              prompt.thinking)
+        message = {"role": "assistant",
+                   "content": answer.text or (None if answer.calls else answer.text)}
+        if reasons:
+            message["reasoning_content"] = answer.thinking or None
+        if answer.calls:
+            message["tool_calls"] = [call.as_openai() for call in answer.calls]
         return {"index": c.index, "message": message,
                 "logprobs": _chat_logprobs(state, c.final.logprobs),
-                "finish_reason": _finish_reason(c.final.finish_reason, calls)}
+                "finish_reason": _finish_reason(c.final.finish_reason, answer.calls)}
 
     return Endpoint("chatcmpl", "chat.completion", "chat.completion.chunk", chunk_choice,
                     final_choice, first_delta={"role": "assistant", "content": ""})
@@ -154,8 +144,9 @@ async def _chat_completion(state: ServerState, body: ChatCompletionRequest,
         tools=body.tools, tool_choice=body.tool_choice,
         add_generation_prompt=body.generation_prompt(),
         continue_final=body.continue_final_message,
-        parallel_tool_calls=body.parallel_tool_calls)
+        parallel_tool_calls=body.parallel_tool_calls,
+        template_options=body.template_options(state.client.tokenizer.template_variables))
     job = Job([prompt.token_ids], params, body.stream, body.user,
               report_position=body.queue_position, api="openai.chat")
-    return await run(state, http_request, job, OpenAIShape(chat_endpoint(state, prompt.tools),
+    return await run(state, http_request, job, OpenAIShape(chat_endpoint(state, prompt),
                                                            body.include_usage()))

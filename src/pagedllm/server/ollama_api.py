@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pagedllm.core.request import QueuePosition, RequestOutput
 from pagedllm.core.output_budget import PromptTooLongError
 from pagedllm.errors import FieldError
-from pagedllm.server.chat_prompt import prepare_chat, render_chat, tool_use
+from pagedllm.server.chat_prompt import (ChatPrompt, prepare_chat, render_chat, tool_use,
+                                         with_thinking)
 from pagedllm.server.lora_routes import adapter_tags
 from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import merged
@@ -62,10 +63,12 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
     async def chat(body: OllamaChatRequest, request: HTTPRequest):
         async with _serving(state, body.model, body.keep_alive) as served:
             # Ollama has no tool_choice: a model offered tools may call them or answer.
-            prompt, params = await prepare_chat(served, _chat_messages(body),
-                                                body.sampling_params(), tools=body.tools)
+            prompt, params = await prepare_chat(
+                served, _chat_messages(body), body.sampling_params(), tools=body.tools,
+                template_options=body.template_options(
+                    served.client.tokenizer.has_thinking_switch))
             return await run(served, request, _job(body, prompt.token_ids, params, "ollama.chat"),
-                             OllamaShape(body.model, lambda: ChatShape(prompt.tools)))
+                             OllamaShape(body.model, lambda: ChatShape(prompt)))
 
     @app.post("/api/generate")
     async def generate(body: OllamaGenerateRequest, request: HTTPRequest):
@@ -82,11 +85,12 @@ def add_ollama_routes(app: FastAPI, state: ServerState) -> None:
                                      "done": True, "done_reason": "unload" if unload else "load"})
             # Tokenized off the event loop, and stopped at the context (a raw prompt of
             # megabytes is refused after about as much work as one that fits).
-            prompt_ids = list(body.context or []) + await asyncio.to_thread(
-                _generate_prompt, served, body)
-            return await run(served, request, _job(body, prompt_ids, body.sampling_params(),
-                                                   "ollama.generate"),
-                             OllamaShape(body.model, GenerateShape))
+            prompt = await asyncio.to_thread(_generate_prompt, served, body)
+            prompt_ids = list(body.context or []) + prompt.token_ids
+            params = with_thinking(served, body.sampling_params(), prompt.thinking,
+                                   served.config.reasoning_budget)
+            return await run(served, request, _job(body, prompt_ids, params, "ollama.generate"),
+                             OllamaShape(body.model, lambda: GenerateShape(prompt.thinking)))
 
     _add_model_routes(app, state, infos)
 
@@ -186,19 +190,21 @@ def _chat_messages(body: OllamaChatRequest) -> list[dict]:
     return messages
 
 
-def _generate_prompt(state: ServerState, body: OllamaGenerateRequest) -> list[int]:
+def _generate_prompt(state: ServerState, body: OllamaGenerateRequest) -> ChatPrompt:
     tok = state.client.tokenizer
-    if body.raw:
+    if body.raw:  # the text as given: no template, so no thinking opened by one
         limit = state.client.info.max_model_len
         try:
-            return tok.encode_within(body.prompt, limit, add_special_tokens=False)
+            return ChatPrompt(tok.encode_within(body.prompt, limit, add_special_tokens=False),
+                              None)
         except TokenLimitError as exc:
             raise PromptTooLongError(exc.num_tokens, 0, limit, at_least=True, param="prompt") from exc
         except ValueError as exc:  # not valid Unicode
             raise FieldError("prompt", str(exc)) from exc
     messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
         {"role": "user", "content": body.prompt}]
-    return render_chat(state, messages, tool_use(state, None)).token_ids
+    return render_chat(state, messages, tool_use(state, None), template_options=
+                       body.template_options(tok.has_thinking_switch))
 
 
 def _job(body: OllamaFields, prompt_ids: list[int], params, api: str) -> Job:

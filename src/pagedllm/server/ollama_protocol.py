@@ -51,6 +51,12 @@ class OllamaFields(RequestModel):
     options: OllamaOptions = Field(default_factory=OllamaOptions)
     stream: bool = True
     keep_alive: str | int | float | None = None  # a store's model stays loaded this long
+    # A reasoning model's thinking on or off where its template has the switch (Qwen3's);
+    # either way it comes back apart, as `thinking`, never inside the answer.
+    think: bool | None = None
+
+    def template_options(self, has_switch: bool) -> dict:
+        return {"enable_thinking": self.think} if has_switch and self.think is not None else {}
 
     def grammar(self) -> GrammarSpec | None:
         if not self.format:

@@ -1,20 +1,28 @@
 """How an answer's text goes into Ollama's lines: /api/generate's `response`, or /api/chat's
 `message` (with `tool_calls` read from the text when tools were offered: each call in the
-line where it completes, arguments as an object, as Ollama sends them)."""
+line where it completes, arguments as an object, as Ollama sends them; a reasoning model's
+thinking as `thinking`)."""
 from __future__ import annotations
 
 from pagedllm.core.request import RequestOutput
+from pagedllm.server.answer_parts import AnswerParts, AnswerPiece, whole_answer
 
 
 class GenerateShape:
+    def __init__(self, thinking=None):
+        """thinking: a reasoning model's (reasoning/splitter.py's PromptThinking), or None."""
+        self._thinking = thinking
+        self._parts = AnswerParts(None, thinking)
+
     def feed(self, text: str) -> dict | None:
-        return {"response": text} if text else None
+        piece = self._parts.feed(text, False)
+        return _response(piece) if piece.text or piece.thinking else None
 
     def finish(self, cut: bool = False) -> dict:
-        return {"response": ""}
+        return _response(self._parts.feed("", True, cut))
 
     def whole(self, text: str, cut: bool = False) -> dict:
-        return {"response": text}
+        return _response(whole_answer(text, cut, None, self._thinking))
 
     def final_extra(self, out: RequestOutput) -> dict:
         # Ollama's context: the tokens to send back to continue this text.
@@ -22,33 +30,36 @@ class GenerateShape:
 
 
 class ChatShape:
-    def __init__(self, tools=None):
-        """tools: a chat_prompt.ToolUse, or None when the request offered none."""
-        self._tools = tools
-        self._parser = tools.new_parser() if tools is not None else None
+    def __init__(self, prompt):
+        """prompt: the chat_prompt.ChatPrompt answered (its tools, a reasoning model's
+        thinking)."""
+        self._prompt = prompt
+        self._parts = AnswerParts(prompt.tools, prompt.thinking)
 
     def feed(self, text: str) -> dict | None:
-        if self._parser is None:
-            return _message(text) if text else None
-        content, calls = self._parser.feed(text)
-        return _message(content, calls) if content or calls else None
+        piece = self._parts.feed(text, False)
+        return _message(piece) if piece.text or piece.calls or piece.thinking else None
 
     def finish(self, cut: bool = False) -> dict:
         """cut: the answer ended at its token limit (a call it cut off is not content)."""
-        if self._parser is None:
-            return _message("")
-        return _message(*self._parser.finish(cut))
+        return _message(self._parts.feed("", True, cut))
 
     def whole(self, text: str, cut: bool = False) -> dict:
-        return _message(text) if self._tools is None else _message(*self._tools.parse(text, cut))
+        return _message(whole_answer(text, cut, self._prompt.tools, self._prompt.thinking))
 
     def final_extra(self, out: RequestOutput) -> dict:
         return {}
 
 
-def _message(content: str, calls=()) -> dict:
-    message = {"role": "assistant", "content": content}
-    if calls:
+def _message(piece: AnswerPiece) -> dict:
+    message = {"role": "assistant", "content": piece.text}
+    if piece.thinking:
+        message["thinking"] = piece.thinking
+    if piece.calls:
         message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments_dict}}
-                                 for c in calls]
+                                 for c in piece.calls]
     return {"message": message}
+
+
+def _response(piece: AnswerPiece) -> dict:
+    return {"response": piece.text, **({"thinking": piece.thinking} if piece.thinking else {})}

@@ -13,8 +13,9 @@ from pagedllm.errors import FieldError
 from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
 from pagedllm.server.lora_routes import adapter_cards, shows_paths
-from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      TokenizeRequest)
+from pagedllm.server.chat_prompt import chat_text, tool_use
+from pagedllm.server.protocol import (ApplyTemplateRequest, ChatCompletionRequest,
+                                      CompletionRequest, DetokenizeRequest, TokenizeRequest)
 from pagedllm.server.state import ServerState
 from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 
@@ -50,6 +51,16 @@ def add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def tokenize(body: TokenizeRequest):
         async with state.serving(body.model) as served:
             return _tokenize(served, body)
+
+    @app.post("/apply-template")
+    async def apply_template(body: ApplyTemplateRequest):
+        """llama.cpp's route: the prompt the model's chat template makes of a conversation
+        (tools and chat_template_kwargs included), to see what a chat request sends."""
+        async with state.serving(body.model) as served:
+            use = tool_use(served, body.tools, body.tool_choice)
+            options = body.template_options(served.client.tokenizer.template_variables)
+            return {"prompt": chat_text(served, body.template_messages(), use,
+                                        body.add_generation_prompt, template_options=options)}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):

@@ -10,8 +10,8 @@ import time
 
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
-from pagedllm.server.answer_parts import AnswerParts
-from pagedllm.server.chat_prompt import ToolUse, prepare_chat
+from pagedllm.server.answer_parts import AnswerParts, whole_answer
+from pagedllm.server.chat_prompt import ChatPrompt, prepare_chat
 from pagedllm.server.choice import Choice, public_finish
 from pagedllm.server.drive import outputs
 from pagedllm.server.errors import APIError
@@ -28,14 +28,22 @@ def add_responses_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/responses", include_in_schema=False)
     async def create(body: ResponsesRequest, request: HTTPRequest):
         async with state.serving(body.model) as served:
+            if body.reasoning is not None and body.reasoning.effort is not None and \
+                    served.reasoning_syntax() is None:
+                raise APIError(400, "this model does not think before it answers (no reasoning "
+                                    "parser applies to it: --reasoning-parser), so there is no "
+                                    "reasoning effort to set", "reasoning.effort",
+                               "unsupported_value")
             owner = _owner(served, request)
             conversation = _earlier(served, body, owner) + body.conversation()
             prompt, params = await prepare_chat(
                 served, conversation, body.sampling_params(), tools=body.chat_tools(),
                 tool_choice=body.chat_tool_choice(),
-                parallel_tool_calls=body.parallel_tool_calls)
+                parallel_tool_calls=body.parallel_tool_calls,
+                template_options=body.template_options(
+                    served.client.tokenizer.has_thinking_switch))
             job = Job([prompt.token_ids], params, body.stream, body.user, api="openai.responses")
-            shape = ResponseShape(body, prompt.tools, conversation, owner)
+            shape = ResponseShape(body, prompt, conversation, owner)
             return await run(served, request, job, shape)
 
     @app.get("/v1/responses/{response_id}")
@@ -77,10 +85,10 @@ def _not_found(response_id: str) -> APIError:
 
 
 class ResponseShape:
-    def __init__(self, body: ResponsesRequest, tools: ToolUse | None,
+    def __init__(self, body: ResponsesRequest, prompt: ChatPrompt,
                  conversation: list[dict], owner: str):
         self.body = body
-        self.tools = tools
+        self.prompt = prompt
         self.conversation = conversation
         self.owner = owner
         self.response_id = random_id("resp", "_")
@@ -90,16 +98,19 @@ class ResponseShape:
         choice = choices[0]
         final = choice.final
         cut = final.finish_reason == "length"
-        text, calls = self.tools.parse(final.text, cut) if self.tools else (final.text, [])
-        output = ([_message_item(random_id("msg", "_"), text, "completed")] if text else []) + [
-            _call_item(call, "completed") for call in calls]
+        answer = whole_answer(final.text, cut, self.prompt.tools, self.prompt.thinking)
+        text, calls = answer.text, answer.calls
+        output = (([_reasoning_item(random_id("rs", "_"), answer.thinking, "completed")]
+                   if answer.thinking else [])
+                  + ([_message_item(random_id("msg", "_"), text, "completed")] if text else [])
+                  + [_call_item(call, "completed") for call in calls])
         return JSONResponse(self._finish(state, choice, output, text, calls))
 
     def stream(self, state: ServerState, choices: list[Choice]) -> Response:
         choice = choices[0]
 
         async def events():
-            items = _Items(self.tools)
+            items = _Items(self.prompt)
             yield items.event("response.created", response=self._body("in_progress", []))
             yield items.event("response.in_progress", response=self._body("in_progress", []))
             try:
@@ -134,7 +145,8 @@ class ResponseShape:
         body["usage"] = {"input_tokens": prompt_tokens,
                          "input_tokens_details": {"cached_tokens": cached},
                          "output_tokens": output_tokens,
-                         "output_tokens_details": {"reasoning_tokens": 0},
+                         "output_tokens_details": {"reasoning_tokens": _reasoning_tokens(
+                             choice.request.params.thinking, final.token_ids)},
                          "total_tokens": prompt_tokens + output_tokens}
         if self.body.store:
             answer = {"role": "assistant", "content": text}
@@ -181,6 +193,20 @@ def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": []}
 
 
+def _reasoning_tokens(thinking, token_ids: list[int]) -> int:
+    return thinking.reasoning_tokens(token_ids) if thinking is not None else 0
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict:
+    """A reasoning model's thinking, whole (no summary is written)."""
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": [_reasoning_part(text)] if status == "completed" else []}
+
+
+def _reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
 def _call_item(call: ToolCall, status: str) -> dict:
     return {"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id,
             "name": call.name, "arguments": call.arguments if status == "completed" else "",
@@ -188,16 +214,19 @@ def _call_item(call: ToolCall, status: str) -> dict:
 
 
 class _Items:
-    """A streamed answer as the Responses API's output items and their events: a message item
-    while the answer is text, one function_call item per tool call."""
+    """A streamed answer as the Responses API's output items and their events: a reasoning
+    item while a reasoning model thinks, a message item while the answer is text, one
+    function_call item per tool call."""
 
-    def __init__(self, tools: ToolUse | None):
-        self.parts = AnswerParts(tools)
+    def __init__(self, prompt: ChatPrompt):
+        self.parts = AnswerParts(prompt.tools, prompt.thinking)
         self.output: list[dict] = []  # finished items
         self.text = ""  # all text shown
         self.sequence = 0
         self.message_id: str | None = None  # the open message item
         self.message_text = ""
+        self.reasoning_id: str | None = None  # the open reasoning item
+        self.reasoning_text = ""
 
     def event(self, kind: str, **fields) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -205,8 +234,11 @@ class _Items:
         return named_sse_event(kind, payload)
 
     def feed(self, new_text: str, finished: bool, cut: bool = False) -> list[str]:
-        text, calls = self.parts.feed(new_text, finished, cut)
-        events = []
+        piece = self.parts.feed(new_text, finished, cut)
+        text, calls = piece.text, piece.calls
+        events = self._think(piece.thinking)
+        if text or calls or finished:
+            events += self._close_reasoning()
         if text:
             if self.message_id is None:
                 self.message_id = random_id("msg", "_")
@@ -237,6 +269,32 @@ class _Items:
                                      item=self.output[-1]))
         if finished:
             events += self._close_message()
+        return events
+
+    def _think(self, thinking: str) -> list[str]:
+        if not thinking:
+            return []
+        events = []
+        if self.reasoning_id is None:
+            self.reasoning_id, self.reasoning_text = random_id("rs", "_"), ""
+            events.append(self.event("response.output_item.added", output_index=len(self.output),
+                                     item=_reasoning_item(self.reasoning_id, "", "in_progress")))
+        self.reasoning_text += thinking
+        events.append(self.event("response.reasoning_text.delta", item_id=self.reasoning_id,
+                                 output_index=len(self.output), content_index=0,
+                                 delta=thinking))
+        return events
+
+    def _close_reasoning(self) -> list[str]:
+        if self.reasoning_id is None:
+            return []
+        index, text = len(self.output), self.reasoning_text
+        item = _reasoning_item(self.reasoning_id, text, "completed")
+        events = [self.event("response.reasoning_text.done", item_id=self.reasoning_id,
+                             output_index=index, content_index=0, text=text),
+                  self.event("response.output_item.done", output_index=index, item=item)]
+        self.output.append(item)
+        self.reasoning_id = None
         return events
 
     def _where(self) -> dict:

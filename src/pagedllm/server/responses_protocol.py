@@ -83,6 +83,14 @@ class TextOptions(RequestModel):
     verbosity: Literal["medium"] | None = None  # the only one a plain model has
 
 
+class ReasoningOptions(RequestModel):
+    """A reasoning model's thinking: `effort` maps to the template's switch; summaries of the
+    thinking are not written here (its text comes back whole, as a reasoning item)."""
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: None = None  # no summaries: only null is taken
+    generate_summary: None = None
+
+
 class ResponsesRequest(RequestModel):
     model: str
     input: str | list[InputItem]
@@ -106,7 +114,15 @@ class ResponsesRequest(RequestModel):
     truncation: Literal["disabled"] | None = None
     include: list[Literal["message.output_text.logprobs"]] | None = Field(default=None,
                                                                            max_length=0)
-    reasoning: None = None  # these models do not reason: only null is taken
+    reasoning: ReasoningOptions | None = None
+
+    def template_options(self, has_switch: bool) -> dict:
+        """reasoning.effort where the template has a thinking switch (Qwen3's): none and
+        minimal turn the thinking off, the others on."""
+        effort = self.reasoning.effort if self.reasoning is not None else None
+        if not has_switch or effort is None:
+            return {}
+        return {"enable_thinking": effort not in ("none", "minimal")}
 
     def items(self) -> list:
         if isinstance(self.input, str):

@@ -38,6 +38,11 @@ class ServerConfig:
     max_connections_per_client: int | None = None
     log_level: str = "info"  # "debug" also logs /health and /metrics polls
     bench_results: str | None = None  # a folder of `pagedllm bench` outputs for the page
+    # Reasoning models: how their thinking is told apart from the answer (reasoning/syntax.py:
+    # "auto" reads the chat template), and the thinking tokens a request gets unless it says.
+    reasoning_parser: str = "auto"
+    reasoning_budget: int | None = None  # None: no limit but max_tokens
+    chat_template: str | None = None  # a Jinja template in the model's place (its text)
     # How this server was started (`pagedllm serve ...`), for `pagedllm bench`'s recommended
     # command: it repeats the model or store options and changes --max-num-seqs alone.
     start_command: str = ""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request as HTTPRequest
 
+from pagedllm.reasoning.syntax import ReasoningSyntax, choose_syntax
 from pagedllm.server.server_config import ServerConfig
 from pagedllm.core.output_budget import OutputCaps
 from pagedllm.serving.client import EngineClient
@@ -49,6 +50,13 @@ class ServerState:
     # its weight (llama.cpp's per-request scale).
     lora: str | None = None
     lora_scale: float = 1.0
+
+    def reasoning_syntax(self) -> ReasoningSyntax | None:
+        """How this model's thinking is marked (--reasoning-parser; auto: from its template
+        and vocabulary), or None."""
+        tokenizer = self.client.tokenizer
+        return choose_syntax(self.config.reasoning_parser, tokenizer.chat_template,
+                             tokenizer.added_token_texts)
 
     def check_draining(self) -> None:
         """New work is refused while the server drains or its engine restarts or stalls."""

@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Sequence
 
+import jinja2.meta
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
@@ -49,12 +50,22 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos and bos_token_id is not None
         self.eos_token_ids = tuple(eos_token_ids)
-        self.chat_template = chat_template
+        self.chat_template = None
         self._template = None
+        self.template_variables: frozenset[str] = frozenset()
         if chat_template:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise_template_error
-            self._template = env.from_string(chat_template)
+            self.set_chat_template(chat_template)
+
+    def set_chat_template(self, chat_template: str) -> None:
+        """Render chats with this Jinja template instead (`serve --chat-template`); raises
+        ChatTemplateError when it does not parse."""
+        self._template, self.template_variables = compile_chat_template(chat_template)
+        self.chat_template = chat_template
+
+    @functools.cached_property
+    def added_token_texts(self) -> frozenset[str]:
+        """The vocabulary's added tokens (<think>, <tool_call>, ...) as text."""
+        return frozenset(t.content for t in self._tok.get_added_tokens_decoder().values())
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -220,6 +231,24 @@ class Tokenizer:
     def new_detokenizer(self, prompt_token_ids: Sequence[int] = (),
                         skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self._tok, prompt_token_ids, skip_special_tokens)
+
+
+# Every render passes these; a request's chat_template_kwargs may not set them.
+RENDER_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token",
+                              "tools"})
+
+
+def compile_chat_template(text: str):
+    """(the sandboxed template, the variables a request's chat_template_kwargs may set: what
+    it reads beyond what every render passes); ChatTemplateError when it does not parse."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_template_error
+    try:
+        template = env.from_string(text)
+        variables = jinja2.meta.find_undeclared_variables(env.parse(text))
+    except TemplateError as exc:
+        raise ChatTemplateError(f"the chat template does not parse: {exc}") from exc
+    return template, frozenset(variables - RENDER_VARIABLES - {"raise_exception"})
 
 
 def _raise_template_error(message: str):

@@ -54,7 +54,7 @@ def _hf_message(message: dict) -> dict:
         out["tool_calls"] = [{"id": c.get("id"), "type": "function",
                               "function": {"name": c["name"], "arguments": c["arguments"]}}
                              for c in message["tool_calls"]]
-    for key in ("tool_call_id", "name"):
+    for key in ("tool_call_id", "name", "reasoning_content"):
         if message.get(key):
             out[key] = message[key]
     return out
@@ -69,4 +69,7 @@ def _text_message(message: dict, template: TemplateTools) -> dict:
         written = template.syntax.separator.join(
             template.syntax.render_call(c["name"], c["arguments"]) for c in calls)
         content = f"{content}\n{written}" if content else written
-    return {"role": message["role"], "content": content}
+    out = {"role": message["role"], "content": content}
+    if message.get("reasoning_content"):  # the template decides whether to show it
+        out["reasoning_content"] = message["reasoning_content"]
+    return out
