@@ -99,10 +99,11 @@ def test_tool_calls_the_model_writes_come_back_as_ollama_tool_calls():
     from pagedllm.server.ollama_shapes import ChatShape
     from pagedllm.tool_calls.spec import parse_tools, parse_tool_choice
     from pagedllm.tool_calls.syntax import template_tools
-    from pagedllm.server.chat_prompt import ToolUse
+    from pagedllm.server.chat_prompt import ChatPrompt, ToolUse
 
     functions = parse_tools([WEATHER])
-    use = ToolUse(functions, parse_tool_choice(None, functions), template_tools(None))
+    use = ChatPrompt([], ToolUse(functions, parse_tool_choice(None, functions),
+                                 template_tools(None)))
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
     whole = ChatShape(use).whole(text)["message"]
     assert whole == {"role": "assistant", "content": "", "tool_calls": [
@@ -112,6 +113,23 @@ def test_tool_calls_the_model_writes_come_back_as_ollama_tool_calls():
     assert lines[0] is None and lines[1]["message"]["tool_calls"] == whole["tool_calls"]
     assert "tool_calls" not in lines[2]["message"]
     ollama.Message.model_validate(whole)  # the official client reads it
+
+
+def test_a_reasoning_models_thinking_comes_back_as_ollama_thinking():
+    from pagedllm.reasoning.splitter import PromptThinking
+    from pagedllm.reasoning.syntax import SYNTAXES
+    from pagedllm.server.chat_prompt import ChatPrompt
+    from pagedllm.server.ollama_shapes import ChatShape, GenerateShape
+
+    prompt = ChatPrompt([], None, PromptThinking(SYNTAXES["deepseek_r1"], inside=True))
+    text = "Two and two.</think>It is 4."
+    whole = ChatShape(prompt).whole(text)["message"]
+    assert whole == {"role": "assistant", "content": "It is 4.", "thinking": "Two and two."}
+    ollama.Message.model_validate(whole)
+    shape = GenerateShape(prompt.thinking)
+    lines = [shape.feed(text[:15]), shape.feed(text[15:]), shape.finish()]
+    assert lines[0] == {"response": "", "thinking": "Two and two."}  # "</th" held back
+    assert lines[1] == {"response": "It is 4."} and lines[2] == {"response": ""}
 
 
 def test_model_listing_routes(oclient, server):
