@@ -135,3 +135,13 @@ def test_a_grammar_applies_to_the_answer_after_the_thinking_only(tokenizer):
     assert request_grammar(SamplingParams(thinking=control), compiler) is None
     assert request_grammar(SamplingParams(), compiler) is None
     assert gate.state != THINKING
+
+
+def test_the_thinking_control_travels_to_an_engine_process():
+    from pagedllm.core.request import SamplingParams
+    from pagedllm.engine import wire
+
+    params = SamplingParams(max_tokens=5, thinking=ThinkingControl((1, 2), (3, 4), True, 7))
+    sent = wire.AddRequest("r", [1, 2], params, [0], 5, "u", None, 0.0, False)
+    received = wire.to_engine.decode(wire.encoder.encode(sent))
+    assert received.params.thinking == params.thinking
