@@ -201,3 +201,17 @@ def test_apply_template_shows_the_prompt_and_earlier_thinking_reaches_the_templa
     with_thinking = client.messages.count_tokens(model="smollm2", messages=turns)
     without = client.messages.count_tokens(model="smollm2", messages=plain)
     assert with_thinking.input_tokens > without.input_tokens
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{{ 'x' }}" * 200_000, "a chat template is at most"),
+    (b"\xff\xfe{{ x }}", "not UTF-8 text"),
+])
+def test_a_chat_template_file_too_large_or_not_text_is_refused(tmp_path, content, message):
+    path = tmp_path / "template.jinja"
+    path.write_bytes(content)
+    done = subprocess.run([sys.executable, "-m", "pagedllm.cli", "serve", "--port",
+                           str(free_port()), "--chat-template", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr

@@ -70,8 +70,8 @@ class ThinkingGate:
 
     def masks_along(self, tokens: list[int], row_bytes: int) -> list:
         """Verification rows past the first read the gate itself (the server turns n-gram
-        proposals off for a thinking request under a grammar, whose masks would change as
-        the thinking ends); in the answer, the grammar's own masks."""
+        proposals off for every gated request: its masks change as the thinking ends and as
+        a budget writes the marker); in the answer, the grammar's own masks."""
         if self.state == ANSWER and self.grammar is not None:
             return self.grammar.masks_along(tokens, row_bytes)
         return []

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from pagedllm.core.request import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams
 from pagedllm.errors import FieldError
-from pagedllm.server.protocol import RequestModel
+from pagedllm.server.request_model import RequestModel
 from pagedllm.structured.spec import GrammarSpec, json_schema_spec
 
 StopSequence = Annotated[str, Field(max_length=MAX_STOP_CHARS)]

@@ -33,12 +33,6 @@ class ToolUse:
     def new_parser(self):
         return self.template.syntax.new_parser(self.functions)
 
-    def parse(self, text: str, cut: bool = False):
-        """(content, calls) of a whole answer; cut: it ended at its token limit."""
-        parser = self.new_parser()
-        content, calls = parser.feed(text)
-        rest, more = parser.finish(cut)
-        return content + rest, calls + more
 
 
 @dataclass(frozen=True)
@@ -138,8 +132,9 @@ async def prepare_chat(state: ServerState, messages: list[dict], params: Samplin
 def with_thinking(state: ServerState, params: SamplingParams, thinking: PromptThinking | None,
                   budget: int | None) -> SamplingParams:
     """The engine told of the thinking: its markers' tokens, where the answer starts, the
-    budget; a grammar then applies to the answer after it (n-gram proposals off: their
-    masks would not follow the thinking's end)."""
+    budget; a grammar then applies to the answer after it. Under the engine's gate (a
+    grammar or a budget) n-gram proposals are off: a verification's later rows would read
+    the gate as it is now, not as the thinking's end or the forced marker leaves it."""
     if thinking is None:
         return params
     tok = state.client.tokenizer
@@ -147,7 +142,8 @@ def with_thinking(state: ServerState, params: SamplingParams, thinking: PromptTh
     control = ThinkingControl(tuple(tok.encode(syntax.start, add_special_tokens=False)),
                               tuple(tok.encode(syntax.end, add_special_tokens=False)),
                               thinking.inside, budget)
-    speculative = "off" if params.guided is not None else params.speculative
+    gated = params.guided is not None or budget is not None
+    speculative = "off" if gated else params.speculative
     return replace(params, thinking=control, speculative=speculative)
 
 

@@ -21,7 +21,7 @@ from pagedllm.embeddings import EmbeddingQueueFull
 from pagedllm.embeddings.packaged import is_packaged_name
 from pagedllm.server.errors import APIError
 from pagedllm.server.ollama_protocol import keep_alive_seconds
-from pagedllm.server.protocol import RequestModel
+from pagedllm.server.request_model import RequestModel
 from pagedllm.server.state import ServerState
 
 if TYPE_CHECKING:  # the service runs torch; the server never imports it

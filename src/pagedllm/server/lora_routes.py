@@ -16,7 +16,7 @@ from pagedllm.errors import AdapterError
 from pagedllm.core.adapter_names import check_name, look_alike
 from pagedllm.server.auth import is_loopback
 from pagedllm.server.errors import APIError
-from pagedllm.server.protocol import RequestModel
+from pagedllm.server.request_model import RequestModel
 from pagedllm.server.state import ServerState
 
 

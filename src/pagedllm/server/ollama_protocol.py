@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field
 from pagedllm.core.request import SamplingParams
 from pagedllm.core.residency import KeepAliveError, parse_keep_alive
 from pagedllm.server.errors import APIError
-from pagedllm.server.protocol import RequestModel
+from pagedllm.server.request_model import RequestModel
 from pagedllm.structured.spec import GrammarSpec, json_schema_spec
 
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P = 0.8, 40, 0.9

@@ -14,8 +14,9 @@ from pagedllm.server.errors import APIError
 from pagedllm.server.generation import create_chat_completion, create_completion
 from pagedllm.server.lora_routes import adapter_cards, shows_paths
 from pagedllm.server.chat_prompt import chat_text, tool_use
-from pagedllm.server.protocol import (ApplyTemplateRequest, ChatCompletionRequest,
-                                      CompletionRequest, DetokenizeRequest, TokenizeRequest)
+from pagedllm.server.chat_protocol import ApplyTemplateRequest
+from pagedllm.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                      TokenizeRequest)
 from pagedllm.server.state import ServerState
 from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 

@@ -2,12 +2,11 @@
 SamplingParams. Validation errors become 400s that name the field."""
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, field_validator
+from pydantic import Field, StrictInt, StringConstraints, field_validator
 
 from pagedllm.config import CHAT_DEFAULT_MAX_TOKENS, COMPLETIONS_DEFAULT_MAX_TOKENS
 from pagedllm.core.request import (LOGIT_BIAS_RANGE, MAX_INT32, MAX_LOGIT_BIAS_TOKENS,
@@ -16,7 +15,8 @@ from pagedllm.core.request import (LOGIT_BIAS_RANGE, MAX_INT32, MAX_LOGIT_BIAS_T
                                    SamplingParamsError)
 from pagedllm.errors import FieldError
 from pagedllm.structured.spec import GrammarSpec, spec_from_request
-from pagedllm.tool_calls.spec import ToolError
+from pagedllm.server.chat_protocol import ChatMessage, ChatTemplateFields
+from pagedllm.server.request_model import RequestModel
 
 
 def random_id(prefix: str, separator: str = "-") -> str:
@@ -29,14 +29,6 @@ def random_id(prefix: str, separator: str = "-") -> str:
 # The bounds SamplingParams holds every request to (core/request.py), published in the schema.
 StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_CHARS)]
 TokenId = Annotated[StrictInt, Field(ge=0, le=MAX_INT32)]
-
-
-class RequestModel(BaseModel):
-    """Request bodies are read strictly, as the published schema says: 0 is not false, "1"
-    is not 1, true is not a token id. A field the model does not declare is refused (a 400
-    naming it); a model that takes others says so."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class StreamOptions(RequestModel):
@@ -162,59 +154,13 @@ class CompletionRequest(SamplingFields):
         return list(self.prompt)
 
 
-class TextPart(RequestModel):
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(RequestModel):
-    name: str
-    arguments: str = "{}"  # a JSON object, as OpenAI sends it
-
-
-class MessageToolCall(RequestModel):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(RequestModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
-    tool_call_id: str | None = None  # a tool result: the call it answers
-    # An earlier answer's thinking (vLLM's and DeepSeek's field): handed to the chat template,
-    # which decides what to keep (Qwen3's keeps the turn in progress's).
-    reasoning_content: str | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    add_generation_prompt: bool = True
     # vLLM's: the last message is the assistant's, and the answer continues it (prefill).
     continue_final_message: bool = False
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
-    # vLLM's: more variables for the chat template (Qwen3's enable_thinking), each one the
-    # template reads (others are refused by name).
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    def template_options(self, known: frozenset[str]) -> dict[str, Any]:
-        return template_options(self.chat_template_kwargs, known)
 
     def generation_prompt(self) -> bool:
         """Whether the template opens a new assistant turn: not when continuing the last."""
@@ -226,55 +172,6 @@ class ChatCompletionRequest(SamplingFields):
                              "the other starts a new one)")
         return False
 
-    def template_messages(self) -> list[dict[str, Any]]:
-        return template_messages(self.messages)
-
-
-def template_options(kwargs: dict[str, Any] | None, known: frozenset[str]) -> dict[str, Any]:
-    """A request's chat_template_kwargs, each a variable the template reads (known), else
-    refused by name."""
-    for key in kwargs or {}:
-        if key not in known:
-            raise FieldError(f"chat_template_kwargs.{key}",
-                             f"this model's chat template has no variable {key!r} "
-                             f"(it reads: {', '.join(sorted(known)) or 'none'})")
-    return dict(kwargs or {})
-
-
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """The conversation in tool_calls/prompt.py's shape. Raises ToolError for a call whose
-    arguments are not a JSON object."""
-    out = []
-    for i, m in enumerate(messages):
-        # "developer" is OpenAI's newer name for "system".
-        message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        if m.tool_calls:
-            message["tool_calls"] = [
-                {"id": c.id, "name": c.function.name,
-                 "arguments": call_arguments(c.function.arguments,
-                                         f"messages[{i}].tool_calls[{j}].function.arguments")}
-                for j, c in enumerate(m.tool_calls)]
-        if m.tool_call_id:
-            message["tool_call_id"] = m.tool_call_id
-        if m.reasoning_content:
-            message["reasoning_content"] = m.reasoning_content
-        if m.name:
-            message["name"] = m.name
-        out.append(message)
-    return out
-
-
-def call_arguments(text: str, param: str) -> dict:
-    try:
-        value = json.loads(text or "{}")
-    except json.JSONDecodeError as exc:
-        raise ToolError(param, f"is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ToolError(param, "nests too deep") from exc
-    if not isinstance(value, dict):
-        raise ToolError(param, "must be a JSON object")
-    return value
-
 
 class TokenizeRequest(RequestModel):
     model: str | None = None
@@ -282,22 +179,6 @@ class TokenizeRequest(RequestModel):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
-
-
-class ApplyTemplateRequest(RequestModel):
-    """llama.cpp's /apply-template: the prompt a chat request would be, as text."""
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    add_generation_prompt: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    def template_options(self, known: frozenset[str]) -> dict[str, Any]:
-        return template_options(self.chat_template_kwargs, known)
-
-    def template_messages(self) -> list[dict[str, Any]]:
-        return template_messages(self.messages)
 
 
 class DetokenizeRequest(RequestModel):

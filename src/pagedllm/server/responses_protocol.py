@@ -12,7 +12,8 @@ from pydantic import Field
 
 from pagedllm.core.request import SamplingParams
 from pagedllm.errors import FieldError
-from pagedllm.server.protocol import RequestModel, call_arguments
+from pagedllm.server.chat_protocol import call_arguments
+from pagedllm.server.request_model import RequestModel
 from pagedllm.structured.spec import GrammarSpec, spec_from_request
 
 
