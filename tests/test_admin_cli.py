@@ -123,7 +123,7 @@ NON_DEFAULTS = {
     "shared-prefix-cache": True, "allowed-origins": "http://a.example,http://b.example",
     "max-queue": 9, "max-prompt-tokens": 1000, "max-tokens-limit": 500, "request-timeout": 12.5,
     "bench-results": "/srv/bench", "reasoning-parser": "deepseek_r1", "reasoning-budget": 64,
-    "chat-template": "/srv/template.jinja", "replicas": 3, "ray-address": "10.0.0.1:6379",
+    "chat-template": "/srv/template.jinja", "tool-call-parser": "mistral", "replicas": 3, "ray-address": "10.0.0.1:6379",
     "threads-per-replica": 1, "router": "pow2", "models-dir": "/srv/models",
     "max-loaded-models": 2, "keep-alive": "10m", "embedding-dtype": "float32",
     "pooling": "mean", "gpu-memory-utilization": 0.8, "cuda-graphs": True, "overlap-steps": True, "gpu-4bit-weights": True,

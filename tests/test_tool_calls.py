@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from pagedllm.tool_calls.parser import HermesParser, Llama3JsonParser
 from pagedllm.tool_calls.prompt import template_inputs
 from pagedllm.tool_calls.spec import ToolChoice, ToolError, parse_tool_choice, parse_tools
 from pagedllm.tool_calls.syntax import HERMES, LLAMA3_JSON, template_tools
@@ -85,7 +84,7 @@ def _feed_in_pieces(parser, text, size):
 @pytest.mark.parametrize("size", [1, 3, 7, 1000])
 def test_hermes_calls_are_found_whatever_the_pieces(size):
     text = f"Let me check.\n{CALL}\n{CALL.replace('Paris', 'Oslo')}"
-    content, calls = _feed_in_pieces(HermesParser(FUNCTIONS), text, size)
+    content, calls = _feed_in_pieces(HERMES.new_parser(FUNCTIONS), text, size)
     assert content == "Let me check."
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Oslo"})]
@@ -94,9 +93,9 @@ def test_hermes_calls_are_found_whatever_the_pieces(size):
 
 def test_hermes_text_without_calls_streams_unchanged_and_held_back_tags_come_out():
     text = "a <b> and <tool but no call, 2 < 3 "
-    content, calls = _feed_in_pieces(HermesParser(FUNCTIONS), text, 2)
+    content, calls = _feed_in_pieces(HERMES.new_parser(FUNCTIONS), text, 2)
     assert content == text and calls == []
-    parser = HermesParser(FUNCTIONS)
+    parser = HERMES.new_parser(FUNCTIONS)
     assert parser.feed("Hi <tool_ca") == ("Hi", [])  # the tag's start is held back
 
 
@@ -107,27 +106,27 @@ def test_hermes_text_without_calls_streams_unchanged_and_held_back_tags_come_out
     '<tool_call>\n{"name": "get_weather", "argu',  # cut off
 ])
 def test_hermes_text_that_is_not_a_valid_call_stays_content(text):
-    content, calls = _feed_in_pieces(HermesParser(FUNCTIONS), text, 5)
+    content, calls = _feed_in_pieces(HERMES.new_parser(FUNCTIONS), text, 5)
     assert calls == [] and content == text
 
 
 def test_hermes_unclosed_call_that_parses_counts_and_string_arguments_are_read():
-    content, calls = _feed_in_pieces(HermesParser(FUNCTIONS), CALL.removesuffix("\n</tool_call>"), 4)
+    content, calls = _feed_in_pieces(HERMES.new_parser(FUNCTIONS), CALL.removesuffix("\n</tool_call>"), 4)
     assert content == "" and calls[0].name == "get_weather"
     text = '<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"UTC\\"}"}</tool_call>'
-    _, calls = _feed_in_pieces(HermesParser(FUNCTIONS), text, 4)
+    _, calls = _feed_in_pieces(HERMES.new_parser(FUNCTIONS), text, 4)
     assert json.loads(calls[0].arguments) == {"zone": "UTC"}
 
 
 def test_llama3_json_calls_and_plain_text():
     text = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}; '
             '{"name": "get_time", "parameters": {}}')
-    content, calls = _feed_in_pieces(Llama3JsonParser(FUNCTIONS), text, 3)
+    content, calls = _feed_in_pieces(LLAMA3_JSON.new_parser(FUNCTIONS), text, 3)
     assert content == "" and [c.name for c in calls] == ["get_weather", "get_time"]
     plain = "It is sunny {probably}."
-    assert _feed_in_pieces(Llama3JsonParser(FUNCTIONS), plain, 3) == (plain, [])
+    assert _feed_in_pieces(LLAMA3_JSON.new_parser(FUNCTIONS), plain, 3) == (plain, [])
     broken = '{"name": "get_weather", "parameters": {"city": '
-    assert _feed_in_pieces(Llama3JsonParser(FUNCTIONS), broken, 3) == (broken, [])
+    assert _feed_in_pieces(LLAMA3_JSON.new_parser(FUNCTIONS), broken, 3) == (broken, [])
 
 
 # -- templates -------------------------------------------------------------------------------
@@ -202,7 +201,7 @@ def _accepts(compiler, spec, text):
 @pytest.mark.parametrize("syntax", [HERMES, LLAMA3_JSON])
 def test_forced_grammars_accept_calls_and_nothing_else(compiler, syntax):
     one = syntax.render_call("get_weather", {"city": "Paris"})
-    two = syntax.separator.join([one, syntax.render_call("get_time", {"zone": "UTC"})])
+    two = syntax.write([("get_weather", {"city": "Paris"}), ("get_time", {"zone": "UTC"})])
     required = syntax.grammar(FUNCTIONS, ToolChoice("required"), parallel=True)
     assert _accepts(compiler, required, one) and _accepts(compiler, required, two)
     single = syntax.grammar(FUNCTIONS, ToolChoice("required"), parallel=False)
@@ -225,7 +224,7 @@ def test_a_call_the_token_limit_cut_is_not_shown_as_text(size):
     count, the cut one is dropped rather than shown as raw syntax; without the cut, the
     unparsable text stays content (nothing the model wrote is lost)."""
     text = f"Checking.\n{CALL}\n" + CALL[:40]
-    parser = HermesParser(FUNCTIONS)
+    parser = HERMES.new_parser(FUNCTIONS)
     content, calls = "", []
     for i in range(0, len(text), size):
         c, k = parser.feed(text[i:i + size])
@@ -233,8 +232,8 @@ def test_a_call_the_token_limit_cut_is_not_shown_as_text(size):
     rest, more = parser.finish(cut=True)
     assert content + rest == "Checking." and len(calls + more) == 1
     assert "<tool_call>" not in content + rest
-    kept, _ = _feed_in_pieces(HermesParser(FUNCTIONS), text, size)
+    kept, _ = _feed_in_pieces(HERMES.new_parser(FUNCTIONS), text, size)
     assert kept.endswith(CALL[:40])
-    llama = Llama3JsonParser(FUNCTIONS)
+    llama = LLAMA3_JSON.new_parser(FUNCTIONS)
     llama.feed('{"name": "get_weather", "parameters": {"ci')
     assert llama.finish(cut=True) == ("", [])

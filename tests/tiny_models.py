@@ -76,21 +76,24 @@ def tiny_hf_model(arch: str = "llama", tie: bool = True, seed: int = 0, **extra)
     return model.eval()
 
 
-def write_hf_folder(model, folder) -> str:
-    """config.json + model.safetensors + a byte-level tokenizer.json."""
+def write_hf_folder(model, folder, more_special_tokens=(), chat_template: str = CHATML) -> str:
+    """config.json + model.safetensors + a byte-level tokenizer.json (with more special
+    tokens after the usual four: a model family's markers; the model's vocab_size must
+    cover them)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     model.save_pretrained(folder, safe_serialization=True)
     vocab = {ch: i for i, ch in enumerate(byte_level_alphabet())}
-    for i, tok in enumerate(SPECIAL_TOKENS):
+    specials = [*SPECIAL_TOKENS, *more_special_tokens]
+    for i, tok in enumerate(specials):
         vocab[tok] = 256 + i
     tokenizer = Tokenizer(models.BPE(vocab, []))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.add_special_tokens(specials)
     tokenizer.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"eos_token": "<|endoftext|>", "chat_template": CHATML}, f)
+        json.dump({"eos_token": "<|endoftext|>", "chat_template": chat_template}, f)
     return str(folder)
 
 

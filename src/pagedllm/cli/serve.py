@@ -8,6 +8,7 @@ import sys
 
 from pagedllm.cli.options import add_engine_args, positive_int, positive_seconds, size
 from pagedllm.reasoning.syntax import CHOICES as REASONING_PARSERS
+from pagedllm.tool_calls.syntax import CHOICES as TOOL_CALL_PARSERS
 from pagedllm.server.server_config import ServerConfig
 from pagedllm.serving.stall_watch import STALL_AFTER_S
 
@@ -92,6 +93,10 @@ def _add_http_args(http) -> None:
                       help="a Jinja chat template (a file, or the template itself) used "
                            "instead of the model's own, for models whose template is wrong "
                            "or missing (default: the model's)")
+    http.add_argument("--tool-call-parser", default="auto", choices=TOOL_CALL_PARSERS,
+                      help="the syntax the model writes tool calls in, read back into "
+                           "tool_calls: auto reads the chat template (vLLM's names; a template "
+                           "that renders no tools is given them in Hermes' syntax)")
     http.add_argument("--bench-results", default=None, metavar="DIR",
                       help="a folder of `pagedllm bench --out` results; the page at / shows "
                            "the newest (default: none)")
@@ -176,7 +181,8 @@ def server_config(args) -> ServerConfig:
         max_connections_per_client=args.max_connections_per_client,
         max_body_bytes=args.max_body_bytes, log_level=args.log_level,
         bench_results=args.bench_results, reasoning_parser=args.reasoning_parser,
-        reasoning_budget=args.reasoning_budget, chat_template=args.chat_template)
+        reasoning_budget=args.reasoning_budget, chat_template=args.chat_template,
+        tool_call_parser=args.tool_call_parser)
 
 
 def start_command(argv: list[str] | None = None) -> str:

@@ -44,7 +44,8 @@ class RequestTextState:
         (the engine-core process: its front end detokenizes, serving/process_client.py)."""
         self.request = request
         self.detokenizer = None if tokenizer is None else tokenizer.new_detokenizer(
-            request.prompt_token_ids, request.params.skip_special_tokens)
+            request.prompt_token_ids, request.params.skip_special_tokens,
+            request.params.kept_special_token_ids)
         self.stops = request.params.stop
         self.hold_back = max((len(s) for s in self.stops), default=1) - 1
         self.text = ""

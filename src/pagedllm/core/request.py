@@ -44,6 +44,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the chosen token's logprob plus top-k
     skip_special_tokens: bool = True
+    # Special tokens written as text all the same: a chat model family's tool-call and
+    # thinking markers where they are special tokens, for the answer's parsers.
+    kept_special_token_ids: tuple[int, ...] = ()
     guided: GrammarSpec | None = None  # structured output: the grammar the tokens must follow
     # Added to these tokens' logits before anything else (-100 bans a token, +100 forces it).
     logit_bias: dict[int, float] = field(default_factory=dict)

@@ -18,7 +18,7 @@ from pagedllm.structured.spec import json_schema_spec
 from pagedllm.tokenizer import ChatTemplateError, TokenLimitError
 from pagedllm.tool_calls.prompt import template_inputs
 from pagedllm.tool_calls.spec import Function, ToolChoice, parse_tool_choice, parse_tools
-from pagedllm.tool_calls.syntax import TemplateTools, template_tools
+from pagedllm.tool_calls.syntax import TemplateTools
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,7 @@ def tool_use(state: ServerState, tools: Any, tool_choice: Any = None, tools_para
     """Raises ToolError naming the field for a bad tool or tool_choice."""
     functions = parse_tools(tools, tools_param)
     choice = parse_tool_choice(tool_choice, functions, choice_param)
-    return ToolUse(functions, choice, template_tools(state.client.tokenizer.chat_template),
-                   tools_param)
+    return ToolUse(functions, choice, state.template_tools(), tools_param)
 
 
 def render_chat(state: ServerState, messages: list[dict], use: ToolUse,
@@ -124,9 +123,24 @@ async def prepare_chat(state: ServerState, messages: list[dict], params: Samplin
     for i, function in enumerate(use.functions if use is not None else ()):
         spec = json_schema_spec(function.parameters, f"{use.tools_param}[{i}].function.parameters")
         await asyncio.to_thread(state.client.compile_grammar, spec)
-    params = with_tool_grammar(params, prompt, parallel_tool_calls)
+    special_ids = marker_tokens(state, prompt)
+    if special_ids:
+        params = replace(params, kept_special_token_ids=tuple(sorted(special_ids.values())))
+    params = with_tool_grammar(params, prompt, parallel_tool_calls, special_ids)
     return prompt, with_thinking(state, params, prompt.thinking,
                                  thinking_budget or state.config.reasoning_budget)
+
+
+def marker_tokens(state: ServerState, prompt: ChatPrompt) -> dict[str, int]:
+    """The answer's markers (the tool-call syntax's, the thinking's) that are special tokens
+    of this vocabulary: kept in the answer's text for its parsers (skip_special_tokens
+    would drop them), and named as tokens in a forced call's grammar."""
+    texts = set()
+    if prompt.tools is not None:
+        texts.update(prompt.tools.template.syntax.markers)
+    if prompt.thinking is not None:
+        texts.update((prompt.thinking.syntax.start, prompt.thinking.syntax.end))
+    return state.client.tokenizer.special_token_ids(texts) if texts else {}
 
 
 def with_thinking(state: ServerState, params: SamplingParams, thinking: PromptThinking | None,
@@ -147,7 +161,8 @@ def with_thinking(state: ServerState, params: SamplingParams, thinking: PromptTh
     return replace(params, thinking=control, speculative=speculative)
 
 
-def with_tool_grammar(params: SamplingParams, prompt: ChatPrompt, parallel: bool) -> SamplingParams:
+def with_tool_grammar(params: SamplingParams, prompt: ChatPrompt, parallel: bool,
+                      special_ids: dict[str, int]) -> SamplingParams:
     """A forced tool_choice ("required", a named function) is enforced by a grammar in the
     model's own call syntax, so the calls always parse and their arguments validate."""
     use = prompt.tools
@@ -156,4 +171,5 @@ def with_tool_grammar(params: SamplingParams, prompt: ChatPrompt, parallel: bool
     if params.guided is not None:
         raise APIError(400, "a forced tool_choice cannot be combined with response_format or "
                             "guided_* (both constrain the answer)", "tool_choice", "invalid_value")
-    return replace(params, guided=use.template.syntax.grammar(use.functions, use.choice, parallel))
+    return replace(params, guided=use.template.syntax.grammar(use.functions, use.choice, parallel,
+                                                              special_ids))

@@ -43,6 +43,8 @@ class ServerConfig:
     reasoning_parser: str = "auto"
     reasoning_budget: int | None = None  # None: no limit but max_tokens
     chat_template: str | None = None  # a Jinja template in the model's place (its text)
+    # How the model writes tool calls (tool_calls/syntax.py: "auto" reads the chat template).
+    tool_call_parser: str = "auto"
     # How this server was started (`pagedllm serve ...`), for `pagedllm bench`'s recommended
     # command: it repeats the model or store options and changes --max-num-seqs alone.
     start_command: str = ""

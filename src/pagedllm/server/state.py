@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fastapi import Request as HTTPRequest
 
 from pagedllm.reasoning.syntax import ReasoningSyntax, choose_syntax
+from pagedllm.tool_calls.syntax import TemplateTools, template_tools
 from pagedllm.server.server_config import ServerConfig
 from pagedllm.core.output_budget import OutputCaps
 from pagedllm.serving.client import EngineClient
@@ -57,6 +58,11 @@ class ServerState:
         tokenizer = self.client.tokenizer
         return choose_syntax(self.config.reasoning_parser, tokenizer.chat_template,
                              tokenizer.added_token_texts)
+
+    def template_tools(self) -> TemplateTools:
+        """Whether this model's template renders tools, and the syntax its calls are read
+        in (--tool-call-parser; auto: from its template)."""
+        return template_tools(self.client.tokenizer.chat_template, self.config.tool_call_parser)
 
     def check_draining(self) -> None:
         """New work is refused while the server drains or its engine restarts or stalls."""

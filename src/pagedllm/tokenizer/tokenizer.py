@@ -62,6 +62,16 @@ class Tokenizer:
         self._template, self.template_variables = compile_chat_template(chat_template)
         self.chat_template = chat_template
 
+    def special_token_ids(self, texts) -> dict[str, int]:
+        """Those of `texts` that are one special token of the vocabulary, with its id: a
+        family's markers ([TOOL_CALLS], <|tool_call|>, [THINK]) that skip_special_tokens
+        would drop from the text, and that a grammar must name as tokens."""
+        found = {}
+        for token_id, token in self._tok.get_added_tokens_decoder().items():
+            if token.special and token.content in texts:
+                found[token.content] = token_id
+        return found
+
     @functools.cached_property
     def added_token_texts(self) -> frozenset[str]:
         """The vocabulary's added tokens (<think>, <tool_call>, ...) as text."""
@@ -229,8 +239,10 @@ class Tokenizer:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
 
     def new_detokenizer(self, prompt_token_ids: Sequence[int] = (),
-                        skip_special_tokens: bool = True) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self._tok, prompt_token_ids, skip_special_tokens)
+                        skip_special_tokens: bool = True,
+                        kept_special_token_ids: Sequence[int] = ()) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self._tok, prompt_token_ids, skip_special_tokens,
+                                      kept_special_token_ids)
 
 
 # Every render passes these; a request's chat_template_kwargs may not set them.
@@ -264,12 +276,17 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer: HFTokenizer, prompt_token_ids: Sequence[int] = (),
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, kept_special_token_ids: Sequence[int] = ()):
+        """kept_special_token_ids: special tokens written as their text all the same (a
+        family's tool-call and thinking markers, which the answer's parsers read)."""
         self._tok = tokenizer
+        self._kept = frozenset(kept_special_token_ids) if skip_special_tokens else frozenset()
         self._stream = decoders.DecodeStream(skip_special_tokens=skip_special_tokens)
         for token_id in list(prompt_token_ids)[-4:]:
             self._stream.step(tokenizer, token_id)
 
     def step(self, token_id: int) -> str:
         """Text newly completed by this token ('' while a character is still incomplete)."""
+        if token_id in self._kept:  # the stream skips it, as it would any special token
+            return self._tok.id_to_token(token_id) or ""
         return self._stream.step(self._tok, token_id) or ""

@@ -5,15 +5,15 @@ Messages come in one shape from both APIs: {"role", "content": str, "tool_calls"
 (Qwen's, Llama 3's) gets them as Hugging Face templates expect: `tools` as OpenAI tool dicts
 and each call as {"type": "function", "function": {"name", "arguments": dict}}. A template
 that does not (SmolLM2's) gets plain text: the tools in the system prompt, earlier calls
-written in the Hermes syntax, tool results as user turns in <tool_response> tags (as Qwen's
-own template writes them).
+written in the syntax the answer is read in (Hermes' unless --tool-call-parser says), tool
+results as user turns in <tool_response> tags (as Qwen's own template writes them).
 """
 from __future__ import annotations
 
 import json
 
 from pagedllm.tool_calls.spec import Function, ToolChoice
-from pagedllm.tool_calls.syntax import TemplateTools
+from pagedllm.tool_calls.syntax import HERMES, TemplateTools, ToolSyntax
 
 _SYSTEM_TOOLS = """# Tools
 
@@ -28,6 +28,26 @@ For each function call, return a json object with function name and arguments wi
 <tool_call>
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
+_SYSTEM_TOOLS_OTHER = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+To call functions, write the calls like this (a JSON object of arguments for each):
+{example}"""
+
+
+def _tools_block(tools_text: str, syntax: ToolSyntax) -> str:
+    """The tools and how to call them, in the syntax the answer is read in (Hermes' unless
+    --tool-call-parser names another)."""
+    if syntax is HERMES:
+        return _SYSTEM_TOOLS.format(tools=tools_text)
+    example = syntax.write([("function_name", {"argument": "value"})])
+    return _SYSTEM_TOOLS_OTHER.format(tools=tools_text, example=example)
 
 
 def template_inputs(messages: list[dict], functions: tuple[Function, ...], choice: ToolChoice,
@@ -40,7 +60,7 @@ def template_inputs(messages: list[dict], functions: tuple[Function, ...], choic
     rendered = [_text_message(m, template) for m in messages]
     if offered:
         tools_text = "\n".join(json.dumps(f.as_tool(), ensure_ascii=False) for f in offered)
-        block = _SYSTEM_TOOLS.format(tools=tools_text)
+        block = _tools_block(tools_text, template.syntax)
         if rendered and rendered[0]["role"] == "system":
             rendered[0] = {**rendered[0], "content": f"{rendered[0]['content']}\n\n{block}"}
         else:
@@ -66,8 +86,7 @@ def _text_message(message: dict, template: TemplateTools) -> dict:
         return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
     calls = message.get("tool_calls") or []
     if calls:
-        written = template.syntax.separator.join(
-            template.syntax.render_call(c["name"], c["arguments"]) for c in calls)
+        written = template.syntax.write([(c["name"], c["arguments"]) for c in calls])
         content = f"{content}\n{written}" if content else written
     out = {"role": message["role"], "content": content}
     if message.get("reasoning_content"):  # the template decides whether to show it
