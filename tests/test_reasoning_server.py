@@ -50,6 +50,9 @@ def _openai(server):
 def test_the_ready_line_says_the_parser_auto_chose(thinking_server):
     assert ("reasoning parser: qwen3 (auto: from the chat template): thinking between <think> "
             "and </think>" in thinking_server.output())
+    # the template renders no tools: they go into the system prompt in Hermes' syntax
+    assert "tool-call parser: hermes (auto: the chat template renders no tools" in \
+        thinking_server.output()
 
 
 def test_openai_chat_returns_the_thinking_apart_and_counts_it(thinking_server,
@@ -166,6 +169,7 @@ def test_responses_api_reasoning_items(thinking_server):
     (["--chat-template", "{% if %}"], "does not parse"),
     (["--reasoning-parser", "r1"], "invalid choice: 'r1'"),
     (["--reasoning-budget", "0"], "--reasoning-budget"),
+    (["--tool-call-parser", "mistal"], "invalid choice: 'mistal'"),
 ])
 def test_bad_reasoning_settings_are_refused_at_start(args, message):
     done = subprocess.run([sys.executable, "-m", "pagedllm.cli", "serve", "--port", str(free_port()), *args],

@@ -189,3 +189,14 @@ def test_forced_grammars_accept_the_familys_calls_and_nothing_else(name, family_
     assert not accepts(required, True, [("get_weather", {"days": 1})])  # city is required
     assert not accepts(required, True, [("get_weather", {"city": "x", "unit": "k"})])
     assert not accepts(required, True, CALLS, before="Sure! ")
+
+
+def test_the_kept_markers_travel_to_an_engine_process():
+    """The engine process's front end detokenizes from the request's parameters as sent."""
+    from pagedllm.core.request import SamplingParams
+    from pagedllm.engine import wire
+
+    params = SamplingParams(max_tokens=5, kept_special_token_ids=(270, 271))
+    sent = wire.AddRequest("r", [1, 2], params, [0], 5, "u", None, 0.0, False)
+    received = wire.to_engine.decode(wire.encoder.encode(sent))
+    assert received.params.kept_special_token_ids == (270, 271)

@@ -70,7 +70,7 @@ class DrainingServer(uvicorn.Server):
 
 def ready_message(info: EngineInfo | None, host: str, port: int, served_name: str,
                   scheme: str = "http", keys: int | None = None, key_file: str | None = None,
-                  embeddings=None, pool=None, reasoning: str | None = None) -> str:
+                  embeddings=None, pool=None, chat_syntax: str | None = None) -> str:
     """What an admin needs to see once: where, what model (or store), how much fits, who
     may use it."""
     wildcard = host in ("0.0.0.0", "::", "")
@@ -90,8 +90,8 @@ def ready_message(info: EngineInfo | None, host: str, port: int, served_name: st
         lines.append(f"  embeddings: {embeddings.name} ({model.dimensions} dimensions, up to "
                      f"{model.max_tokens} tokens an input, {model.dtype} products) at "
                      f"/v1/embeddings and /api/embed")
-    if reasoning:
-        lines.append(reasoning)
+    if chat_syntax:
+        lines.append(chat_syntax)
     lines.append("  API keys: " + (
         f"on, {keys} key(s) from {key_file}" if key_file else
         "off (loopback only: anyone on this machine may use it)" if is_loopback(host) else
@@ -115,11 +115,23 @@ def ready_message(info: EngineInfo | None, host: str, port: int, served_name: st
     return "\n".join(lines)
 
 
+def chat_syntax_lines(state) -> str | None:
+    """How the model's tool calls and thinking are read (what `auto` chose), for one model."""
+    if state.pool is not None:
+        return None
+    tools = state.template_tools()
+    how = ("--tool-call-parser" if state.config.tool_call_parser != "auto" else
+           "auto: from the chat template" if tools.renders_tools else
+           "auto: the chat template renders no tools, so pagedllm writes them into the system "
+           "prompt")
+    lines = [f"  tool-call parser: {tools.syntax.name} ({how})"]
+    reasoning = reasoning_line(state)
+    return "\n".join(lines + ([reasoning] if reasoning else []))
+
+
 def reasoning_line(state) -> str | None:
     """The reasoning parser in use (the one `auto` chose), for a model that thinks or when
     one was asked for by name."""
-    if state.pool is not None:
-        return None
     asked, syntax = state.config.reasoning_parser, state.reasoning_syntax()
     if syntax is None:
         return None if asked == "auto" else f"  reasoning parser: none (--reasoning-parser {asked})"
@@ -229,7 +241,7 @@ def serve(client: EngineClient, config: ServerConfig, embeddings=None) -> int:
     server = DrainingServer(http_config, state, grace_seconds,
                             ready_message(client.info, host, port, state.served_model_name, scheme,
                                           len(state.keys.keys), config.api_key_file, embeddings,
-                                          state.pool, reasoning_line(state)))
+                                          state.pool, chat_syntax_lines(state)))
     http = threading.Thread(target=server.run, name="pagedllm-http", daemon=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.handle_exit)
