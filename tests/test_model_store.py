@@ -375,3 +375,26 @@ def test_one_model_holds_the_threads_and_yields_them_while_another_is_busy():
         pool.shutdown()
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_models_entry_brings_its_own_template_and_parsers(tmp_path):
+    """chat-template (a file beside the config, or the text), tool-call-parser and
+    reasoning-parser per model; bad ones refused naming the entry and the key."""
+    from pagedllm.weights import default_model_path
+
+    (tmp_path / "mine.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    [entry] = entries_from_table({"chat": {
+        "path": default_model_path(), "chat-template": "mine.jinja",
+        "tool-call-parser": "mistral", "reasoning-parser": "none"}}, "f.toml", str(tmp_path))
+    assert dict(entry.chat_settings) == {
+        "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}",
+        "tool_call_parser": "mistral", "reasoning_parser": "none"}
+    for key, value, words in [
+            ("chat-template", "no-such.jinja", "no such file"),
+            ("chat-template", "{% if %}", "does not parse"),
+            ("tool-call-parser", "mistal", "choose one of auto, hermes"),
+            ("reasoning-parser", "r1", "choose one of auto"),
+            ("tool-call-parser", 3, "is text")]:
+        with pytest.raises(StoreError, match=rf"\[models.chat\]: {key}.*{words}"):
+            entries_from_table({"chat": {"path": default_model_path(), key: value}}, "f.toml",
+                               str(tmp_path))

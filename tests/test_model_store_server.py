@@ -300,7 +300,8 @@ def test_a_stream_says_its_model_is_loading_while_others_serve(models_dir, tmp_p
 
 
 def test_config_file_models_with_their_own_options_and_aliases(models_dir, tmp_path):
-    """[models] entries alone make a store: names, aliases and per-model engine options."""
+    """[models] entries alone make a store: names, aliases, per-model engine options and a
+    model's own chat template."""
     config = tmp_path / "pagedllm.toml"
     config.write_text(f'''kv-cache-memory = "64MiB"
 [models.small]
@@ -310,6 +311,7 @@ aliases = ["gpt-4o-mini"]
 [models.hf]
 path = "{models_dir}/tiny-hf"
 dtype = "float32"
+chat-template = "{{% for m in messages %}}[{{{{ m.role }}}}] {{{{ m.content }}}}{{% endfor %}}"
 ''')
     proc = ServerProcess("--config", str(config), log_path=str(tmp_path / "server.log"))
     try:
@@ -325,5 +327,11 @@ dtype = "float32"
         client.chat.completions.create(model="hf", messages=HI, max_tokens=2)
         cards = {m["id"]: m for m in httpx.get(proc.url + "/v1/models", timeout=30).json()["data"]}
         assert cards["hf"]["dtype"] == "float32"  # its own option
+        rendered = httpx.post(proc.url + "/apply-template", timeout=60,
+                              json={"model": "hf", "messages": HI}).json()
+        assert rendered["prompt"] == "[user] Say hello."  # its own chat template
+        rendered = httpx.post(proc.url + "/apply-template", timeout=60,
+                              json={"model": "small", "messages": HI}).json()
+        assert rendered["prompt"].startswith("<|im_start|>")  # the file's own
     finally:
         proc.stop()

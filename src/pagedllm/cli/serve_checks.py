@@ -59,38 +59,19 @@ def check_server_setup(args) -> None:
         args.chat_template = chat_template_text(args.chat_template, store)
 
 
-# Real chat templates are a few KB (Qwen3's ~4 KB, the longest GGUF ones ~40 KB).
-MAX_TEMPLATE_BYTES = 1 << 20
-
-
 def chat_template_text(given: str, store: bool = False) -> str:
     """--chat-template: a file's text, or the template itself; SetupError for one that is
     neither or does not parse."""
-    import os
-
-    from pagedllm.tokenizer.tokenizer import ChatTemplateError, compile_chat_template
+    from pagedllm.tokenizer.template_source import read_chat_template
 
     if store:
-        raise SetupError("--chat-template replaces one model's template: it does not go with "
-                         "a model store (--models-dir, [models]): each model keeps its own")
-    if os.path.isfile(given):
-        size = os.path.getsize(given)
-        if size > MAX_TEMPLATE_BYTES:
-            raise SetupError(f"--chat-template {given}: {size:,} bytes; a chat template is "
-                             f"at most {MAX_TEMPLATE_BYTES:,}")
-        try:
-            with open(given, encoding="utf-8") as f:
-                given = f.read()
-        except UnicodeDecodeError as exc:
-            raise SetupError(f"--chat-template {given}: not UTF-8 text ({exc})") from exc
-    elif "{{" not in given and "{%" not in given:
-        raise SetupError(f"--chat-template {given!r}: no such file, and not a Jinja template "
-                         f"either (no {{{{ or {{% in it)")
+        raise SetupError("--chat-template replaces one model's template: with a model store "
+                         "(--models-dir, [models]) give it per model, as chat-template in "
+                         "its [models] entry")
     try:
-        compile_chat_template(given)
-    except ChatTemplateError as exc:
-        raise SetupError(f"--chat-template: {exc}") from exc
-    return given
+        return read_chat_template(given)
+    except ValueError as exc:
+        raise SetupError(f"--chat-template {exc}") from exc
 
 
 def check_engine_setup(args):

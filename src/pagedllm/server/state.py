@@ -161,7 +161,11 @@ class ServerState:
 
     def view(self, loaded) -> ServerState:
         """The state as a request to a store's loaded model sees it."""
-        return dataclasses.replace(self, client=loaded.client, served_model_name=loaded.name)
+        config = self.config
+        if loaded.entry.chat_settings:  # its own template and parsers in the server's place
+            config = dataclasses.replace(config, **dict(loaded.entry.chat_settings))
+        return dataclasses.replace(self, client=loaded.client, served_model_name=loaded.name,
+                                   config=config)
 
     def with_lora_field(self, entries: list | None) -> ServerState:
         """llama.cpp's per-request `lora`: [{id, scale}], ids as GET /lora-adapters lists

@@ -149,6 +149,9 @@ class ModelPool:
             raise ModelLoadFailed(f"loading model {entry.name} failed: {exc}") from exc
         seconds = time.monotonic() - started
         client.set_user_policies(*self._policies)
+        template = dict(entry.chat_settings).get("chat_template")
+        if template is not None:  # its [models] entry's, in its own template's place
+            client.tokenizer.set_chat_template(template)
         loaded = LoadedModel(entry, client, thread, weights + int(client.info.kv_memory_bytes),
                              time.time(), time.monotonic(),
                              self.keep_alive if keep_alive is None else keep_alive, leases=1)

@@ -49,6 +49,26 @@ ENTRY_OPTIONS = {
 KINDS = ("chat", "embedding")
 
 
+def _parser_choice(choices: tuple[str, ...]):
+    def check(value):
+        if value not in choices:
+            raise ValueError(f"choose one of {', '.join(choices)}")
+        return value
+    return check
+
+
+# What a [models] entry may set of how its chats are read (ServerConfig fields, in the
+# server's settings' place for that model): its chat template (a file or the template) and
+# the tool-call and reasoning parsers.
+def _chat_options() -> dict:
+    from pagedllm.reasoning.syntax import CHOICES as REASONING_PARSERS
+    from pagedllm.tool_calls.syntax import CHOICES as TOOL_CALL_PARSERS
+
+    return {"chat-template": "chat_template",
+            "tool-call-parser": ("tool_call_parser", _parser_choice(TOOL_CALL_PARSERS)),
+            "reasoning-parser": ("reasoning_parser", _parser_choice(REASONING_PARSERS))}
+
+
 @dataclass(frozen=True)
 class StoreEntry:
     name: str
@@ -58,6 +78,9 @@ class StoreEntry:
     kind: str = "chat"  # "embedding": served at /v1/embeddings and /api/embed
     pooling: str | None = None  # an embedding decoder's (embeddings/decoder_model.py)
     loras: tuple[tuple[str, str], ...] = ()  # its LoRA adapters: (name, path)
+    # Its own chat settings in the server's place (ServerConfig field -> value): the chat
+    # template's text, the tool-call and reasoning parsers.
+    chat_settings: tuple[tuple[str, str], ...] = ()
 
     def engine_config(self, base: EngineConfig) -> EngineConfig:
         """The server's engine settings with this model's file and own options (its
@@ -115,10 +138,14 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
             value = {"path": value}
         if not isinstance(value, dict) or not isinstance(value.get("path"), str):
             raise StoreError(f"{where} needs path = \"FILE.gguf or FOLDER\"")
-        options, aliases, kind, pooling, loras = [], (), "chat", None, ()
+        options, aliases, kind, pooling, loras, chat = [], (), "chat", None, (), []
+        chat_options = _chat_options()
         for key, item in value.items():
             key = key.replace("_", "-")
             if key == "path":
+                continue
+            if key in chat_options:
+                chat.append(_chat_setting(where, key, item, chat_options[key], base_dir))
                 continue
             if key == "loras":
                 loras = table_loras(item, base_dir)
@@ -146,7 +173,8 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
                     raise StoreError(f"{where}: {key} = {item!r}: {exc}") from exc
             else:
                 raise StoreError(f"{where}: unknown key {key!r}; known: path, aliases, kind, "
-                                 f"pooling, loras, {', '.join(ENTRY_OPTIONS)}")
+                                 f"pooling, loras, {', '.join(ENTRY_OPTIONS)}, "
+                                 f"{', '.join(chat_options)}")
         path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(value["path"])))
         if not os.path.exists(path):
             raise StoreError(f"{where}: no model at {path}")
@@ -154,8 +182,26 @@ def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[St
             kind = "embedding"
         if pooling is not None and kind != "embedding":
             raise StoreError(f"{where}: pooling goes with kind = \"embedding\"")
-        entries.append(StoreEntry(name, path, tuple(options), aliases, kind, pooling, loras))
+        if chat and kind != "chat":
+            raise StoreError(f"{where}: {chat[0][0].replace('_', '-')} goes with a model that "
+                             f"generates text, not an embedding model")
+        entries.append(StoreEntry(name, path, tuple(options), aliases, kind, pooling, loras,
+                                  tuple(chat)))
     return entries
+
+
+def _chat_setting(where: str, key: str, item, option, base_dir: str) -> tuple[str, str]:
+    from pagedllm.tokenizer.template_source import read_chat_template
+
+    if not isinstance(item, str):
+        raise StoreError(f"{where}: {key} is text")
+    try:
+        if option == "chat_template":
+            return option, read_chat_template(item, base_dir)
+        field, check = option
+        return field, check(item)
+    except ValueError as exc:
+        raise StoreError(f"{where}: {key} = {item[:80]!r}: {exc}") from exc
 
 
 @dataclass(frozen=True)
