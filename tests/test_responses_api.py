@@ -42,6 +42,12 @@ def test_instructions_are_the_system_prompt(client):
     assert told.usage.input_tokens > plain.usage.input_tokens and told.instructions
 
 
+def test_a_missing_model_is_the_one_served_as_on_the_chat_route(server):
+    answer = httpx.post(server.url + "/v1/responses", timeout=120,
+                        json={"input": "Hi", "max_output_tokens": 2})
+    assert answer.status_code == 200 and answer.json()["model"] == "smollm2"
+
+
 def test_max_output_tokens_makes_it_incomplete(client):
     out = client.responses.create(model=MODEL, input="Count to fifty.", max_output_tokens=3)
     assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"

@@ -45,7 +45,8 @@ def add_responses_routes(app: FastAPI, state: ServerState) -> None:
                 template_options=body.template_options(
                     served.client.tokenizer.has_thinking_switch))
             job = Job([prompt.token_ids], params, body.stream, body.user, api="openai.responses")
-            shape = ResponseShape(body, prompt, conversation, owner)
+            shape = ResponseShape(body, prompt, conversation, owner,
+                                  body.model or served.served_model_name)
             return await run(served, request, job, shape)
 
     @app.get("/v1/responses/{response_id}")
@@ -88,8 +89,9 @@ def _not_found(response_id: str) -> APIError:
 
 class ResponseShape:
     def __init__(self, body: ResponsesRequest, prompt: ChatPrompt,
-                 conversation: list[dict], owner: str):
+                 conversation: list[dict], owner: str, model: str):
         self.body = body
+        self.model = model
         self.prompt = prompt
         self.conversation = conversation
         self.owner = owner
@@ -164,7 +166,7 @@ class ResponseShape:
         fmt = body.text.format if body.text and body.text.format else None
         return {
             "id": self.response_id, "object": "response", "created_at": self.created_at,
-            "status": status, "model": body.model, "output": output, "error": None,
+            "status": status, "model": self.model, "output": output, "error": None,
             "incomplete_details": None, "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
             "parallel_tool_calls": body.parallel_tool_calls,

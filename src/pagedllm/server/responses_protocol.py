@@ -93,7 +93,7 @@ class ReasoningOptions(RequestModel):
 
 
 class ResponsesRequest(RequestModel):
-    model: str
+    model: str | None = None  # None: the one model served (as the chat route takes it)
     input: str | list[InputItem]
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
