@@ -13,7 +13,7 @@ TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
 
-.PHONY: install install-cuda test test-busy gpu-compile-check serve bench clean gpu-wheels
+.PHONY: install install-cuda test test-busy gpu-compile-check serve bench clean gpu-wheels docs
 
 $(INSTALLED): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,7 +31,7 @@ $(INSTALLED): pyproject.toml Makefile
 	touch $(INSTALLED)
 
 $(TEST_INSTALLED): $(INSTALLED)
-	$(PY) -m pip install -q --no-warn-conflicts -e '.[test,ray]'
+	$(PY) -m pip install -q --no-warn-conflicts -e '.[test,ray,docs]'
 	# The tests compare every CPU level this host runs (portable, avx2, avx512): build the rest.
 	$(PY) -m pagedllm.kernels --all
 	# The aarch64 cross compiler, for the test that the portable kernels build for ARM64 (no
@@ -79,6 +79,12 @@ gpu-compile-check: $(TEST_INSTALLED) $(GPU_MACHINE_TRITON)
 # CI's machine is not always quiet. Pass ARGS to run part of it (ARGS=tests/test_server.py).
 test-busy: $(TEST_INSTALLED)
 	$(PY) -m pytest -q --durations=15 --cpu-hogs 2 $(ARGS)
+
+# The documentation site from docs/ into build/site, strictly (a broken link fails); the
+# reference pages (options, metrics) regenerated from the code first.
+docs: $(TEST_INSTALLED)
+	$(PY) scripts/docs_reference.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # ARGS: any `pagedllm serve` options (make serve ARGS="--port 9000 --model my.gguf").
 serve: install

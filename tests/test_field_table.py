@@ -1,4 +1,4 @@
-"""README's request-field table and the request models the server publishes agree: every
+"""The docs' request-field table (docs/apis.md) and the request models the server publishes agree: every
 field a generation route accepts is listed for that API as honoured, no effect or refused
 (a field in no row is refused by the model itself: extra="forbid")."""
 import os
@@ -10,7 +10,7 @@ from pagedllm.server.anthropic_protocol import MessagesRequest
 from pagedllm.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedllm.server.responses_protocol import ResponsesRequest
 
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+FIELD_TABLE = os.path.join(os.path.dirname(__file__), "..", "docs", "apis.md")
 MODELS = {"completions": CompletionRequest, "chat": ChatCompletionRequest,
           "messages": MessagesRequest, "responses": ResponsesRequest}
 ROW = re.compile(r"^\| `(\w+)` \| ([a-z, ]+) \| (honoured|no effect|refused)")
@@ -18,7 +18,7 @@ ROW = re.compile(r"^\| `(\w+)` \| ([a-z, ]+) \| (honoured|no effect|refused)")
 
 def table() -> dict[tuple[str, str], str]:
     rows = {}
-    with open(README) as f:
+    with open(FIELD_TABLE) as f:
         for line in f:
             match = ROW.match(line)
             if match:
@@ -34,8 +34,8 @@ def test_every_accepted_field_is_in_the_table_and_nothing_else(api):
     rows = table()
     published = set(MODELS[api].model_json_schema(by_alias=True)["properties"])
     listed = {field for (row_api, field) in rows if row_api == api}
-    assert published - listed == set(), f"{api}: fields missing from README's table"
-    assert listed - published == set(), f"{api}: README lists fields the API does not take"
+    assert published - listed == set(), f"{api}: fields missing from the docs' table"
+    assert listed - published == set(), f"{api}: the docs' table lists fields the API does not take"
 
 
 @pytest.mark.parametrize("api", MODELS)

@@ -1,4 +1,4 @@
-"""The package's imports point one way (README, Layout): the HTTP server knows the
+"""The package's imports point one way (docs/architecture.md): the HTTP server knows the
 EngineClient protocol and nothing of the engine's implementation; the core knows nothing
 above it; no model module asks for kernels on its own (the backend is handed in)."""
 import ast

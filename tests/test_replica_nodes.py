@@ -31,7 +31,7 @@ def compiled_kernels() -> dict:
     """TORCH_EXTENSIONS_DIR at the folder of this host's compiled kernels (`make test`
     builds them under the machine's HOME). A node given a HOME of its own would otherwise
     compile them again in every replica, minutes on two cores, past the start timeouts
-    (why the README recipe's test failed in CI on an AVX2 host)."""
+    (why the test of docs/replicas.md's recipe failed in CI on an AVX2 host)."""
     import os
 
     from pagedllm.kernels import capabilities
@@ -130,9 +130,9 @@ def _ray_cli(home, **env_extra):
     return ray
 
 
-def test_the_readme_recipe_with_ray_start(tmp_path):
-    """README's "Several machines" on a fresh machine, as an admin runs it (both nodes here,
-    each with a HOME of its own): the head makes its token and starts with it; a node that
+def test_the_docs_recipe_with_ray_start(tmp_path):
+    """docs/replicas.md's "Several machines" on a fresh machine, as an admin runs it (both
+    nodes here, each with a HOME of its own): the head makes its token and starts with it; a node that
     joins without the token is refused, one that joins with it is taken; `pagedllm serve
     --replicas 2 --ray-address` on the head finds the token itself."""
     from server_process import free_port
@@ -146,7 +146,7 @@ def test_the_readme_recipe_with_ray_start(tmp_path):
     head = f"127.0.0.1:{port}"
     ray, node_ray = _ray_cli(head_home), _ray_cli(node_home)
     try:
-        made = ray("get-auth-token", "--generate")  # README step 1
+        made = ray("get-auth-token", "--generate")  # docs/replicas.md step 1
         token = made.stdout.strip()
         assert made.returncode == 0 and len(token) >= 32, made.stderr[-2000:]
         assert (head_home / ".ray" / "auth_token").read_text().strip() == token
@@ -159,7 +159,7 @@ def test_the_readme_recipe_with_ray_start(tmp_path):
                            RAY_py_gcs_connect_timeout_s="3")
         assert refused.returncode != 0 and "InvalidAuthToken" in refused.stdout + refused.stderr
         joined = node_ray("start", "--address", head, "--num-cpus", "1", RAY_AUTH_MODE="token",
-                          RAY_AUTH_TOKEN=token)  # README step 2
+                          RAY_AUTH_TOKEN=token)  # docs/replicas.md step 2
         assert joined.returncode == 0, joined.stderr[-2000:]
         server = ServerProcess("--replicas", "2", "--ray-address", head, "--kv-cache-memory",
                                "64MiB", log_path=str(tmp_path / "serve.log"), wait_ready=False,

@@ -42,7 +42,7 @@ def cluster(tmp_path_factory):
     write_keys(keys)
     # Without the AMX tiles: on them a prompt's tail prefilled after a prefix-cache hit (1-2
     # rows: the AVX-512 kernel) is summed in another order than the whole prompt (3+ rows: the
-    # tiles), and the greedy answers below are compared across that (README, "AMX tiles").
+    # tiles), and the greedy answers below are compared across that (docs/cpu-levels.md).
     server = ServerProcess("--replicas", "2", "--kv-cache-memory", "64MiB", "--max-num-seqs", "2",
                            "--max-queue", "1", "--api-key-file", str(keys),
                            log_path=str(folder / "serve.log"), wait_ready=False,

@@ -72,7 +72,7 @@ def open_cluster_refusal(ray_address: str) -> str:
     node's network address: without a token anyone who reaches that port can run code on
     every node (Ray's own warning), so it is refused unless the admin says otherwise."""
     return (f"the Ray cluster at {ray_address} runs without token authentication: anyone who "
-            f"can reach its port can run any code on its nodes. Start it with a token (README, "
+            f"can reach its port can run any code on its nodes. Start it with a token (docs/replicas.md, "
             f"\"Several machines\"): on the head `ray get-auth-token --generate`, then `ray "
             f"start --head ...`; on each other node `RAY_AUTH_MODE=token RAY_AUTH_TOKEN=<that "
             f"token> ray start --address ...`. On a private network you trust, "

@@ -1,6 +1,6 @@
 """A streamed request with `queue_position: true` to a store's model that is not loaded yet:
 the answer starts at once, and while the model loads the stream carries the queue-position
-extension's chunks with `"loading": true` (README, "Extension: queue position"); then the
+extension's chunks with `"loading": true` (docs/apis.md, "Extension: queue position"); then the
 request goes on as any other and its own stream follows in the same response.
 
 Once the status line is sent, what goes wrong (the load, a field the answer's preparation

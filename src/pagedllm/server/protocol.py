@@ -47,7 +47,7 @@ class LoraChoice(RequestModel):
 
 class SamplingFields(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions. Every field is honoured
-    or listed as having no effect on the answer (README's field table, held by a test); any
+    or listed as having no effect on the answer (docs/apis.md's field table, held by a test); any
     other field is refused with a 400 naming it, never silently ignored (as OpenAI does)."""
 
     model: str | None = None
