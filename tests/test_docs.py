@@ -155,3 +155,33 @@ def test_every_route_the_server_declares_is_in_the_routes_table():
                if re.sub(r"\{[a-z_:]+\}", "{}", route) not in table and route not in unprefixed
                and not route.startswith("/ui/") and not route.startswith("/models/")]
     assert declared and not missing, missing
+
+
+def _blocks(path: str, language: str) -> list[str]:
+    text = open(path, encoding="utf-8").read()
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def _pointed_at(code: str, server) -> str:
+    """A quick-start snippet aimed at the suite's server (its address, its served name)."""
+    return code.replace("http://127.0.0.1:8000", server.url).replace(
+        "SmolLM2-135M-Instruct.Q4_1", "smollm2")
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_first_requests_shown_work(page, server, capsys):
+    """The curl command and the client snippets of the quick start, run as written against
+    a running server (only its address and served name changed)."""
+    path = os.path.join(ROOT, page)
+    snippets = [code for code in _blocks(path, "python") if "127.0.0.1:8000" in code]
+    curls = [code for code in _blocks(path, "") if code.startswith("curl ")]
+    assert snippets and curls
+    for code in snippets:
+        exec(compile(_pointed_at(code, server), page, "exec"), {})
+        assert capsys.readouterr().out.strip()  # each prints an answer
+    if shutil.which("curl") is None:
+        pytest.skip("no curl here")
+    for code in curls:
+        done = subprocess.run(["bash", "-c", _pointed_at(code, server)], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0 and '"choices"' in done.stdout, done.stdout + done.stderr
