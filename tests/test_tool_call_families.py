@@ -200,3 +200,18 @@ def test_the_kept_markers_travel_to_an_engine_process():
     sent = wire.AddRequest("r", [1, 2], params, [0], 5, "u", None, 0.0, False)
     received = wire.to_engine.decode(wire.encoder.encode(sent))
     assert received.params.kept_special_token_ids == (270, 271)
+
+
+def test_a_template_without_tools_gets_them_in_the_syntax_named():
+    """--tool-call-parser on a template that renders no tools: the system prompt shows that
+    syntax, and earlier calls are written in it."""
+    from pagedllm.tool_calls.prompt import template_inputs
+
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "name": "get_weather", "arguments": {"city": "Oslo"}}]}]
+    messages, tools = template_inputs(history, FUNCTIONS, ToolChoice("auto"),
+                                      template_tools("{{ messages }}", "mistral_v11"))
+    assert tools is None
+    assert '[TOOL_CALLS]function_name[ARGS]{"argument": "value"}' in messages[0]["content"]
+    assert messages[2]["content"] == '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'

@@ -24,30 +24,21 @@ You are provided with function signatures within <tools></tools> XML tags:
 {tools}
 </tools>
 
-For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+{how}"""
+# Hermes' own words (the format Qwen's template writes), and the other syntaxes' example.
+_HERMES_HOW = """For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
 <tool_call>
-{{"name": <function-name>, "arguments": <args-json-object>}}
+{"name": <function-name>, "arguments": <args-json-object>}
 </tool_call>"""
-_SYSTEM_TOOLS_OTHER = """# Tools
-
-You may call one or more functions to assist with the user query.
-
-You are provided with function signatures within <tools></tools> XML tags:
-<tools>
-{tools}
-</tools>
-
-To call functions, write the calls like this (a JSON object of arguments for each):
-{example}"""
+_OTHER_HOW = "To call functions, write the calls like this:\n"
 
 
 def _tools_block(tools_text: str, syntax: ToolSyntax) -> str:
     """The tools and how to call them, in the syntax the answer is read in (Hermes' unless
     --tool-call-parser names another)."""
-    if syntax is HERMES:
-        return _SYSTEM_TOOLS.format(tools=tools_text)
-    example = syntax.write([("function_name", {"argument": "value"})])
-    return _SYSTEM_TOOLS_OTHER.format(tools=tools_text, example=example)
+    how = _HERMES_HOW if syntax is HERMES else _OTHER_HOW + syntax.write(
+        [("function_name", {"argument": "value"})])
+    return _SYSTEM_TOOLS.format(tools=tools_text, how=how)
 
 
 def template_inputs(messages: list[dict], functions: tuple[Function, ...], choice: ToolChoice,
