@@ -142,3 +142,20 @@ def test_thinking_marked_by_special_tokens_is_split_under_a_budget(family_client
         assert thinking and message.content
         for text in (thinking, message.content or ""):
             assert "[THINK]" not in text and "[/THINK]" not in text
+
+
+def test_a_forced_call_after_special_token_thinking(family_client):
+    """Magistral's shape: the thinking ([THINK] opened by the prompt) ends by the budget's
+    [/THINK]; the forced call's grammar applies after it, in Mistral v11's syntax; the
+    thinking comes back apart and the call as tool_calls."""
+    with _served(family_client, MAGISTRAL, "auto", reasoning_budget=4) as http:
+        answer = _openai(http).chat.completions.create(
+            model="tiny", messages=ASK, tools=[WEATHER], max_tokens=200, temperature=0,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            parallel_tool_calls=False)
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message
+        assert choice.message.model_extra["reasoning_content"]
+        assert answer.usage.completion_tokens_details.reasoning_tokens == 5
+        (call,) = choice.message.tool_calls
+        assert set(json.loads(call.function.arguments)) == {"city", "unit"}
