@@ -21,6 +21,8 @@ import re
 from pagedllm.tool_calls.spec import Function, ToolCall
 
 Functions = dict[str, Function]
+# What a model's text may make a parser raise: not JSON, or nested past Python's stack.
+NOT_JSON = (json.JSONDecodeError, RecursionError)
 
 
 def call_of(name, arguments, functions: Functions) -> ToolCall | None:
@@ -31,7 +33,7 @@ def call_of(name, arguments, functions: Functions) -> ToolCall | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except NOT_JSON:
             return None
     return ToolCall.new(name, arguments) if isinstance(arguments, dict) else None
 
@@ -47,7 +49,7 @@ def json_object(body: str, functions: Functions) -> list[ToolCall] | None:
     """One call as one JSON object (Hermes' <tool_call> block)."""
     try:
         call = _object_call(json.loads(body.strip()), functions)
-    except json.JSONDecodeError:
+    except NOT_JSON:
         return None
     return [call] if call is not None else None
 
@@ -63,7 +65,7 @@ def json_values(body: str, functions: Functions) -> list[ToolCall] | None:
             return calls or None
         try:
             value, at = decoder.raw_decode(body, at)
-        except json.JSONDecodeError:
+        except NOT_JSON:
             return None
         for obj in value if isinstance(value, list) else [value]:
             call = _object_call(obj, functions)
@@ -90,7 +92,7 @@ def mistral(body: str, functions: Functions) -> list[ToolCall] | None:
             return None
         try:
             value, end = json.JSONDecoder().raw_decode(arguments.strip())
-        except json.JSONDecodeError:
+        except NOT_JSON:
             return None
         call = call_of(name, value, functions)
         if call is None or arguments.strip()[end:].strip():
@@ -153,7 +155,7 @@ def _xml_value(text: str, schema: dict):
         return text
     try:  # numbers, booleans, objects, lists; text where it is not JSON
         return json.loads(text)
-    except json.JSONDecodeError:
+    except NOT_JSON:
         return text
 
 
@@ -166,10 +168,14 @@ def python_calls(body: str, functions: Functions) -> list[ToolCall] | None:
     """Calls written as Python: a list of calls, or calls one per line (Gemma's tool_code
     block); keyword arguments with literal values only."""
     text = body.strip().removeprefix(PYTHON_START).removesuffix(PYTHON_END).strip()
-    try:
+    try:  # a model's text may nest without end: too deep is not a call
         tree = ast.parse(text, mode="exec")
-    except (SyntaxError, ValueError):
+        return _python_statements(tree, functions)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+def _python_statements(tree, functions: Functions) -> list[ToolCall] | None:
     nodes = []
     for statement in tree.body:
         if not isinstance(statement, ast.Expr):
