@@ -227,3 +227,20 @@ def test_text_nested_past_the_stack_is_content_not_a_crash(name):
     content, calls = _read(syntax.new_parser(FUNCTIONS), [text])
     # the deep call is text (Qwen3-Coder's city, a string, takes the brackets as its value)
     assert len(calls) <= (2 if name == "qwen3_coder" else 1) and (calls or content)
+
+
+def test_a_long_run_of_whitespace_is_read_in_linear_time():
+    """Model text is untrusted: readers use no regex that backtracks on it (a fenced-JSON
+    regex once did, quadratically, on a long run of spaces)."""
+    import time
+
+    from pagedllm.tool_calls import bodies
+
+    functions = {f.name: f for f in FUNCTIONS}
+    spaces = " " * 300_000
+    started = time.process_time()
+    assert bodies.deepseek(bodies.DEEPSEEK_CALL_BEGIN + "function" + bodies.DEEPSEEK_SEP
+                           + "get_time\n```json" + spaces, functions) is None
+    assert bodies.qwen3_coder("<function=get_time>\n<parameter=zone>\n" + spaces, functions)
+    # a bound no honest machine meets only if the reading were quadratic (~hours)
+    assert time.process_time() - started < 60

@@ -66,11 +66,14 @@ class Tokenizer:
         """Those of `texts` that are one special token of the vocabulary, with its id: a
         family's markers ([TOOL_CALLS], <|tool_call|>, [THINK]) that skip_special_tokens
         would drop from the text, and that a grammar must name as tokens."""
-        found = {}
-        for token_id, token in self._tok.get_added_tokens_decoder().items():
-            if token.special and token.content in texts:
-                found[token.content] = token_id
-        return found
+        return {text: self._special_ids[text] for text in texts if text in self._special_ids}
+
+    @functools.cached_property
+    def _special_ids(self) -> dict[str, int]:
+        """Every special added token's text -> id (read once: chat requests ask each time)."""
+        return {token.content: token_id
+                for token_id, token in self._tok.get_added_tokens_decoder().items()
+                if token.special}
 
     @functools.cached_property
     def added_token_texts(self) -> frozenset[str]:
