@@ -129,14 +129,21 @@ inline __m256i dot8(__m256i low, __m256i high, const int8_t* x) {
                           _mm256_maddubs_epi16(high, broadcast_quad8(x + 4)));
 }
 
-// Rows a pass takes, with both halves of the tile (8 output rows each) at once: every
-// activation broadcast serves both halves, the codes are unpacked once per pass, and the
-// chains (2 a row for the int8 tile, 4 for the int16 one) stay 8, in registers. More rows
-// split into passes that read the tile again from cache (rows are independent, so each row's
-// result is the same as when alone). Measured: one pass over 8 rows, a half at a time, ran
-// the int8 tile at ~0.7x the speed of two passes of 4 (BENCHMARKS.md's log, 2026-12-07).
-template <int kChainsPerRow>
-constexpr int kRowsPerPass = 8 / (2 * kChainsPerRow);
+// The int8 tile takes rows in passes of 4, each with both halves of the tile (8 output rows
+// each) at once: every activation broadcast serves both halves, the codes are unpacked once
+// per pass, and the 8 chains stay in registers. More rows split into passes that read the
+// tile again from cache (rows are independent, so each row's result is the same as when
+// alone). One pass over 8 rows, a half at a time, ran at ~0.8x the speed on a 1.7B model's
+// shapes (docs/benchmarks/log.md, 2026-12-07).
+constexpr int kInt8RowsPerPass = 4;
+
+// The int16 tile's halves (8 output rows each) taken in one pass over a group: both where
+// the rows are few (their int16 chains fit the 16 registers twice over), one half at a time
+// where they are many, so that R rows' chains stay in registers instead of spilling. The
+// codes of a half are unpacked once per pass and serve all R rows. (Passes of 2 rows with
+// both halves, as the int8 tile's, measured 0.95-0.97x on the default model's shapes.)
+template <int R, int kChainsPerRow>
+constexpr int kHalvesPerPass = R * kChainsPerRow <= 4 ? 2 : 1;
 
 // R rows of int8 activations (quantize_rows<true>) times one tile:
 // sum x*w = dx * (d * (xq . q) + m * sum(xq)) per group, the dot product exact in integers
@@ -144,7 +151,7 @@ constexpr int kRowsPerPass = 8 / (2 * kChainsPerRow);
 template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
                     const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
-  constexpr int P = kRowsPerPass<1>;
+  constexpr int P = kInt8RowsPerPass;
   if constexpr (R > P) {
     tile_rows_int8<L, P>(tile, groups, xq, ldx, dx, dx_sum, out, ldo);
     tile_rows_int8<L, R - P>(tile, groups, xq + P * ldx, ldx, dx + P * groups, dx_sum + P * groups,
@@ -199,45 +206,49 @@ void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64
 template <class L, int R>
 void tile_rows_int16(const uint8_t* tile, int64_t groups, const int8_t* xh, const int8_t* xl,
                      int64_t ldx, const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
-  constexpr int P = kRowsPerPass<2>;
-  if constexpr (R > P) {
-    tile_rows_int16<L, P>(tile, groups, xh, xl, ldx, dx, dx_sum, out, ldo);
-    tile_rows_int16<L, R - P>(tile, groups, xh + P * ldx, xl + P * ldx, ldx, dx + P * groups,
-                              dx_sum + P * groups, out + P * ldo, ldo);
+  if constexpr (R > 4) {
+    // Two chains a row: more than 4 rows would spill; the second pass reads the tile from
+    // cache. Rows are independent, so each row's result is the same as when alone.
+    tile_rows_int16<L, 4>(tile, groups, xh, xl, ldx, dx, dx_sum, out, ldo);
+    tile_rows_int16<L, R - 4>(tile, groups, xh + 4 * ldx, xl + 4 * ldx, ldx, dx + 4 * groups,
+                              dx_sum + 4 * groups, out + 4 * ldo, ldo);
   } else {
+    constexpr int H = kHalvesPerPass<R, 2>;
     alignas(32) float total[R][kTile] = {};
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i shift8 = _mm256_set1_epi16(256);
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = group_codes<L>(tile, g);
-      prefetch_group<L>(tile, g);
-      __m256i hi[2][R], lo[2][R];
-      for (int h = 0; h < 2; ++h)
-        for (int r = 0; r < R; ++r) hi[h][r] = lo[h][r] = _mm256_setzero_si256();
-      for (int j = 0; j < 4; ++j)
-        for (int h = 0; h < 2; ++h) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h));
-          const __m256i low = _mm256_and_si256(v, nibble);
-          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-          for (int r = 0; r < R; ++r) {
-            const int64_t at = r * ldx + g * kGroup + 8 * j;
-            hi[h][r] = _mm256_add_epi16(hi[h][r], dot8(low, high, xh + at));
-            lo[h][r] = _mm256_add_epi16(lo[h][r], dot8(low, high, xl + at));
-            in_register(hi[h][r]);
-            in_register(lo[h][r]);
+    for (int h0 = 0; h0 < 2; h0 += H) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* block = group_codes<L>(tile, g);
+        prefetch_group<L>(tile, g);
+        __m256i hi[H][R], lo[H][R];
+        for (int h = 0; h < H; ++h)
+          for (int r = 0; r < R; ++r) hi[h][r] = lo[h][r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j)
+          for (int h = 0; h < H; ++h) {
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * (h0 + h)));
+            const __m256i low = _mm256_and_si256(v, nibble);
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            for (int r = 0; r < R; ++r) {
+              const int64_t at = r * ldx + g * kGroup + 8 * j;
+              hi[h][r] = _mm256_add_epi16(hi[h][r], dot8(low, high, xh + at));
+              lo[h][r] = _mm256_add_epi16(lo[h][r], dot8(low, high, xl + at));
+              in_register(hi[h][r]);
+              in_register(lo[h][r]);
+            }
           }
-        }
-      for (int h = 0; h < 2; ++h) {
-        __m256 d, m;
-        group_scales<L>(tile, g, h, d, m);
-        for (int r = 0; r < R; ++r) {
-          float* t8 = total[r] + 8 * h;
-          const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(hi[h][r], shift8),
-                                               _mm256_madd_epi16(lo[h][r], ones));
-          const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
-          const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, _mm256_load_ps(t8));
-          _mm256_store_ps(t8, _mm256_fmadd_ps(m, _mm256_set1_ps(dx_sum[r * groups + g]), t));
+        for (int h = 0; h < H; ++h) {
+          __m256 d, m;
+          group_scales<L>(tile, g, h0 + h, d, m);
+          for (int r = 0; r < R; ++r) {
+            float* t8 = total[r] + 8 * (h0 + h);
+            const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(hi[h][r], shift8),
+                                                 _mm256_madd_epi16(lo[h][r], ones));
+            const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+            const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, _mm256_load_ps(t8));
+            _mm256_store_ps(t8, _mm256_fmadd_ps(m, _mm256_set1_ps(dx_sum[r * groups + g]), t));
+          }
         }
       }
     }
