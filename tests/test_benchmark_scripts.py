@@ -36,6 +36,8 @@ SMOKE = {
                           r"contiguous, full 512-token context x 4: .*x more"]),
     "prompt_refusal.py": ([], [r"refused: at least [\d,]+ tokens\); [\d,]+x less work"]),
     "gguf_header.py": ([], [r"ratio \d+\.\dx", r"`pagedllm plan` \(a new process\): +[\d.]+ s"]),
+    "kernel_builds.py": ([], [r"^1\.7B Q6_K +q6_gemm +rows +8: base +[\d.]+ ms, this tree +[\d.]+ ms, "
+                              r"speed-up " + RATIO + ", same bits: yes", r"^135M +q4_i16_gemm +rows +1: "]),
     "k_quant_kernels.py": ([], [r"Q4_K two-level: [\d.]+x; int16 activations on it: [\d.]+x; "
                                 r"Q6_K 6-bit: [\d.]+x"]),
     "offline_throughput.py": ([], [r"batched [\d,]+ tok/s \(median of 1; bfloat16, 2 threads\)"]),
