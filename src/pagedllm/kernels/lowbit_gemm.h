@@ -312,11 +312,16 @@ Int8Rows quantize_rows(const bf16* x, int64_t rows, int64_t k) {
 // activation rows. Threads take tiles a few at a time from a shared counter instead of an
 // even split fixed up front: on a host whose cores are shared (the server's HTTP thread, the
 // clients, other tenants), a thread that loses its core for a while leaves its tiles to the
-// others instead of holding up the whole product.
+// others instead of holding up the whole product. A decode step of up to 4 rows is bound by
+// reading each tile once, so there a thread takes runs of up to 8 neighbouring tiles,
+// whose bytes follow each other, so its prefetches ahead land in its own next tiles (taking
+// them one at a time, each thread started every other tile cold: the default model's
+// 576-wide projections read at ~0.6 of the memory's speed, 1.16-1.29x slower at one row).
 template <typename Fn>
 void for_each_tile(int64_t tiles, int64_t rows, const Fn& tile) {
   const int64_t threads = num_threads();
-  const int64_t chunk = std::max<int64_t>(1, tiles / (threads * 16));
+  const int64_t run = rows <= 4 ? std::min<int64_t>(8, (tiles + 2 * threads - 1) / (2 * threads)) : 1;
+  const int64_t chunk = std::max<int64_t>({1, run, tiles / (threads * 16)});
   std::atomic<int64_t> next{0};
   parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t begin = next.fetch_add(chunk); begin < tiles; begin = next.fetch_add(chunk))
