@@ -315,8 +315,8 @@ Int8Rows quantize_rows(const bf16* x, int64_t rows, int64_t k) {
 // others instead of holding up the whole product. A decode step of up to 4 rows is bound by
 // reading each tile once, so there a thread takes runs of up to 8 neighbouring tiles,
 // whose bytes follow each other, so its prefetches ahead land in its own next tiles (taking
-// them one at a time, each thread started every other tile cold: the default model's
-// 576-wide projections read at ~0.6 of the memory's speed, 1.16-1.29x slower at one row).
+// them one at a time, each thread started every other tile cold, which slowed the default
+// model's narrow projections most: docs/benchmarks/log.md, 2026-12-07).
 template <typename Fn>
 void for_each_tile(int64_t tiles, int64_t rows, const Fn& tile) {
   const int64_t threads = num_threads();

@@ -133,15 +133,15 @@ inline __m256i dot8(__m256i low, __m256i high, const int8_t* x) {
 // each) at once: every activation broadcast serves both halves, the codes are unpacked once
 // per pass, and the 8 chains stay in registers. More rows split into passes that read the
 // tile again from cache (rows are independent, so each row's result is the same as when
-// alone). One pass over 8 rows, a half at a time, ran at ~0.8x the speed on a 1.7B model's
-// shapes (docs/benchmarks/log.md, 2026-12-07).
+// alone). One pass over 8 rows, a half at a time, was slower (docs/benchmarks/log.md,
+// 2026-12-07).
 constexpr int kInt8RowsPerPass = 4;
 
 // The int16 tile's halves (8 output rows each) taken in one pass over a group: both where
 // the rows are few (their int16 chains fit the 16 registers twice over), one half at a time
 // where they are many, so that R rows' chains stay in registers instead of spilling. The
 // codes of a half are unpacked once per pass and serve all R rows. (Passes of 2 rows with
-// both halves, as the int8 tile's, measured 0.95-0.97x on the default model's shapes.)
+// both halves, as the int8 tile's, were slower on the default model's shapes.)
 template <int R, int kChainsPerRow>
 constexpr int kHalvesPerPass = R * kChainsPerRow <= 4 ? 2 : 1;
 
