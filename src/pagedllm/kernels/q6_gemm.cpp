@@ -136,16 +136,18 @@ inline __m256i scale_pairs(const uint8_t* block, int64_t g, int half) {
   return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s0, s1));
 }
 
-// As the AVX-512 tile, a 256-bit half (output rows 8 half .. 8 half + 7) at a time, with
+// Rows a pass of the AVX2 tile takes, both halves of the tile at once: 2 x 4 chains in
+// registers, each activation broadcast serving both halves (of 2-8 rows a pass, 4 or more
+// measured best; docs/benchmarks/log.md, 2026-12-07).
+constexpr int kQ6RowsPerPass = 4;
+
+// As the AVX-512 tile, in two 256-bit halves (output rows 0-7 and 8-15 of the tile), with
 // vpmaddubsw: codes 0..63 times activations -127..127 sum in pairs to at most 16002, the low-
 // and high-nibble pairs to 32004, within int16. The sub-group's scale is folded in where those
 // pairs widen to int32 (vpmaddwd against the scale, at most 2 x 32004 x 128 a step: the group
 // sums within int32), and each row's chain starts from the -32 offset of both sub-groups
 // (vpmaddwd of -32 * sc, within int16, against the pair of activation sums), so a group costs
-// one chain per row and one conversion to float.
-// Rows a pass of the AVX2 tile takes, both halves of the tile at once: 2 x 4 chains in
-// registers, each activation broadcast serving both halves (measured best of 2-8).
-constexpr int kQ6RowsPerPass = 4;
+// one chain per row and half and one conversion to float.
 template <int R>
 void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
                const float* dx, const int16_t* xsum16, float* out, int64_t ldo) {
