@@ -21,7 +21,7 @@ class ModelInfo:
 
     @functools.cached_property
     def card(self):
-        from pagedllm.serving.model_store import describe
+        from pagedllm.serving.model_card import describe
 
         return describe(self.path)
 

@@ -32,7 +32,7 @@ class EmbeddingClient:
     def load(cls, path: str, name: str, pooling: str | None = None) -> EmbeddingClient:
         """A sentence-transformers folder (its own pooling) or a decoder (GGUF or folder)."""
         from pagedllm.embeddings.service import EmbeddingService
-        from pagedllm.serving.model_store import is_sentence_folder
+        from pagedllm.serving.model_card import is_sentence_folder
 
         if is_sentence_folder(path):
             from pagedllm.embeddings.sentence_model import SentenceModel

@@ -1,7 +1,6 @@
 """The models a server can serve (`serve --models-dir DIR`, `[models]` in the config file):
 each a name, a GGUF file or Hugging Face folder, and its own engine options; described
-(architecture, parameters, quantization, size, context) from the file's header without
-loading it. Which of them are loaded is serving/model_pool.py's business.
+without loading it by serving/model_card.py. Which of them are loaded is serving/model_pool.py's business.
 
 A model's LoRA adapters sit beside it in a folder named after it, `NAME.loras/` (each PEFT
 folder or GGUF LoRA file in it an adapter, named by its folder or file name), or in its
@@ -10,14 +9,12 @@ model; the adapter's base is loaded for it and serves it from its slots."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import hashlib
-import math
 import os
 import threading
 from dataclasses import dataclass
 
 from pagedllm.config import EngineConfig, LoRAConfig
+from pagedllm.serving.model_card import ModelCard, describe, is_sentence_folder
 from pagedllm.serving.store_adapters import adapters_beside, is_gguf_adapter, table_loras
 from pagedllm.units import parse_bytes
 
@@ -123,11 +120,6 @@ def _is_hf_folder(path: str) -> bool:
     return "config.json" in files and any(f.endswith(".safetensors") for f in files)
 
 
-def is_sentence_folder(path: str) -> bool:
-    """A sentence-transformers folder: its modules.json lists the pooling after the encoder."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "modules.json"))
-
-
 def entries_from_table(table: dict, source: str, base_dir: str = ".") -> list[StoreEntry]:
     """A config file's [models] table: `[models.NAME]` with path = FILE and optional aliases
     and engine options (`max-model-len = 2048`, `dtype = "float32"`, ...), or `NAME = PATH`."""
@@ -202,72 +194,6 @@ def _chat_setting(where: str, key: str, item, option, base_dir: str) -> tuple[st
         return field, check(item)
     except ValueError as exc:
         raise StoreError(f"{where}: {key} = {item[:80]!r}: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    """What is known of a model without loading it."""
-
-    architecture: str
-    parameters: int
-    quantization: str  # a GGUF's file type ("Q4_K_M"), "none" for a folder
-    file_bytes: int
-    context_length: int
-    modified: float  # the file's mtime
-    format: str  # "gguf" or "safetensors"
-
-    @property
-    def parameter_size(self) -> str:  # as Ollama writes it
-        p = self.parameters
-        return f"{p / 1e6:.0f}M" if p < 1e9 else f"{p / 1e9:.1f}B"
-
-    def digest(self, path: str) -> str:
-        # Identifies the file (path, size, time), not its bytes: hashing GBs costs seconds.
-        return hashlib.sha256(f"{path}:{self.file_bytes}:{self.modified}".encode()).hexdigest()
-
-    @property
-    def modified_at(self) -> str:
-        return datetime.datetime.fromtimestamp(self.modified, datetime.timezone.utc).isoformat()
-
-
-def describe(path: str) -> ModelCard:
-    """The card of a model file or folder, from its header (a GGUF: ~1 s; call off the event
-    loop)."""
-    is_file = os.path.isfile(path)
-    if is_sentence_folder(path):
-        return _describe_sentence_folder(path)
-    from pagedllm.weights.inspect import summarize_checkpoint
-
-    summary = summarize_checkpoint(path)
-    size = os.path.getsize(path) if is_file else _folder_bytes(path)
-    return ModelCard(summary.config.architecture,
-                     summary.num_embedding_params + summary.num_body_params,
-                     summary.file_type or "none", size, summary.config.max_position_embeddings,
-                     os.stat(path).st_mtime, "gguf" if is_file else "safetensors")
-
-
-def _folder_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-               if os.path.isfile(os.path.join(path, f)))
-
-
-def _describe_sentence_folder(path: str) -> ModelCard:
-    """A sentence-transformers folder's card, from config.json and the safetensors header."""
-    import json
-
-    from safetensors import safe_open
-
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    parameters = 0
-    for name in os.listdir(path):
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(path, name), "pt") as tensors:
-                for key in tensors.keys():
-                    parameters += math.prod(tensors.get_slice(key).get_shape())
-    return ModelCard(str(config.get("model_type", "bert")), parameters, "none",
-                     _folder_bytes(path), int(config.get("max_position_embeddings", 512)),
-                     os.stat(path).st_mtime, "safetensors")
 
 
 class ModelCatalog:
