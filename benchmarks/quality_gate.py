@@ -11,6 +11,8 @@ Settings (each a way to run `pagedllm serve`):
                               int8 (q4_q8_gemm) except the 2 layers at each end; 8-bit head
                               with its top-16 recomputed exactly
   bfloat16 exact activations  --exact-activations: no int8 rounding of activations
+  bfloat16 int8 activations   --int8-activations: int8-rounded activations in steps above
+                              the exact rows, whatever the model's size
   bfloat16 + int8 KV          --kv-cache-dtype int8
   bfloat16 + ngram            --speculative ngram: by construction the same greedy tokens
                               (checked here on the questions) and, sampled, the same
@@ -57,6 +59,7 @@ SETTINGS = {
     "float32": dict(dtype="float32"),
     "bfloat16 (default)": dict(dtype="bfloat16"),
     "bfloat16 exact activations": dict(dtype="bfloat16", exact_activations=True),
+    "bfloat16 int8 activations": dict(dtype="bfloat16", exact_activations=False),
     "bfloat16 + int8 KV": dict(dtype="bfloat16", kv_cache_dtype="int8"),
     "bfloat16 + ngram": dict(dtype="bfloat16", speculative=SpeculativeConfig(method="ngram")),
     "generic bfloat16": dict(dtype="bfloat16", device="torch-cpu"),
