@@ -6,10 +6,12 @@ model, by perplexity on a held-out text and by the answers to fixed questions.
 
 Settings (each a way to run `pagedllm serve`):
   float32                     --dtype float32: the reference (equals transformers)
-  bfloat16 (default)          4-bit weights on their codes; decode steps of up to 8 rows
-                              with exact activations, prefill with activations rounded to
-                              int8 (q4_q8_gemm) except the 2 layers at each end; 8-bit head
-                              with its top-16 recomputed exactly
+  bfloat16 (default)          4-bit weights on their codes, activations as the model's size
+                              chooses (config.exact_activations_for): exact everywhere under
+                              1B parameters (the default model); from 1B on, small decode
+                              steps exact and larger steps rounded to int8 (q4_q8_gemm)
+                              except the 2 layers at each end; 8-bit head with its top-16
+                              recomputed exactly
   bfloat16 exact activations  --exact-activations: no int8 rounding of activations
   bfloat16 int8 activations   --int8-activations: int8-rounded activations in steps above
                               the exact rows, whatever the model's size
