@@ -28,7 +28,8 @@ std::atomic<int64_t> sink{0};
 // tiles add theirs (the products do not depend on the chains). The operands are made opaque
 // to the compiler at every step, so no product is hoisted or shared, and the chains are named
 // variables: in an array with a barrier on each, GCC kept them in memory (a load and a store
-// around every multiply-add), which measured ~0.6x of what the core does at avx2.
+// around every multiply-add), which understated the peak (docs/benchmarks/log.md, "The roof
+// corrected").
 #define PAGEDLLM_ROOF_INT8_STEP(op)                                                           \
   do {                                                                                        \
     asm volatile("" : "+x"(w0), "+x"(w1), "+x"(w2), "+x"(x0), "+x"(x1));                      \
