@@ -17,6 +17,10 @@
 // softmax; under a sliding window a tile lays out only the keys its tokens see, and each
 // token masks the keys before its window as it masks those after itself. Head sizes that
 // are a multiple of 32 (64, 96, 128, 256) take this path; 80 takes the per-token one.
+// The avx2 build has its own form of the tiles (AVX2 has no bfloat16 dot product): float32
+// FMAs over keys laid out as float32, one group of 16 keys at a time, every token of the tile
+// walking it before the next (see its attend_tile); every supported head size takes it.
+// Other builds (portable) take the per-token path.
 #include "kernels.h"
 #include "paged_cache.h"
 
@@ -29,8 +33,9 @@
 
 #include "dtype.h"
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define PAGEDLLM_TILED_PREFILL 1
 #endif
 
 namespace {
@@ -40,10 +45,16 @@ using pagedllm::DType;
 
 constexpr int64_t kTileTokens = 16;  // query tokens per task
 constexpr int kKeys = 16;            // keys per step: one float32 vector of scores
+// Head sizes the tiles take: the AVX-512 value layout works in 32 dimensions, AVX2's in 8.
+#if defined(__AVX512BF16__)
+constexpr int64_t kTiledDims = 32;
+#else
+constexpr int64_t kTiledDims = 8;
+#endif
 // A finite "minus infinity": the kernels build with -ffast-math, which assumes no infinities.
 constexpr float kMasked = -1e30f;
 
-#if defined(__AVX512BF16__)
+#if defined(PAGEDLLM_TILED_PREFILL)
 
 struct Chunk {
   const bf16* query;  // [T, H, D]
@@ -68,6 +79,39 @@ struct AlignedAllocator {
   bool operator==(const AlignedAllocator&) const { return true; }
   bool operator!=(const AlignedAllocator&) const { return false; }
 };
+
+// A cache row as bfloat16 bits: copied, or int8 codes times their scale, rounded to
+// bfloat16 (once per tile, so the products below are the same for both caches).
+template <int D>
+inline void fetch_row(const pagedllm::bf16* row, const float*, uint16_t* out) {
+  std::memcpy(out, row, D * sizeof(uint16_t));
+}
+
+template <int D>
+inline void fetch_row(const int8_t* row, const float* scale, uint16_t* out) {
+  const float s = *scale;
+  for (int d = 0; d < D; ++d) out[d] = pagedllm::Cvt<pagedllm::bf16>::to_bits(static_cast<float>(row[d]) * s);
+}
+
+// Key k of a tile's group at `pos`, fetched as bfloat16 bits into key_row and value_row;
+// false for keys before the window or past the context, which are laid out as zeros: their
+// blocks may be back in the pool, and a weight of 0 times NaN is still NaN.
+template <typename cache_t, int D>
+inline bool fetch_key(const Chunk& c, const HeadRows<cache_t>& key_rows, const HeadRows<cache_t>& value_rows,
+                      int64_t pos, bool live, uint16_t* key_row, uint16_t* value_row) {
+  if (!live) return false;
+  const int64_t block_size = c.cache.block_size;
+  const int64_t slot = c.table[pos / block_size] * block_size + pos % block_size;
+  fetch_row<D>(key_rows.cache + slot * key_rows.token_stride,
+               key_rows.scales ? key_rows.scales + slot * key_rows.kv_heads : nullptr, key_row);
+  fetch_row<D>(value_rows.cache + slot * value_rows.token_stride,
+               value_rows.scales ? value_rows.scales + slot * value_rows.kv_heads : nullptr, value_row);
+  return true;
+}
+
+#endif  // PAGEDLLM_TILED_PREFILL
+
+#if defined(__AVX512BF16__)
 
 // e^x for 16 floats, inline: a call per vector to the vectorised libm took ~40 % of the
 // kernel. x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to r^7
@@ -97,19 +141,6 @@ inline __m512 tanh512(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-9.f)), _mm512_set1_ps(9.f));
   const __m512 e = exp512(_mm512_add_ps(x, x));
   return _mm512_div_ps(_mm512_sub_ps(e, _mm512_set1_ps(1.f)), _mm512_add_ps(e, _mm512_set1_ps(1.f)));
-}
-
-// A cache row as bfloat16 bits: copied, or int8 codes times their scale, rounded to
-// bfloat16 (once per tile, so the products below are the same for both caches).
-template <int D>
-inline void fetch_row(const pagedllm::bf16* row, const float*, uint16_t* out) {
-  std::memcpy(out, row, D * sizeof(uint16_t));
-}
-
-template <int D>
-inline void fetch_row(const int8_t* row, const float* scale, uint16_t* out) {
-  const float s = *scale;
-  for (int d = 0; d < D; ++d) out[d] = pagedllm::Cvt<pagedllm::bf16>::to_bits(static_cast<float>(row[d]) * s);
 }
 
 // Where lane i of value-pair vector v of a row lands among its D dimensions: unpacking two
@@ -146,21 +177,12 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t head0, int64_t t0, int64_t 
     const int nk = static_cast<int>(std::min<int64_t>(kKeys, last + 1 - k0));
     alignas(64) uint16_t values[kKeys][D];
     for (int k = 0; k < kKeys; ++k) {
-      // Keys before the window are laid out as zeros, like those past the context: their
-      // blocks may be back in the pool, and a weight of 0 times NaN is still NaN.
-      if (k < nk && k0 + k >= first_seen) {
-        const int64_t pos = k0 + k;
-        const int64_t block_size = c.cache.block_size;
-        const int64_t slot = c.table[pos / block_size] * block_size + pos % block_size;
-        alignas(64) uint16_t key_row[D];
-        fetch_row<D>(key_rows.cache + slot * key_rows.token_stride,
-                     key_rows.scales ? key_rows.scales + slot * key_rows.kv_heads : nullptr, key_row);
+      alignas(64) uint16_t key_row[D];
+      if (fetch_key<cache_t, D>(c, key_rows, value_rows, k0 + k, k < nk && k0 + k >= first_seen,
+                                key_row, values[k])) {
         uint32_t pairs[P];
         std::memcpy(pairs, key_row, sizeof(pairs));
         for (int p = 0; p < P; ++p) kg.kt[p][k] = pairs[p];
-        fetch_row<D>(value_rows.cache + slot * value_rows.token_stride,
-                     value_rows.scales ? value_rows.scales + slot * value_rows.kv_heads : nullptr,
-                     values[k]);
       } else {
         for (int p = 0; p < P; ++p) kg.kt[p][k] = 0;
         std::fill_n(values[k], D, 0);
@@ -243,6 +265,221 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t head0, int64_t t0, int64_t 
   }
 }
 
+#elif defined(PAGEDLLM_TILED_PREFILL)
+
+// The AVX2 form: float32 FMAs (AVX2 has no bfloat16 dot product), so the tile's keys are laid
+// out as float32: kt[d] holds dimension d of the group's 16 keys, one key a lane (a query
+// row's 16 scores are two vectors, no horizontal sums), and v[k] key k's values. The
+// probabilities stay float32 for p.v, so this level's result is closer to float32 than the
+// AVX-512 one. The softmax is the same online one.
+
+// e^x for 8 floats: exp512's reduction and polynomial, 2^n written into the exponent bits
+// (x within -87..88: every caller's range; x below -87 gives exactly 0).
+inline __m256 exp256(__m256 x) {
+  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);  // ln2, high bits
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);         // ln2, the rest
+  __m256 p = _mm256_set1_ps(1.0f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(two_n)), live);
+}
+
+// tanh for 8 floats, as tanh512.
+inline __m256 tanh256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-9.f)), _mm256_set1_ps(9.f));
+  const __m256 e = exp256(_mm256_add_ps(x, x));
+  return _mm256_div_ps(_mm256_sub_ps(e, _mm256_set1_ps(1.f)), _mm256_add_ps(e, _mm256_set1_ps(1.f)));
+}
+
+inline float max8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline float sum8(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline float bf16_bits_to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// R query rows' scores against a group's 16 keys (two vectors a row), with 2 chains a vector
+// over the dimensions: R <= 3 keeps the 4R chains, two key vectors and a broadcast in
+// registers, and each key vector loaded serves R rows.
+template <int D, int R>
+inline void group_scores(const float (*kt)[kKeys], const float* const (&q)[R], __m256 (&a)[R][2]) {
+  __m256 s[R][2][2];
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) s[r][h][0] = s[r][h][1] = _mm256_setzero_ps();
+  for (int d = 0; d < D; d += 2)
+    for (int i = 0; i < 2; ++i) {
+      const __m256 k0 = _mm256_load_ps(kt[d + i]), k1 = _mm256_load_ps(kt[d + i] + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 qd = _mm256_broadcast_ss(q[r] + d + i);
+        s[r][0][i] = _mm256_fmadd_ps(qd, k0, s[r][0][i]);
+        s[r][1][i] = _mm256_fmadd_ps(qd, k1, s[r][1][i]);
+      }
+    }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) a[r][h] = _mm256_add_ps(s[r][h][0], s[r][h][1]);
+}
+
+// R rows' outputs += their probabilities times the group's values (keys hidden..visible-1),
+// W vectors of the rows at a time so that the R x W chains stay in registers.
+template <int D, int R>
+inline void add_values(const float (*v)[D], const float (&probs)[R][kKeys], int hidden, int visible,
+                       float* const (&out)[R]) {
+  constexpr int V = D / 8, W = R == 1 ? 8 : 4;
+  for (int v0 = 0; v0 < V; v0 += W) {
+    __m256 acc[R][W];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < W; ++i)
+        if (v0 + i < V) acc[r][i] = _mm256_load_ps(out[r] + 8 * (v0 + i));
+    for (int k = hidden; k < visible; ++k) {
+      __m256 pk[R];
+      for (int r = 0; r < R; ++r) pk[r] = _mm256_broadcast_ss(probs[r] + k);
+      for (int i = 0; i < W; ++i)
+        if (v0 + i < V) {
+          const __m256 vk = _mm256_load_ps(v[k] + 8 * (v0 + i));
+          for (int r = 0; r < R; ++r) acc[r][i] = _mm256_fmadd_ps(pk[r], vk, acc[r][i]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < W; ++i)
+        if (v0 + i < V) _mm256_store_ps(out[r] + 8 * (v0 + i), acc[r][i]);
+  }
+}
+
+// Tokens t0 .. t0 + nt - 1, query heads head0 .. head0 + G - 1 of KV head kv. Unlike the
+// AVX-512 tile, which lays out all of the tile's keys first (as bfloat16 pairs they fit in
+// L2), the float32 groups are laid out one at a time and every token of the tile walks each
+// before the next: the rows' running maximum, sum and output wait in memory (L1) meanwhile.
+template <typename cache_t, int D, int G>
+void attend_tile(const Chunk& c, int64_t kv, int64_t head0, int64_t t0, int64_t nt) {
+  constexpr int V = D / 8;      // float32 vectors in a row
+  constexpr int kRows = kTileTokens * G;
+  const HeadRows<cache_t> key_rows = c.cache.head_rows<cache_t>(c.cache.key, c.cache.key_scales, kv);
+  const HeadRows<cache_t> value_rows = c.cache.head_rows<cache_t>(c.cache.value, c.cache.value_scales, kv);
+  const int64_t last = c.start + t0 + nt - 1;
+  const int64_t first_seen = c.first_visible(c.start + t0);
+  // Per row (token t, head g: row t * G + g): its query as float32, running output, max, sum.
+  thread_local std::vector<float, AlignedAllocator<float>> rows;
+  rows.resize(2 * kRows * D);
+  float* const query = rows.data();
+  float* const output = rows.data() + kRows * D;
+  float row_max[kRows], row_sum[kRows];
+  for (int64_t t = 0; t < nt; ++t)
+    for (int g = 0; g < G; ++g) {
+      const int64_t row = t * G + g;
+      const pagedllm::bf16* q = c.query + (t0 + t) * c.heads * D + (head0 + g) * D;
+      for (int d = 0; d < D; ++d) query[row * D + d] = pagedllm::Cvt<pagedllm::bf16>::load(q, d);
+      std::fill_n(output + row * D, D, 0.f);
+      row_max[row] = kMasked;
+      row_sum[row] = 0.f;
+    }
+  alignas(32) float kt[D][kKeys];
+  alignas(32) float values[kKeys][D];
+  const __m256 lane_lo = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 lane_hi = _mm256_add_ps(lane_lo, _mm256_set1_ps(8));
+  for (int64_t gi = first_seen / kKeys; gi * kKeys <= last; ++gi) {
+    const int64_t k0 = gi * kKeys;
+    for (int k = 0; k < kKeys; ++k) {
+      alignas(32) uint16_t key_row[D], value_row[D];
+      const bool live = k0 + k <= last && k0 + k >= first_seen;
+      if (fetch_key<cache_t, D>(c, key_rows, value_rows, k0 + k, live, key_row, value_row)) {
+        for (int d = 0; d < D; ++d) {
+          kt[d][k] = bf16_bits_to_float(key_row[d]);
+          values[k][d] = bf16_bits_to_float(value_row[d]);
+        }
+      } else {
+        for (int d = 0; d < D; ++d) kt[d][k] = values[k][d] = 0.f;
+      }
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+      const int64_t position = c.start + t0 + t;
+      const int64_t first = c.first_visible(position);
+      if (k0 > position || k0 + kKeys <= first) continue;  // a group this token does not see
+      const int visible = static_cast<int>(std::min<int64_t>(position - k0 + 1, kKeys));
+      const int hidden = static_cast<int>(std::max<int64_t>(first - k0, 0));  // before the window
+      // Keys after this token (and past the context), and before its window: probability 0.
+      const __m256 lo = _mm256_set1_ps(static_cast<float>(hidden)), hi = _mm256_set1_ps(static_cast<float>(visible));
+      const __m256 keep[2] = {
+          _mm256_and_ps(_mm256_cmp_ps(lane_lo, lo, _CMP_GE_OQ), _mm256_cmp_ps(lane_lo, hi, _CMP_LT_OQ)),
+          _mm256_and_ps(_mm256_cmp_ps(lane_hi, lo, _CMP_GE_OQ), _mm256_cmp_ps(lane_hi, hi, _CMP_LT_OQ))};
+      const auto rows_of = [&](auto count, int g0) {
+        constexpr int R = decltype(count)::value;
+        const float* q[R];
+        float* out[R];
+        for (int r = 0; r < R; ++r) {
+          q[r] = query + (t * G + g0 + r) * D;
+          out[r] = output + (t * G + g0 + r) * D;
+        }
+        __m256 a[R][2];
+        group_scores<D, R>(kt, q, a);
+        alignas(32) float probs[R][kKeys];
+        for (int r = 0; r < R; ++r) {
+          const int64_t row = t * G + g0 + r;
+          for (int h = 0; h < 2; ++h) {
+            a[r][h] = _mm256_mul_ps(a[r][h], _mm256_set1_ps(c.options.scale));
+            if (c.options.softcap > 0.f)
+              a[r][h] = _mm256_mul_ps(tanh256(_mm256_mul_ps(a[r][h], _mm256_set1_ps(1.f / c.options.softcap))),
+                                      _mm256_set1_ps(c.options.softcap));
+            a[r][h] = _mm256_blendv_ps(_mm256_set1_ps(kMasked), a[r][h], keep[h]);
+          }
+          const float group_max = max8(_mm256_max_ps(a[r][0], a[r][1]));
+          if (group_max > row_max[row]) {  // a new maximum: rescale what was summed so far
+            const __m256 rescale = exp256(_mm256_set1_ps(row_max[row] - group_max));
+            row_sum[row] *= _mm256_cvtss_f32(rescale);
+            for (int v = 0; v < V; ++v)
+              _mm256_store_ps(out[r] + 8 * v, _mm256_mul_ps(_mm256_load_ps(out[r] + 8 * v), rescale));
+            row_max[row] = group_max;
+          }
+          const __m256 p0 = exp256(_mm256_sub_ps(a[r][0], _mm256_set1_ps(row_max[row])));
+          const __m256 p1 = exp256(_mm256_sub_ps(a[r][1], _mm256_set1_ps(row_max[row])));
+          row_sum[row] += sum8(_mm256_add_ps(p0, p1));
+          _mm256_store_ps(probs[r], p0);
+          _mm256_store_ps(probs[r] + 8, p1);
+        }
+        add_values<D, R>(values, probs, hidden, visible, out);
+      };
+      int g0 = 0;
+      for (; g0 + 3 <= G; g0 += 3) rows_of(std::integral_constant<int, 3>{}, g0);
+      if (G - g0 == 2) rows_of(std::integral_constant<int, 2>{}, g0);
+      else if (G - g0 == 1) rows_of(std::integral_constant<int, 1>{}, g0);
+    }
+  }
+  for (int64_t t = 0; t < nt; ++t)
+    for (int g = 0; g < G; ++g) {
+      const int64_t row = t * G + g;
+      pagedllm::bf16* o = c.out + (t0 + t) * c.heads * D + (head0 + g) * D;
+      const float inv = 1.f / row_sum[row];
+      for (int d = 0; d < D; ++d) pagedllm::Cvt<pagedllm::bf16>::store(o, d, output[row * D + d] * inv);
+    }
+}
+
+#endif  // __AVX512BF16__ / AVX2
+
+#if defined(PAGEDLLM_TILED_PREFILL)
+
 template <typename cache_t, int D, int G>
 void run_tiles(const Chunk& c, int64_t tokens) {
   const int64_t tiles = (tokens + kTileTokens - 1) / kTileTokens;
@@ -260,7 +497,7 @@ void run_tiles(const Chunk& c, int64_t tokens) {
   }
 }
 
-#endif  // __AVX512BF16__
+#endif  // PAGEDLLM_TILED_PREFILL
 
 }  // namespace
 
@@ -268,14 +505,14 @@ bool pagedllm::kernel::tiled_prefill_attention(DType dtype, const void* query, i
                                                int64_t heads, const PagedCache& cache,
                                                const int64_t* table, int64_t start,
                                                const AttentionOptions& options, void* out) {
-#if defined(__AVX512BF16__)
-  if (dtype != DType::BFloat16 || cache.head_dim % 32 != 0) return false;
+#if defined(PAGEDLLM_TILED_PREFILL)
+  if (dtype != DType::BFloat16 || cache.head_dim % kTiledDims != 0) return false;
   if (tokens == 0) return true;  // nothing to attend (and no thread team of 0)
   const Chunk c{static_cast<const bf16*>(query), cache, table, static_cast<bf16*>(out), heads,
                 start, options};
   pagedllm::dispatch_head_shape(cache.head_dim, heads / cache.kv_heads, [&](auto dim, auto group) {
     constexpr int D = decltype(dim)::value, G = decltype(group)::value;
-    if constexpr (D % 32 == 0) {  // checked above; no code for the other sizes
+    if constexpr (D % kTiledDims == 0) {  // checked above; no code for the other sizes
       if (cache.quantized) run_tiles<int8_t, D, G>(c, tokens);
       else run_tiles<bf16, D, G>(c, tokens);
     }
