@@ -109,7 +109,7 @@ inline torch::Tensor paged_decode_attention(torch::Tensor query, torch::Tensor k
 
 // Prefill chunk of one sequence: query [T, H, D] holds the tokens at positions start..start+T-1,
 // whose K/V are already in the cache; each attends causally to positions <= its own. bfloat16
-// chunks take the tiled kernel (prefill_attention.cpp) in the avx512 build; otherwise each
+// chunks take the tiled kernel (prefill_attention.cpp) in the avx512 and avx2 builds; otherwise each
 // token is a one-query "sequence" over the same table, with its own length.
 inline torch::Tensor paged_prefill_attention(torch::Tensor query, torch::Tensor key_cache,
                                              torch::Tensor value_cache, torch::Tensor block_table,
