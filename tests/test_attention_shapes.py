@@ -94,8 +94,9 @@ def test_decode_attention_at_model_shapes(at_isa, shape, scale, softcap, window,
 @pytest.mark.parametrize("start,chunk,block_size", [(0, 53, 16), (45, 38, 8)])
 def test_prefill_attention_at_model_shapes(at_isa, shape, scale, softcap, window, cache_kind,
                                            start, chunk, block_size):
-    """bfloat16 chunks of head sizes that are a multiple of 32 take the tiled kernel (avx512),
-    the rest the per-token one; both see the window from each token, not from the chunk."""
+    """bfloat16 chunks take the tiled kernel (avx512: head sizes that are a multiple of 32;
+    avx2: every size), the rest the per-token one; both see the window from each token, not
+    from the chunk."""
     torch.manual_seed(4)
     assert_kernels_match_plain_torch(shape, dict(scale=scale, softcap=softcap, window=window),
                                      cache_kind, [start + chunk], [chunk], block_size, 64)

@@ -109,29 +109,27 @@ inline bool fetch_key(const Chunk& c, const HeadRows<cache_t>& key_rows, const H
   return true;
 }
 
+// e^x at either width: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts), e^r by its
+// Taylor polynomial to r^7 (relative error under 7.4e-8 over [-87, 0], checked against
+// double exp), evaluated from 1/7! by Horner's rule through these, then scaled by 2^n.
+constexpr float kLog2e = 1.44269504f, kLn2High = 0.693145752f, kLn2Low = 1.42860677e-6f;
+constexpr float kExpTop = 1.0f / 5040;
+constexpr float kExpPoly[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+
 #endif  // PAGEDLLM_TILED_PREFILL
 
 #if defined(__AVX512BF16__)
 
-// e^x for 16 floats, inline: a call per vector to the vectorised libm took ~40 % of the
-// kernel. x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to r^7
-// (relative error under 7.4e-8 over [-87, 0], checked against double exp), then scaled by
-// 2^n; x below -87 (masked keys) gives exactly 0.
+// e^x for 16 floats, inline (a call per vector to the vectorised libm took ~40 % of the
+// kernel), as kExpPoly says; x below -87 (masked keys) gives exactly 0.
 inline __m512 exp512(__m512 x) {
   const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln2, high bits
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);         // ln2, the rest
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x));
+  __m512 p = _mm512_set1_ps(kExpTop);
+  for (const float c : kExpPoly) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
   return _mm512_maskz_scalef_ps(live, p, n);
 }
 
@@ -273,23 +271,16 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t head0, int64_t t0, int64_t 
 // probabilities stay float32 for p.v, so this level's result is closer to float32 than the
 // AVX-512 one. The softmax is the same online one.
 
-// e^x for 8 floats: exp512's reduction and polynomial, 2^n written into the exponent bits
-// (x within -87..88: every caller's range; x below -87 gives exactly 0).
+// e^x for 8 floats, as kExpPoly says, 2^n written into the exponent bits (x within
+// -87..88: every caller's range; x below -87 gives exactly 0).
 inline __m256 exp256(__m256 x) {
   const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);  // ln2, high bits
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);         // ln2, the rest
-  __m256 p = _mm256_set1_ps(1.0f / 5040);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), x));
+  __m256 p = _mm256_set1_ps(kExpTop);
+  for (const float c : kExpPoly) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
   const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(two_n)), live);
 }
@@ -369,13 +360,40 @@ inline void add_values(const float (*v)[D], const float (&probs)[R][kKeys], int 
   }
 }
 
+// One row's step of the online softmax over a group: its 16 scores (two vectors) scaled,
+// soft-capped and masked (keep: the keys it sees), its output rescaled when its maximum
+// grows, and the group's probabilities written to probs.
+template <int D>
+inline void softmax_step(__m256 (&a)[2], const __m256 (&keep)[2], const AttentionOptions& options,
+                         float& row_max, float& row_sum, float* out, float* probs) {
+  for (int h = 0; h < 2; ++h) {
+    a[h] = _mm256_mul_ps(a[h], _mm256_set1_ps(options.scale));
+    if (options.softcap > 0.f)
+      a[h] = _mm256_mul_ps(tanh256(_mm256_mul_ps(a[h], _mm256_set1_ps(1.f / options.softcap))),
+                           _mm256_set1_ps(options.softcap));
+    a[h] = _mm256_blendv_ps(_mm256_set1_ps(kMasked), a[h], keep[h]);
+  }
+  const float group_max = max8(_mm256_max_ps(a[0], a[1]));
+  if (group_max > row_max) {  // a new maximum: rescale what was summed so far
+    const __m256 rescale = exp256(_mm256_set1_ps(row_max - group_max));
+    row_sum *= _mm256_cvtss_f32(rescale);
+    for (int v = 0; v < D / 8; ++v)
+      _mm256_store_ps(out + 8 * v, _mm256_mul_ps(_mm256_load_ps(out + 8 * v), rescale));
+    row_max = group_max;
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256 p = exp256(_mm256_sub_ps(a[h], _mm256_set1_ps(row_max)));
+    row_sum += sum8(p);
+    _mm256_store_ps(probs + 8 * h, p);
+  }
+}
+
 // Tokens t0 .. t0 + nt - 1, query heads head0 .. head0 + G - 1 of KV head kv. Unlike the
 // AVX-512 tile, which lays out all of the tile's keys first (as bfloat16 pairs they fit in
 // L2), the float32 groups are laid out one at a time and every token of the tile walks each
 // before the next: the rows' running maximum, sum and output wait in memory (L1) meanwhile.
 template <typename cache_t, int D, int G>
 void attend_tile(const Chunk& c, int64_t kv, int64_t head0, int64_t t0, int64_t nt) {
-  constexpr int V = D / 8;      // float32 vectors in a row
   constexpr int kRows = kTileTokens * G;
   const HeadRows<cache_t> key_rows = c.cache.head_rows<cache_t>(c.cache.key, c.cache.key_scales, kv);
   const HeadRows<cache_t> value_rows = c.cache.head_rows<cache_t>(c.cache.value, c.cache.value_scales, kv);
@@ -436,29 +454,9 @@ void attend_tile(const Chunk& c, int64_t kv, int64_t head0, int64_t t0, int64_t 
         __m256 a[R][2];
         group_scores<D, R>(kt, q, a);
         alignas(32) float probs[R][kKeys];
-        for (int r = 0; r < R; ++r) {
-          const int64_t row = t * G + g0 + r;
-          for (int h = 0; h < 2; ++h) {
-            a[r][h] = _mm256_mul_ps(a[r][h], _mm256_set1_ps(c.options.scale));
-            if (c.options.softcap > 0.f)
-              a[r][h] = _mm256_mul_ps(tanh256(_mm256_mul_ps(a[r][h], _mm256_set1_ps(1.f / c.options.softcap))),
-                                      _mm256_set1_ps(c.options.softcap));
-            a[r][h] = _mm256_blendv_ps(_mm256_set1_ps(kMasked), a[r][h], keep[h]);
-          }
-          const float group_max = max8(_mm256_max_ps(a[r][0], a[r][1]));
-          if (group_max > row_max[row]) {  // a new maximum: rescale what was summed so far
-            const __m256 rescale = exp256(_mm256_set1_ps(row_max[row] - group_max));
-            row_sum[row] *= _mm256_cvtss_f32(rescale);
-            for (int v = 0; v < V; ++v)
-              _mm256_store_ps(out[r] + 8 * v, _mm256_mul_ps(_mm256_load_ps(out[r] + 8 * v), rescale));
-            row_max[row] = group_max;
-          }
-          const __m256 p0 = exp256(_mm256_sub_ps(a[r][0], _mm256_set1_ps(row_max[row])));
-          const __m256 p1 = exp256(_mm256_sub_ps(a[r][1], _mm256_set1_ps(row_max[row])));
-          row_sum[row] += sum8(_mm256_add_ps(p0, p1));
-          _mm256_store_ps(probs[r], p0);
-          _mm256_store_ps(probs[r] + 8, p1);
-        }
+        for (int r = 0; r < R; ++r)
+          softmax_step<D>(a[r], keep, c.options, row_max[t * G + g0 + r], row_sum[t * G + g0 + r],
+                          out[r], probs[r]);
         add_values<D, R>(values, probs, hidden, visible, out);
       };
       int g0 = 0;

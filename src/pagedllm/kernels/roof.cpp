@@ -81,6 +81,9 @@ double roof_int8(int64_t iterations) {
 #endif
   return kPerStep * kInt8Chains * static_cast<double>(iterations) * static_cast<double>(threads);
 }
+#undef PAGEDLLM_ROOF_INT8_STEP
+#undef PAGEDLLM_DPBUSD
+#undef PAGEDLLM_MADDUBS
 
 double roof_fma(int64_t iterations) {
   const int64_t threads = num_threads();
@@ -124,6 +127,7 @@ double roof_fma(int64_t iterations) {
 #endif
   return kPerStep * kChains * static_cast<double>(iterations) * static_cast<double>(threads);
 }
+#undef PAGEDLLM_FMA
 
 int64_t roof_read(const uint8_t* data, int64_t bytes) {
   // Each thread sums its own stretch, 64 bytes a step in 4 chains (the kernels' loads).
