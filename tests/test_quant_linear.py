@@ -72,11 +72,12 @@ def test_q4_gemm_rejects_bad_input(ops):
         ops.q4_gemm(torch.randn(2, 64).bfloat16(), q4.codes)
 
 
-def int8_rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x rounded to int8 per group of 32 (scale max|x| / 127), as float32, and where a code
-    may round either way: an element at half a step (x = max|x| / 2 is common in bfloat16)
-    lands on 63.5 give or take the last bit of 127 / max|x|, the kernel's or torch's."""
-    groups = x.float().view(x.shape[0], -1, GROUP_SIZE)
+def int8_rounded(x: torch.Tensor, group: int = GROUP_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """x rounded to int8 per group of 32 inputs, or as many as share a scale (scale max|x| /
+    127), as float32, and where a code may round either way: an element at half a step
+    (x = max|x| / 2 is common in bfloat16) lands on 63.5 give or take the last bit of
+    127 / max|x|, the kernel's or torch's."""
+    groups = x.float().view(x.shape[0], -1, group)
     amax = groups.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
     scaled = groups * inv

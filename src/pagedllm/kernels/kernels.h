@@ -75,7 +75,8 @@ void q4k_pack(const uint8_t* codes, const uint8_t* scales, const uint8_t* mins, 
 // kAmx: the same product on the AMX tiles (q4_tiles_amx.h) where amx_tiles_usable(), else
 // kExact. kInt16: the activations as 16-bit integers per group of 32 (lowbit_gemm.h:
 // split_rows) on integer dot products, where int16_tiles_built(), else kExact. kInt8: the
-// activations rounded to int8 per group of 32 first (q4_q8_gemm).
+// activations rounded to int8 first, a scale per group of 32 (per 256 inputs for Q4_K)
+// (q4_q8_gemm).
 enum class Q4Product { kExact, kAmx, kInt16, kInt8 };
 // x [rows, k] @ the packed [n, k].T -> out [rows, n]; super: packed by q4k_pack.
 void q4_gemm(const bf16* x, const uint8_t* packed, bool super, Q4Product product, int64_t rows,

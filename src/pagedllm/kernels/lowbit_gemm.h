@@ -73,10 +73,11 @@ inline __m512i broadcast_quad(const int8_t* x) {
 }
 #endif
 
-// Activation rows rounded to int8 per group of 32, the way llama.cpp feeds its integer dot
-// products: codes = round(x * 127 / max|x|), with the scale max|x| / 127 and the codes' sum
-// kept per row and group. A group holding a NaN or an infinity gets codes 0 and a NaN scale,
-// so the outputs read NaN (casting NaN to an integer would be undefined).
+// Activation rows rounded to int8 per group of 32 (or per block of groups: quantize_rows), the
+// way llama.cpp feeds its integer dot products: codes = round(x * 127 / max|x|), with the
+// scale max|x| / 127 and the codes' sum kept per row and group. A block holding a NaN or an
+// infinity gets codes 0 and a NaN scale, so the outputs read NaN (casting NaN to an integer
+// would be undefined).
 struct Int8Rows {
   std::unique_ptr<int8_t[]> codes;  // [M, K]
   std::unique_ptr<float[]> scale;   // [M, K / 32]
@@ -84,20 +85,31 @@ struct Int8Rows {
 };
 
 #if defined(__AVX512BW__)
-// One group of 32 bfloat16 values (v) to codes, returning (scale, sum). kInterleaved stores
-// each 8 codes in the order 0 4 1 5 2 6 3 7: the order in which q4_q8_gemm finds 4-bit weight
-// codes in the bytes of a lane (see q4_layout.h's code_shift).
+// A group's 32 bfloat16 values (v) as two halves of float32 bit patterns.
+inline void load_group(const uint16_t* v, __m512i& lo, __m512i& hi) {
+  lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)v)), 16);
+  hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v + 16))), 16);
+}
+
+// The bits of a group's largest |x|: for non-negative floats the integer order is the float
+// order, and an infinity or NaN compares above every finite value.
+inline uint32_t group_top(const uint16_t* v) {
+  __m512i lo, hi;
+  load_group(v, lo, hi);
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  return _mm512_reduce_max_epu32(_mm512_max_epu32(_mm512_and_si512(lo, magnitude), _mm512_and_si512(hi, magnitude)));
+}
+
+// One group of 32 bfloat16 values (v) to codes against the largest |x| of its scale's block
+// (top, by its bits), returning (scale, sum). kInterleaved stores each 8 codes in the order
+// 0 4 1 5 2 6 3 7: the order in which q4_q8_gemm finds 4-bit weight codes in the bytes of a
+// lane (see q4_layout.h's code_shift).
 template <bool kInterleaved>
-inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes) {
+inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes, uint32_t top) {
   const __m128i order = kInterleaved ? _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15)
                                      : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i lo = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)v)), 16);
-  const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v + 16))), 16);
-  // |x| by its bits: for non-negative floats the integer order is the float order, and
-  // an infinity or NaN compares above every finite value.
-  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
-  const uint32_t top = _mm512_reduce_max_epu32(
-      _mm512_max_epu32(_mm512_and_si512(lo, magnitude), _mm512_and_si512(hi, magnitude)));
+  __m512i lo, hi;
+  load_group(v, lo, hi);
   const bool finite = top < 0x7F800000u;
   float amax;
   std::memcpy(&amax, &top, 4);
@@ -151,10 +163,15 @@ inline int32_t sum_int32(const __m256i (&q)[4]) {
   return _mm_cvtsi128_si32(m);
 }
 
+inline uint32_t group_top(const uint16_t* v) {
+  __m256i x[4];
+  return load_group(v, x);
+}
+
 template <bool kInterleaved>
-inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes) {
+inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes, uint32_t top) {
   __m256i x[4], q[4];
-  const uint32_t top = load_group(v, x);
+  load_group(v, x);
   const bool finite = top < 0x7F800000u;
   float amax;
   std::memcpy(&amax, &top, 4);
@@ -166,25 +183,27 @@ inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes
 }
 #else
 // The same rounding in plain C++ (the portable build): nearbyint rounds half to even, as
-// the vector conversion does.
+// the vector conversion does. max |x| by its bits, as above: NaN and infinity compare highest.
+inline uint32_t group_top(const uint16_t* v) {
+  uint32_t top = 0;
+  for (int64_t e = 0; e < kGroup; ++e) top = std::max(top, (static_cast<uint32_t>(v[e]) << 16) & 0x7FFFFFFFu);
+  return top;
+}
+
 template <bool kInterleaved>
-inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes) {
+inline std::pair<float, int32_t> quantize_group(const uint16_t* v, int8_t* codes, uint32_t top) {
   // Where input e of each 8 is stored when interleaved (the inverse of the order above).
   static constexpr int kPosition[8] = {0, 2, 4, 6, 1, 3, 5, 7};
-  float values[kGroup];
-  uint32_t top = 0;  // max |x| by its bits, as above: NaN and infinity compare highest
-  for (int64_t e = 0; e < kGroup; ++e) {
-    const uint32_t bits = static_cast<uint32_t>(v[e]) << 16;
-    std::memcpy(&values[e], &bits, 4);
-    top = std::max(top, bits & 0x7FFFFFFFu);
-  }
   const bool finite = top < 0x7F800000u;
   float amax;
   std::memcpy(&amax, &top, 4);
   const float inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
   int32_t sum = 0;
   for (int64_t e = 0; e < kGroup; ++e) {
-    const int32_t code = finite ? static_cast<int32_t>(std::nearbyint(values[e] * inv)) : 0;
+    const uint32_t bits = static_cast<uint32_t>(v[e]) << 16;
+    float value;
+    std::memcpy(&value, &bits, 4);
+    const int32_t code = finite ? static_cast<int32_t>(std::nearbyint(value * inv)) : 0;
     codes[kInterleaved ? (e & ~int64_t{7}) + kPosition[e & 7] : e] = static_cast<int8_t>(code);
     sum += code;
   }
@@ -289,9 +308,13 @@ inline Int16Rows split_rows(const bf16* x, int64_t rows, int64_t k) {
 }
 #endif  // the int16 split
 
-// x [rows, k] bfloat16, k a multiple of 32.
+// x [rows, k] bfloat16, k a multiple of 32 * groups_per_scale. One scale serves
+// groups_per_scale neighbouring groups (its block): 1 for the Q4_0/Q4_1/Q6_K/Q8_0 products, 8
+// (256 inputs) for Q4_K's, whose 6-bit sub-scales the avx2 tile can then fold in integers, as
+// llama.cpp's Q8_K rounds activations for its k-quants. Scale and sum are still kept per group
+// (a block's groups share the scale).
 template <bool kInterleaved>
-Int8Rows quantize_rows(const bf16* x, int64_t rows, int64_t k) {
+Int8Rows quantize_rows(const bf16* x, int64_t rows, int64_t k, int64_t groups_per_scale = 1) {
   const int64_t groups = rows * (k / kGroup);
   Int8Rows q{pagedllm::scratch<int8_t>(rows * k),
              pagedllm::scratch<float>(groups),
@@ -300,10 +323,15 @@ Int8Rows quantize_rows(const bf16* x, int64_t rows, int64_t k) {
   int8_t* cp = q.codes.get();
   float* sp = q.scale.get();
   int32_t* up = q.sum.get();
-  parallel_for(0, groups, 64, [&](int64_t begin, int64_t end) {
-    // Group i of the flat [M, K] (groups never straddle rows).
-    for (int64_t i = begin; i < end; ++i)
-      std::tie(sp[i], up[i]) = quantize_group<kInterleaved>(xp + i * kGroup, cp + i * kGroup);
+  const int64_t per = groups_per_scale;
+  parallel_for(0, groups / per, std::max<int64_t>(1, 64 / per), [&](int64_t begin, int64_t end) {
+    // Block b of the flat [M, K] (blocks never straddle rows).
+    for (int64_t b = begin; b < end; ++b) {
+      uint32_t top = 0;
+      for (int64_t i = b * per; i < (b + 1) * per; ++i) top = std::max(top, group_top(xp + i * kGroup));
+      for (int64_t i = b * per; i < (b + 1) * per; ++i)
+        std::tie(sp[i], up[i]) = quantize_group<kInterleaved>(xp + i * kGroup, cp + i * kGroup, top);
+    }
   });
   return q;
 }

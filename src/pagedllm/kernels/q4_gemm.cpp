@@ -187,24 +187,35 @@ void int16_gemm(const bf16* x, const uint8_t* wp, bool super, int64_t rows, int6
 #endif
 }
 
-// The same with x rounded to int8 per group of 32 first (as llama.cpp multiplies Q4 weights):
-// approximate, and about twice the arithmetic rate, for the many rows of a prefill.
+// The same with x rounded to int8 first (as llama.cpp multiplies 4-bit weights: one scale per
+// group of 32 for Q4_0/Q4_1, per 256 inputs for Q4_K, as its Q8_0 and Q8_K): approximate, and
+// about twice the arithmetic rate, for the many rows of a prefill.
 void int8_gemm(const bf16* x, const uint8_t* wp, bool super, int64_t rows, int64_t k, int64_t n,
                bf16* op) {
   const int64_t groups = k / kGroup, tiles = n / kTile;
   const int64_t tile_bytes = super ? groups / SuperLayout::kGroupsPerBlock * SuperLayout::kBlockBytes
                                    : groups * GroupLayout::kBlockBytes;
-  const Int8Rows xq = quantize_rows<kInterleavedCodes>(x, rows, k);
+  const Int8Rows xq = quantize_rows<kInterleavedCodes>(x, rows, k, super ? SuperLayout::kGroupsPerBlock : 1);
   const auto dx_sum = pagedllm::scratch<float>(rows * groups);
   for (int64_t i = 0; i < rows * groups; ++i)  // dx * sum(xq), for the m term
     dx_sum[i] = xq.scale[i] * static_cast<float>(xq.sum[i]);
+  // Q4_K's code sums by pairs of groups, as the int16 halves of one int32 (each is at most
+  // 32 x 127): the tiles that fold its mins in integers read them.
+  std::unique_ptr<int32_t[]> pairs;
+  if (super) {
+    pairs = pagedllm::scratch<int32_t>(rows * groups / 2);
+    for (int64_t i = 0; i < rows * groups / 2; ++i)
+      pairs[i] = static_cast<int32_t>(static_cast<uint16_t>(xq.sum[2 * i]) |
+                                      static_cast<uint32_t>(static_cast<uint16_t>(xq.sum[2 * i + 1])) << 16);
+  }
   const int8_t* qp = xq.codes.get();
   const float* dp = xq.scale.get();
   const float* sp = dx_sum.get();
+  const int32_t* pp = pairs.get();
   const auto* fns = super ? Tiles<SuperLayout>::kInt8 : Tiles<GroupLayout>::kInt8;
   for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
     fns[rb](wp + t * tile_bytes, groups, qp + r0 * k, k, dp + r0 * groups, sp + r0 * groups,
-            op + r0 * n + t * kTile, n);
+            pp ? pp + r0 * groups / 2 : nullptr, op + r0 * n + t * kTile, n);
   });
 }
 

@@ -9,7 +9,9 @@
 // - Int8 tile (q4_q8_gemm): as llama.cpp multiplies Q4 by Q8 on AVX2: the low and high
 //   nibbles of each byte, as unsigned bytes, times the interleaved int8 activation codes with
 //   vpmaddubsw (pairs summed to int16: at most 2 x 15 x 127 = 3810, so the 8 of a group sum to
-//   at most 30480 and never saturate), then vpmaddwd against ones to int32, once per group.
+//   at most 30480 and never saturate), then vpmaddwd against ones to int32 and the scales in
+//   float32, once per group (Q4_0, Q4_1); for Q4_K, against the group's 6-bit scales, and the
+//   float32 work once per 256 inputs (super_rows_int8).
 #pragma once
 #include "q4_layout.h"
 
@@ -145,53 +147,138 @@ constexpr int kInt8RowsPerPass = 4;
 template <int R, int kChainsPerRow>
 constexpr int kHalvesPerPass = R * kChainsPerRow <= 4 ? 2 : 1;
 
-// R rows of int8 activations (quantize_rows<true>) times one tile:
-// sum x*w = dx * (d * (xq . q) + m * sum(xq)) per group, the dot product exact in integers
-// (a group's int16 sums are at most 8 x 2 x 15 x 127 = 30480: no saturation).
+// x . q over one group for R rows and both halves of the tile (int16 pairs: a group's sums are
+// at most 8 x 2 x 15 x 127 = 30480, no saturation). Per code vector both halves are unpacked
+// first, then each row's two activation broadcasts serve all four products: with the halves
+// outermost, as before, GCC kept every row's broadcasts live across both and spilled the
+// chains.
+template <int R>
+inline void group_dots(const uint8_t* block, const int8_t* xq, int64_t ldx, __m256i (&sum16)[2][R]) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < R; ++r) sum16[h][r] = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    __m256i low[2], high[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h));
+      low[h] = _mm256_and_si256(v, nibble);
+      high[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + r * ldx + 8 * j;
+      const __m256i x0 = broadcast_quad8(x), x1 = broadcast_quad8(x + 4);
+      for (int h = 0; h < 2; ++h) {
+        sum16[h][r] = _mm256_add_epi16(sum16[h][r], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], x0),
+                                                                    _mm256_maddubs_epi16(high[h], x1)));
+        in_register(sum16[h][r]);
+      }
+    }
+  }
+}
+
+// R rows of int8 activations (quantize_rows<true>, one scale per group) times one GroupLayout
+// tile: sum x*w = dx * (d * (xq . q) + m * sum(xq)) per group, the dot product exact in
+// integers.
 template <class L, int R>
-void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-                    const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
-  constexpr int P = kInt8RowsPerPass;
-  if constexpr (R > P) {
-    tile_rows_int8<L, P>(tile, groups, xq, ldx, dx, dx_sum, out, ldo);
-    tile_rows_int8<L, R - P>(tile, groups, xq + P * ldx, ldx, dx + P * groups, dx_sum + P * groups,
-                             out + P * ldo, ldo);
-  } else {
-    // The float32 totals live in memory, touched once per group, so the registers go to the
-    // chains.
-    alignas(32) float total[R][kTile] = {};
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = group_codes<L>(tile, g);
+void group_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+                     const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
+  // The float32 totals live in memory, touched once per group, so the registers go to the
+  // chains.
+  alignas(32) float total[R][kTile] = {};
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    prefetch_group<L>(tile, g);
+    __m256i sum16[2][R];
+    group_dots<R>(group_codes<L>(tile, g), xq + g * kGroup, ldx, sum16);
+    for (int h = 0; h < 2; ++h) {
+      __m256 d, m;
+      group_scales<L>(tile, g, h, d, m);
+      for (int r = 0; r < R; ++r) {
+        float* t8 = total[r] + 8 * h;
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[h][r], ones));
+        const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+        const __m256 t = _mm256_fmadd_ps(dot, scale, _mm256_load_ps(t8));
+        _mm256_store_ps(t8, _mm256_fmadd_ps(m, _mm256_set1_ps(dx_sum[r * groups + g]), t));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
+}
+
+// The same for a SuperLayout (Q4_K) tile, whose rows' activations share one scale per block
+// of 256 inputs (quantize_rows with 8 groups a scale, as llama.cpp's Q8_K): the 6-bit scales
+// and mins are folded in integers, so the float work is once per block, not once per group,
+// where it was a third of the tile's instructions:
+//   sum x*w = dx * (d * sum_j sc_j (xq . q)_j + dmin * sum_j mn_j sum(xq)_j) per block.
+// Each group's int16 sums go through vpmaddwd against its scales (at most 63 x 2 x 30480 a
+// group: a block's 8 stay below 2^25); the mins meet sum_pairs, two groups' code sums (at
+// most 32 x 127 each) as the int16 halves of one int32.
+template <class L, int R>
+void super_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
+                     const float* dx, const int32_t* sum_pairs, pagedllm::bf16* out, int64_t ldo) {
+  constexpr int64_t G = L::kGroupsPerBlock;
+  alignas(32) float total[R][kTile] = {};
+  for (int64_t b = 0; b < groups / G; ++b) {
+    const uint8_t* block = tile + b * L::kBlockBytes;
+    // The block's int32 sums live in memory (one add a group), as the totals do.
+    alignas(32) int32_t acc[R][kTile] = {};
+    for (int64_t j = 0; j < G; ++j) {
+      const int64_t g = b * G + j;
       prefetch_group<L>(tile, g);
       __m256i sum16[2][R];
-      for (int h = 0; h < 2; ++h)
-        for (int r = 0; r < R; ++r) sum16[h][r] = _mm256_setzero_si256();
-      for (int j = 0; j < 4; ++j)
-        for (int h = 0; h < 2; ++h) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * j + 32 * h));
-          const __m256i low = _mm256_and_si256(v, nibble);
-          const __m256i high = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-          for (int r = 0; r < R; ++r) {
-            sum16[h][r] = _mm256_add_epi16(sum16[h][r], dot8(low, high, xq + r * ldx + g * kGroup + 8 * j));
-            in_register(sum16[h][r]);
-          }
-        }
+      group_dots<R>(block + j * kCodeBytes, xq + g * kGroup, ldx, sum16);
       for (int h = 0; h < 2; ++h) {
-        __m256 d, m;
-        group_scales<L>(tile, g, h, d, m);
+        // Row i's scale in both int16 halves of lane i.
+        const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + L::kScaleOffset + kTile * j + 8 * h));
+        const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
         for (int r = 0; r < R; ++r) {
-          float* t8 = total[r] + 8 * h;
-          const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum16[h][r], ones));
-          const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
-          const __m256 t = _mm256_fmadd_ps(dot, scale, _mm256_load_ps(t8));
-          _mm256_store_ps(t8, _mm256_fmadd_ps(m, _mm256_set1_ps(dx_sum[r * groups + g]), t));
+          __m256i* a = reinterpret_cast<__m256i*>(acc[r] + 8 * h);
+          _mm256_store_si256(a, _mm256_add_epi32(_mm256_load_si256(a), _mm256_madd_epi16(sum16[h][r], sc)));
         }
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
+    for (int h = 0; h < 2; ++h) {
+      // Row i's mins of groups 2p and 2p + 1 as the int16 halves of lane i.
+      __m256i mn[G / 2];
+      for (int64_t p = 0; p < G / 2; ++p) {
+        const uint8_t* m0 = block + L::kMinOffset + kTile * 2 * p + 8 * h;
+        mn[p] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m0)),
+                                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(m0 + kTile))));
+      }
+      const __m256 d = load_halves8(block + L::kDOffset + 16 * h);
+      const __m256 dmin = load_halves8(block + L::kDminOffset + 16 * h);
+      for (int r = 0; r < R; ++r) {
+        const int32_t* pairs = sum_pairs + (r * groups + b * G) / 2;
+        __m256i mins = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(pairs[0]));
+        for (int64_t p = 1; p < G / 2; ++p)
+          mins = _mm256_add_epi32(mins, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(pairs[p])));
+        const __m256 dxv = _mm256_set1_ps(dx[r * groups + b * G]);
+        float* t8 = total[r] + 8 * h;
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(acc[r] + 8 * h)));
+        const __m256 t = _mm256_fmadd_ps(dot, _mm256_mul_ps(d, dxv), _mm256_load_ps(t8));
+        _mm256_store_ps(t8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, dxv), t));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) store_bf16x8(_mm256_load_ps(total[r] + 8 * h), out + r * ldo + 8 * h);
+}
+
+// R rows of int8 activations (quantize_rows<true>) times one tile, in passes of
+// kInt8RowsPerPass rows. sum_pairs: SuperLayout only (int8_gemm fills it for Q4_K).
+template <class L, int R>
+void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx, const float* dx,
+                    const float* dx_sum, const int32_t* sum_pairs, pagedllm::bf16* out, int64_t ldo) {
+  constexpr int P = kInt8RowsPerPass;
+  if constexpr (R > P) {
+    tile_rows_int8<L, P>(tile, groups, xq, ldx, dx, dx_sum, sum_pairs, out, ldo);
+    tile_rows_int8<L, R - P>(tile, groups, xq + P * ldx, ldx, dx + P * groups, dx_sum + P * groups,
+                             sum_pairs ? sum_pairs + P * groups / 2 : nullptr, out + P * ldo, ldo);
+  } else if constexpr (L::kGroupsPerBlock > 1) {
+    super_rows_int8<L, R>(tile, groups, xq, ldx, dx, sum_pairs, out, ldo);
+  } else {
+    group_rows_int8<L, R>(tile, groups, xq, ldx, dx, dx_sum, out, ldo);
   }
 }
 

@@ -103,7 +103,8 @@ void tile_rows(const uint8_t* tile, int64_t groups, const pagedllm::bf16* x, int
 // the integer dot product exact in int32, the scales applied once per 32 inputs.
 template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-                    const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
+                    const float* dx, const float* dx_sum, const int32_t* /*sum_pairs*/, pagedllm::bf16* out,
+                    int64_t ldo) {
   // Independent accumulator chains per row: the 8 dot products of a group in one chain per
   // row wait on each other's latency when the rows are few.
   constexpr int S = R <= 2 ? 4 : (R <= 4 ? 2 : 1);

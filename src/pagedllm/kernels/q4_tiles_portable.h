@@ -94,7 +94,8 @@ void tile_rows(const uint8_t* tile, int64_t groups, const float* x, int64_t ldx,
 // Int8 rows (quantize_rows<false>): dx per row and group, dx_sum = dx * sum(xq).
 template <class L, int R>
 void tile_rows_int8(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ldx,
-                    const float* dx, const float* dx_sum, pagedllm::bf16* out, int64_t ldo) {
+                    const float* dx, const float* dx_sum, const int32_t* /*sum_pairs*/, pagedllm::bf16* out,
+                    int64_t ldo) {
   tile_rows_of<L, R, int8_t, int32_t>(tile, groups, xq, ldx, dx, dx_sum, out, ldo);
 }
 

@@ -358,8 +358,9 @@ inline torch::Tensor q4_i16_gemm(torch::Tensor x, torch::Tensor packed) {
   return q4_product(x, packed, kernel::Q4Product::kInt16);
 }
 
-// The same with x rounded to int8 per group of 32 first (as llama.cpp multiplies Q4 weights):
-// approximate, and about twice the arithmetic rate, for the many rows of a prefill.
+// The same with x rounded to int8 first (a scale per group of 32, per 256 inputs for Q4_K), as
+// llama.cpp multiplies 4-bit weights: approximate, and about twice the arithmetic rate, for
+// the many rows of a prefill.
 inline torch::Tensor q4_q8_gemm(torch::Tensor x, torch::Tensor packed) {
   return q4_product(x, packed, kernel::Q4Product::kInt8);
 }
