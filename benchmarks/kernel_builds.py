@@ -1,7 +1,7 @@
 """Two builds of the kernels, one process, paired: a base tree's (a git worktree of an older
 commit) against this tree's, at one level, on every 4-bit and Q6_K projection of a model
 shape, the two builds taking turns within each repeat so both meet the same moment of a
-shared host. Each build's module name holds a digest of its headers (kernels/build.py), so
+shared host (Q4_0-style and Q4_K 4-bit weights, and Q6_K). Each build's module name holds a digest of its headers (kernels/build.py), so
 both load side by side; where only a .cpp changed the two names are the same and this
 tree's build replaces the base's: copy the base's .so aside first and name it with
 `--base-module`.
@@ -67,6 +67,18 @@ def four_bit(ops, shape: str, layers: int | None = None) -> list[tuple[torch.Ten
             for _ in range(layers or count) for out, inp in projections]
 
 
+def four_bit_k(ops, layers: int | None = None) -> list[tuple[torch.Tensor, int]]:
+    """The 1.7B's projections in Q4_K (a Q4_K_M file's other parts: its 6-bit ones are Q6_K)."""
+    projections, count = SHAPES["1.7B"]
+    gen = torch.Generator().manual_seed(2)
+    return [(ops.q4k_pack(torch.randint(0, 16, (out, inp), dtype=torch.uint8, generator=gen),
+                          torch.randint(0, 64, (out, inp // 32), dtype=torch.uint8, generator=gen),
+                          torch.randint(0, 64, (out, inp // 32), dtype=torch.uint8, generator=gen),
+                          (torch.rand(out, inp // 256, generator=gen) * 1e-3).half().float(),
+                          (torch.rand(out, inp // 256, generator=gen) * 1e-3).half().float()), inp)
+            for _ in range(layers or count) for out, inp in projections]
+
+
 def six_bit(ops, parts: int | None = None) -> list[tuple[torch.Tensor, int]]:
     gen = torch.Generator().manual_seed(1)
     return [(ops.q6_pack(torch.randint(0, 64, (out, inp), dtype=torch.uint8, generator=gen),
@@ -119,6 +131,7 @@ def main() -> None:
           f"this tree {os.path.basename(new.__file__)}")
     cases = [(shape, product, four_bit(base, shape, smoke_or(None, 1))) for shape in SHAPES
              for product in PRODUCTS]
+    cases += [("1.7B Q4_K", product, four_bit_k(base, smoke_or(None, 1))) for product in PRODUCTS]
     cases.append(("1.7B Q6_K", "q6_gemm", six_bit(base, smoke_or(None, 2))))
     for shape, product, packed in cases:
         for rows in rows_list:
