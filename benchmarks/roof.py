@@ -2,7 +2,7 @@
 and each served decode step's share of them.
 
     .venv/bin/python benchmarks/roof.py [--threads 2] [--level avx2] [--model default|PATH]
-        [--rows 1,8,16,64] [--shapes 135M,1.7B] [--steps 1,16] [--read-mib 1024]
+        [--rows 1,8,16,64] [--shapes 135M,1.7B,1.7B-Q4_K] [--steps 1,16] [--read-mib 1024]
         [--max-tokens 48] [--json OUT.json]
 
 Peaks, on every kernel thread at once, at the level asked (default: the best this CPU runs;
@@ -13,7 +13,7 @@ PAGEDLLM_CPU_ISA's levels, so an AVX-512 host measures the avx2 code paths too):
   read    bytes a second read from a 1 GiB buffer (the decode floor: a step reads every
           weight once)
 Kernels: the 4-bit projections of every layer of a model's shape (each its own weights, so
-they stream from memory), per product: q4_q8_gemm (int8 activations), q4_i16_gemm (16-bit
+they stream from memory; SHAPE-Q4_K packs them as Q4_K), per product: q4_q8_gemm (int8 activations), q4_i16_gemm (16-bit
 integer activations: two int8 products a multiply-add, so its ceiling is half the int8
 peak), q4_gemm (float32 FMAs): milliseconds, multiply-adds a second and their share of the
 int8 peak, weight bytes a second and their share of the read peak.
@@ -73,14 +73,23 @@ def with_shares(row: dict, roof: dict) -> dict:
 
 
 def packed_layers(ops, shape: str) -> list[tuple[torch.Tensor, int]]:
-    projections, layers = SHAPES[shape]
+    """Random 4-bit weights of every projection of `shape`: one (d, m) per 32 inputs (Q4_0,
+    Q4_1), or two-level Q4_K (a 1.7B Q4_K_M file's 4-bit parts) where the name ends in -Q4_K."""
+    base, _, kind = shape.partition("-")
+    projections, layers = SHAPES[base]
     torch.manual_seed(0)
     packed = []
     for _ in range(layers):
         for out, inp in projections:
             codes = torch.randint(0, 16, (out, inp), dtype=torch.uint8)
-            packed.append((ops.q4_pack(codes, torch.rand(out, inp // 32) * 0.01,
-                                       torch.rand(out, inp // 32) * -0.1), inp))
+            if kind == "Q4_K":
+                packed.append((ops.q4k_pack(codes, torch.randint(0, 64, (out, inp // 32), dtype=torch.uint8),
+                                            torch.randint(0, 64, (out, inp // 32), dtype=torch.uint8),
+                                            (torch.rand(out, inp // 256) * 1e-3).half().float(),
+                                            (torch.rand(out, inp // 256) * 1e-3).half().float()), inp))
+            else:
+                packed.append((ops.q4_pack(codes, torch.rand(out, inp // 32) * 0.01,
+                                           torch.rand(out, inp // 32) * -0.1), inp))
     return packed
 
 
@@ -140,7 +149,7 @@ def main() -> None:
     parser.add_argument("--level", default=None, help="a kernel level (default: this CPU's best)")
     parser.add_argument("--model", default="default", help="served steps' model (default: the default one)")
     parser.add_argument("--rows", default="1,8,16,64")
-    parser.add_argument("--shapes", default="135M,1.7B")
+    parser.add_argument("--shapes", default="135M,1.7B,1.7B-Q4_K")
     parser.add_argument("--steps", default="1,16", help="N of the served decode steps ('' for none)")
     parser.add_argument("--read-mib", type=int, default=1024,
                         help="the read peak's buffer (far larger than the caches)")

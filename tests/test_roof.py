@@ -51,3 +51,17 @@ def test_the_roof_benchmark_prints_every_share(tmp_path):
     assert "served decode step N=  1" in run.stdout
     assert report["peaks"]["int8_gmacs"] == max(report["peaks_before"]["int8_gmacs"],
                                                 report["peaks_after"]["int8_gmacs"])
+
+
+def test_a_q4_k_shape_packs_its_projections_two_level(ops, monkeypatch):
+    """SHAPE-Q4_K measures the kernels on Q4_K tiles (what a Q4_K_M file's 4-bit parts are),
+    the bare shape on per-group ones; the product reads either."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import roof
+
+    monkeypatch.setitem(roof.SHAPES, "tiny", ([(32, 512), (16, 256)], 2))
+    two_level, per_group = roof.packed_layers(ops, "tiny-Q4_K"), roof.packed_layers(ops, "tiny")
+    assert [(p.shape, inp) for p, inp in two_level] == [((2, 2, 2368), 512), ((1, 1, 2368), 256)] * 2
+    assert [(p.shape, inp) for p, inp in per_group] == [((2, 16, 320), 512), ((1, 8, 320), 256)] * 2
+    x = torch.randn(3, 512).bfloat16()
+    assert ops.q4_q8_gemm(x, two_level[0][0]).shape == (3, 32)
