@@ -3,7 +3,8 @@ Int8Linear) weights, and a fused projection of parts in different formats (Stack
 
 Decode steps with few tokens are bound by reading weights from memory, so 4-bit weights win
 there. Large batches (prefill) are bound by arithmetic: there pagedllm's q4_q8_gemm rounds
-the activations to int8 per group of 32, as llama.cpp does, and multiplies them as integers
+the activations to int8 per group of 32 (per 256 inputs for Q4_K), as llama.cpp does
+(its Q8_0 and Q8_K), and multiplies them as integers
 (AVX512-VNNI, AVX2's vpmaddubsw, or plain C++ on the portable level) at about twice the rate
 of float dot products. Every kernel level has both; only without the C++ kernels do layers
 fall back to torch's int4 kernel and a dense copy. The crossovers were measured on this
