@@ -69,6 +69,23 @@ def test_q4k_int8_kernel_is_the_product_of_int8_rounded_activations(ops, rows, o
     assert relative_error(got, x.float() @ weight.T) < 0.02
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_q4k_int8_kernel_at_the_edges_of_its_integer_ranges(ops, sign):
+    """Every code 15, every scale and min 63, every activation code +-127: each group's int16
+    sums reach 30480 and a block's scaled int32 sums their largest, and the mins meet the
+    largest code sums; the product is still exact (the avx2 tile folds them in integers)."""
+    out, cols, rows = 16, 768, 9
+    q4k = Q4KWeight(torch.full((out, cols), 15, dtype=torch.uint8),
+                    torch.full((out, cols // 32), 63, dtype=torch.uint8),
+                    torch.full((out, cols // 32), 63, dtype=torch.uint8),
+                    torch.full((out, cols // 256), 2.0 ** -10), torch.full((out, cols // 256), 2.0 ** -12))
+    x = torch.full((rows, cols), sign).bfloat16()
+    x[1::2, 256:512] = -sign  # blocks of opposite sign: code sums of both signs in the pairs
+    got = ops.q4_q8_gemm(x, q4k.kernel_pack(ops))
+    expected = x.double() @ q4k.dequantize().double().T  # +-1 rounds to +-127 codes exactly
+    assert torch.equal(got, expected.bfloat16())
+
+
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("out,cols", SHAPES)
 def test_q6_kernel_is_the_product_of_int8_rounded_activations(ops, rows, out, cols):
