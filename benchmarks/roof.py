@@ -77,19 +77,18 @@ def packed_layers(ops, shape: str) -> list[tuple[torch.Tensor, int]]:
     Q4_1), or two-level Q4_K (a 1.7B Q4_K_M file's 4-bit parts) where the name ends in -Q4_K."""
     base, _, kind = shape.partition("-")
     projections, layers = SHAPES[base]
-    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)  # its own: the caller's random state stays as it was
     packed = []
     for _ in range(layers):
         for out, inp in projections:
-            codes = torch.randint(0, 16, (out, inp), dtype=torch.uint8)
+            codes = torch.randint(0, 16, (out, inp), dtype=torch.uint8, generator=gen)
             if kind == "Q4_K":
-                packed.append((ops.q4k_pack(codes, torch.randint(0, 64, (out, inp // 32), dtype=torch.uint8),
-                                            torch.randint(0, 64, (out, inp // 32), dtype=torch.uint8),
-                                            (torch.rand(out, inp // 256) * 1e-3).half().float(),
-                                            (torch.rand(out, inp // 256) * 1e-3).half().float()), inp))
+                sc, mn = (torch.randint(0, 64, (out, inp // 32), dtype=torch.uint8, generator=gen) for _ in range(2))
+                d, dmin = ((torch.rand(out, inp // 256, generator=gen) * 1e-3).half().float() for _ in range(2))
+                packed.append((ops.q4k_pack(codes, sc, mn, d, dmin), inp))
             else:
-                packed.append((ops.q4_pack(codes, torch.rand(out, inp // 32) * 0.01,
-                                           torch.rand(out, inp // 32) * -0.1), inp))
+                packed.append((ops.q4_pack(codes, torch.rand(out, inp // 32, generator=gen) * 0.01,
+                                           torch.rand(out, inp // 32, generator=gen) * -0.1), inp))
     return packed
 
 

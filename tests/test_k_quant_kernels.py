@@ -151,6 +151,11 @@ def test_k_quant_kernels_take_strided_empty_and_non_finite_input(ops):
     x[2, 100] = float("nan")
     out = ops.q6_gemm(x, packed6)
     assert out[2].isnan().all() and not out[[0, 1, 3]].isnan().any()
+    # Q4_K's int8 product rounds a block of 256 with one scale: a NaN or an infinity anywhere
+    # in it gives that row NaN (not an undefined integer cast), through the folded sums too.
+    x[1, 7] = float("inf")
+    out = ops.q4_q8_gemm(x, packed4)
+    assert out[[1, 2]].isnan().all() and not out[[0, 3]].isnan().any()
 
 
 def test_k_quant_kernels_reject_bad_input(ops):

@@ -56,7 +56,7 @@ def test_the_roof_benchmark_prints_every_share(tmp_path):
 def test_a_q4_k_shape_packs_its_projections_two_level(ops, monkeypatch):
     """SHAPE-Q4_K measures the kernels on Q4_K tiles (what a Q4_K_M file's 4-bit parts are),
     the bare shape on per-group ones; the product reads either."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     import roof
 
     monkeypatch.setitem(roof.SHAPES, "tiny", ([(32, 512), (16, 256)], 2))
