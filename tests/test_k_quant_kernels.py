@@ -126,6 +126,31 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(ops, rows):
         assert torch.equal(gemm(x[1:rows - 1], packed), together[1:rows - 1]), gemm
 
 
+def test_q6_kernel_takes_a_prefills_rows_whole_with_the_same_bits(ops):
+    """From 48 rows (q6_gemm.cpp's kUnpackedMinRows) the avx2 tile takes each tile with all
+    the rows, unpacking each block once: the product is still the int8-rounded one, every row
+    gets the bits it gets alone (where the per-pass tile runs), and a NaN stays in its row.
+    70 rows: passes of 4 and a last one of 2."""
+    rows, out, cols = 70, 48, 768
+    q6 = random_q6(out, cols, seed=3)
+    weight = q6.dequantize()
+    g = torch.Generator().manual_seed(70)
+    x = (torch.randn(rows, cols, generator=g) * torch.logspace(-2, 1, cols)).bfloat16()
+    x[5, 300] = float("nan")
+    packed = ops.q6_pack(q6.codes, q6.scales, q6.d)
+    got = ops.q6_gemm(x, packed)
+    assert got[5].isnan().all() and not got[torch.arange(rows) != 5].isnan().any()
+    for r in (0, 3, 4, 47, 48, 68, 69):
+        assert torch.equal(ops.q6_gemm(x[r:r + 1], packed), got[r:r + 1]), r
+    assert ops.q6_gemm(x[5:6], packed).isnan().all()
+    assert torch.equal(ops.q6_gemm(x[10:60], packed), got[10:60])  # 50 rows, from row 10
+    clean = torch.arange(rows) != 5
+    rounded, either_way = int8_rounded(x[clean])
+    expected = rounded.double() @ weight.double().T
+    slack = either_way @ weight.abs().T
+    assert ((got[clean].double() - expected).abs() <= expected.abs() * 1e-5 + 1e-5 + slack).all()
+
+
 def test_q6_kernel_codes_at_their_extremes(ops):
     """Codes 0 and 63 (high bits 00 and 11 in every position) with scales -128 and 127."""
     codes = torch.zeros(32, 512, dtype=torch.uint8)
@@ -134,8 +159,8 @@ def test_q6_kernel_codes_at_their_extremes(ops):
     scales = torch.full((32, 32), 127, dtype=torch.int8)
     scales[:, ::3] = -128
     q6 = Q6Weight(codes, scales, torch.full((32, 2), 2.0 ** -10))
-    x = torch.randint(-127, 128, (3, 512)).float()
-    x.view(3, 16, 32)[:, :, 0] = 127  # integer activations round to themselves
+    x = torch.randint(-127, 128, (50, 512)).float()  # 50 rows: the whole-tile path too
+    x.view(50, 16, 32)[:, :, 0] = 127  # integer activations round to themselves
     got = ops.q6_gemm(x.bfloat16(), ops.q6_pack(codes, scales, q6.d))
     assert torch.allclose(got.double(), x.double() @ q6.dequantize().double().T, rtol=1e-6, atol=1e-6)
 

@@ -336,26 +336,35 @@ Int8Rows quantize_rows(const bf16* x, int64_t rows, int64_t k, int64_t groups_pe
   return q;
 }
 
-// Calls tile(t, r0, rows) for every tile of output rows and block of up to kRowBlock
-// activation rows. Threads take tiles a few at a time from a shared counter instead of an
-// even split fixed up front: on a host whose cores are shared (the server's HTTP thread, the
-// clients, other tenants), a thread that loses its core for a while leaves its tiles to the
-// others instead of holding up the whole product. A decode step of up to 4 rows is bound by
+// Calls whole(t) for every tile of output rows, with all the activation rows (the AVX2 Q6_K
+// tile of a prefill, which unpacks each block of a tile once for all of them; for_each_tile
+// below splits the rows into blocks). Threads take tiles a few at a time from a shared
+// counter instead of an even split fixed up front: on a host whose cores are shared (the
+// server's HTTP thread, the clients, other tenants), a thread that loses its core for a while
+// leaves its tiles to the others instead of holding up the whole product. A decode step of up to 4 rows is bound by
 // reading each tile once, so there a thread takes runs of up to 8 neighbouring tiles,
 // whose bytes follow each other, so its prefetches ahead land in its own next tiles (taking
 // them one at a time, each thread started every other tile cold, which slowed the default
 // model's narrow projections most: docs/benchmarks/log.md, 2026-12-07).
 template <typename Fn>
-void for_each_tile(int64_t tiles, int64_t rows, const Fn& tile) {
+void for_each_whole_tile(int64_t tiles, int64_t rows, const Fn& whole) {
   const int64_t threads = num_threads();
   const int64_t run = rows <= 4 ? std::min<int64_t>(8, (tiles + 2 * threads - 1) / (2 * threads)) : 1;
   const int64_t chunk = std::max<int64_t>({1, run, tiles / (threads * 16)});
   std::atomic<int64_t> next{0};
   parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t begin = next.fetch_add(chunk); begin < tiles; begin = next.fetch_add(chunk))
-      for (int64_t t = begin; t < std::min(tiles, begin + chunk); ++t)
-        for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock)
-          tile(t, r0, static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0)));
+      for (int64_t t = begin; t < std::min(tiles, begin + chunk); ++t) whole(t);
+  });
+}
+
+// Calls tile(t, r0, rows) for every tile and block of up to kRowBlock activation rows, a
+// tile's blocks one after another on the thread that took it.
+template <typename Fn>
+void for_each_tile(int64_t tiles, int64_t rows, const Fn& tile) {
+  for_each_whole_tile(tiles, rows, [&](int64_t t) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock)
+      tile(t, r0, static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0)));
   });
 }
 

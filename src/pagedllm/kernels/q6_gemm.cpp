@@ -20,6 +20,8 @@
 #include "lowbit_gemm.h"
 #include "q4_layout.h"
 
+#include <vector>
+
 using namespace pagedllm::lowbit;
 using pagedllm::q4::code_shift;
 
@@ -136,6 +138,19 @@ inline __m256i scale_pairs(const uint8_t* block, int64_t g, int half) {
   return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s0, s1));
 }
 
+// Code vector j = 2s + h of a group (codes: its bytes), one half (output rows 8 half ..
+// 8 half + 7), with the high bits put back above the nibbles: the low-nibble codes and the
+// high-nibble codes as unsigned bytes 0..63.
+inline void six_bit_codes(const uint8_t* codes, int s, int h, int half, __m256i& low, __m256i& hi) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+  const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + kLowBytes + 64 * s + 32 * half));
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * (2 * s + h) + 32 * half));
+  const __m256i low_top = h == 0 ? plane : _mm256_slli_epi32(plane, 4);
+  const __m256i high_top = h == 0 ? _mm256_srli_epi32(plane, 2) : _mm256_slli_epi32(plane, 2);
+  low = _mm256_or_si256(_mm256_and_si256(v, nibble), _mm256_and_si256(low_top, high));
+  hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), nibble), _mm256_and_si256(high_top, high));
+}
+
 // Rows a pass of the AVX2 tile takes, both halves of the tile at once: 2 x 4 chains in
 // registers, each activation broadcast serving both halves (of 2-8 rows a pass, 4 or more
 // measured best; docs/benchmarks/log.md, 2026-12-07).
@@ -159,7 +174,6 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
                                   xsum16 + kQ6RowsPerPass * 2 * groups, out + kQ6RowsPerPass * ldo, ldo);
   } else {
     alignas(32) float total[R][kTile] = {};
-    const __m256i nibble = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
     const __m256i minus32 = _mm256_set1_epi16(-32);
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* block = tile + g / kGroupsPerBlock * kBlockBytes;
@@ -179,15 +193,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
         for (int h = 0; h < 2; ++h) {
           const int j = 2 * s + h;
           __m256i low[2], hi[2];
-          for (int half = 0; half < 2; ++half) {
-            const __m256i plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + kLowBytes + 64 * s + 32 * half));
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * j + 32 * half));
-            const __m256i low_top = h == 0 ? plane : _mm256_slli_epi32(plane, 4);
-            const __m256i high_top = h == 0 ? _mm256_srli_epi32(plane, 2) : _mm256_slli_epi32(plane, 2);
-            low[half] = _mm256_or_si256(_mm256_and_si256(v, nibble), _mm256_and_si256(low_top, high));
-            hi[half] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), nibble),
-                                       _mm256_and_si256(high_top, high));
-          }
+          for (int half = 0; half < 2; ++half) six_bit_codes(codes, s, h, half, low[half], hi[half]);
           const int8_t* x = xq + g * kGroup + 8 * j;
           for (int r = 0; r < R; ++r) {
             const __m256i x0 = broadcast_quad8(x + r * ldx), x1 = broadcast_quad8(x + r * ldx + 4);
@@ -215,6 +221,121 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
     }
     for (int r = 0; r < R; ++r) std::memcpy(out + r * ldo, total[r], sizeof(total[r]));
   }
+}
+
+// A prefill's rows (from kUnpackedMinRows) take each tile whole, block by block: the block's
+// codes are put together once (unpack_block: the 6-bit codes as bytes, the scales as the
+// vpmaddwd operands, the -32 offsets), then every pass of 4 rows reads them ready, while
+// they sit in L1, instead of unpacking them again on each pass (the tile above spends about
+// a quarter of its instructions there, and GCC spills its chains doing it). The integer sums
+// and their float order per row are the tile's own, so a row's result is the same bits
+// whichever way it is taken (tests/test_k_quant_kernels.py).
+#define PAGEDLLM_Q6_UNPACKED_BLOCKS 1
+constexpr int64_t kUnpackedMinRows = 48;  // below, the unpacking costs about what it saves
+// An unpacked block: per group, code vector j and half, the low-nibble codes' 32 bytes, then
+// the high-nibble codes' (512 bytes a group); per group, sub-group and half, the scale pairs
+// (sc, sc) as int16; per group and half, the offsets (-32 sc0, -32 sc1) as int16.
+constexpr int64_t kUnpackedGroupCodes = 512;
+constexpr int64_t kUnpackedScales = kGroupsPerBlock * kUnpackedGroupCodes;
+constexpr int64_t kUnpackedOffsets = kUnpackedScales + kGroupsPerBlock * 4 * 32;
+constexpr int64_t kUnpackedBytes = kUnpackedOffsets + kGroupsPerBlock * 2 * 32;
+
+inline void unpack_block(const uint8_t* block, uint8_t* out) {
+  const __m256i minus32 = _mm256_set1_epi16(-32);
+  for (int64_t g = 0; g < kGroupsPerBlock; ++g) {
+    const uint8_t* codes = block + g * kGroupBytes;
+    for (int s = 0; s < 2; ++s)
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * s + h;
+        for (int half = 0; half < 2; ++half) {
+          __m256i low, hi;
+          six_bit_codes(codes, s, h, half, low, hi);
+          __m256i* o = reinterpret_cast<__m256i*>(out + g * kUnpackedGroupCodes + 128 * j + 64 * half);
+          _mm256_store_si256(o, low);
+          _mm256_store_si256(o + 1, hi);
+        }
+      }
+    for (int half = 0; half < 2; ++half) {
+      const __m256i pairs = scale_pairs(block, g, half);
+      __m256i* sc = reinterpret_cast<__m256i*>(out + kUnpackedScales + g * 128 + 32 * half);
+      _mm256_store_si256(sc, _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xA0), 0xA0));
+      _mm256_store_si256(sc + 2, _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs, 0xF5), 0xF5));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out + kUnpackedOffsets + g * 64 + 32 * half),
+                         _mm256_mullo_epi16(pairs, minus32));
+    }
+  }
+}
+
+// R rows (at most 4) times one unpacked block (u; d from the packed block), added to
+// total[r][16]. xq, dx, xsum16: row 0's at the block, rows ldx, groups, 2 groups apart.
+template <int R>
+void unpacked_block_rows(const uint8_t* u, const uint8_t* block, int64_t groups, const int8_t* xq,
+                         int64_t ldx, const float* dx, const int16_t* xsum16, float* total) {
+  for (int64_t g = 0; g < kGroupsPerBlock; ++g) {
+    __m256i acc[2][R];
+    for (int half = 0; half < 2; ++half) {
+      const __m256i offset = _mm256_load_si256(reinterpret_cast<const __m256i*>(u + kUnpackedOffsets + g * 64 + 32 * half));
+      for (int r = 0; r < R; ++r) {
+        int32_t sums;  // the two sub-groups' activation sums, adjacent int16
+        std::memcpy(&sums, xsum16 + r * 2 * groups + 2 * g, 4);
+        acc[half][r] = _mm256_madd_epi16(offset, _mm256_set1_epi32(sums));
+      }
+    }
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t* codes = u + g * kUnpackedGroupCodes + 128 * j;
+      __m256i low[2], hi[2];
+      for (int half = 0; half < 2; ++half) {
+        low[half] = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 64 * half));
+        hi[half] = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes + 64 * half + 32));
+      }
+      const int8_t* x = xq + g * kGroup + 8 * j;
+      for (int r = 0; r < R; ++r) {
+        const __m256i x0 = broadcast_quad8(x + r * ldx), x1 = broadcast_quad8(x + r * ldx + 4);
+        for (int half = 0; half < 2; ++half) {
+          const __m256i scale = _mm256_load_si256(
+              reinterpret_cast<const __m256i*>(u + kUnpackedScales + g * 128 + 64 * (j / 2) + 32 * half));
+          const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low[half], x0),
+                                                 _mm256_maddubs_epi16(hi[half], x1));
+          acc[half][r] = _mm256_add_epi32(acc[half][r], _mm256_madd_epi16(sum16, scale));
+          in_register(acc[half][r]);
+        }
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kDOffset + 16 * half)));
+      for (int r = 0; r < R; ++r) {
+        float* t = total + r * kTile + 8 * half;
+        _mm256_storeu_ps(t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[half][r]),
+                                            _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g])),
+                                            _mm256_loadu_ps(t)));
+      }
+    }
+  }
+}
+
+constexpr decltype(&unpacked_block_rows<1>) kUnpackedBlockFns[kQ6RowsPerPass + 1] = {
+    nullptr, unpacked_block_rows<1>, unpacked_block_rows<2>, unpacked_block_rows<3>, unpacked_block_rows<4>};
+
+// All `rows` rows times one tile, block by block, 4 rows a pass.
+void unpacked_tile_rows(const uint8_t* tile, int64_t groups, int64_t rows, const int8_t* xq,
+                        int64_t ldx, const float* dx, const int16_t* xsum16, float* out, int64_t ldo) {
+  thread_local std::vector<float> totals;
+  totals.assign(rows * kTile, 0.0f);
+  alignas(64) uint8_t u[kUnpackedBytes];
+  constexpr int64_t kGroupBytesWithScales = kBlockBytes / kGroupsPerBlock;
+  for (int64_t b = 0; b < groups / kGroupsPerBlock; ++b) {
+    const uint8_t* block = tile + b * kBlockBytes;
+    for (int64_t j = 0; j < kGroupsPerBlock; ++j)
+      prefetch_ahead(block + j * kGroupBytesWithScales, kGroupBytesWithScales);
+    unpack_block(block, u);
+    const int64_t g0 = b * kGroupsPerBlock;
+    for (int64_t r0 = 0; r0 < rows; r0 += kQ6RowsPerPass) {
+      const int64_t R = std::min<int64_t>(kQ6RowsPerPass, rows - r0);
+      kUnpackedBlockFns[R](u, block, groups, xq + r0 * ldx + g0 * kGroup, ldx, dx + r0 * groups + g0,
+                           xsum16 + r0 * 2 * groups + 2 * g0, totals.data() + r0 * kTile);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * ldo, totals.data() + r * kTile, kTile * sizeof(float));
 }
 
 #else
@@ -344,6 +465,14 @@ void q6_gemm(const bf16* x, const uint8_t* wp, int64_t rows, int64_t k, int64_t 
   const float* dp = xq.scale.get();
   const int16_t* sp = xsum16.get();
   const int64_t tile_bytes = groups / kGroupsPerBlock * kBlockBytes;
+#if defined(PAGEDLLM_Q6_UNPACKED_BLOCKS)
+  if (rows >= kUnpackedMinRows) {
+    for_each_whole_tile(tiles, rows, [&](int64_t t) {
+      unpacked_tile_rows(wp + t * tile_bytes, groups, rows, qp, k, dp, sp, op + t * kTile, n);
+    });
+    return;
+  }
+#endif
   for_each_tile(tiles, rows, [&](int64_t t, int64_t r0, int rb) {
     kTileFns[rb](wp + t * tile_bytes, groups, qp + r0 * k, k, dp + r0 * groups, sp + r0 * 2 * groups,
                  op + r0 * n + t * kTile, n);
