@@ -151,6 +151,19 @@ inline void six_bit_codes(const uint8_t* codes, int s, int h, int half, __m256i&
   hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, 4), nibble), _mm256_and_si256(high_top, high));
 }
 
+// acc + (low . x0 + hi . x1) * scale: a code vector's two int16 pair sums (at most 32004)
+// widened against the sub-group's scale pairs.
+inline __m256i add_scaled_dot(__m256i acc, __m256i low, __m256i hi, __m256i x0, __m256i x1, __m256i scale) {
+  const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low, x0), _mm256_maddubs_epi16(hi, x1));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(sum16, scale));
+}
+
+// A group's integer sums into a row's float32 totals: total + acc * (d * dx), in that order
+// (the same float operations whichever tile takes the row).
+inline __m256 add_group_total(__m256i acc, __m256 d, float dx, __m256 total) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(d, _mm256_set1_ps(dx)), total);
+}
+
 // Rows a pass of the AVX2 tile takes, both halves of the tile at once: 2 x 4 chains in
 // registers, each activation broadcast serving both halves (of 2-8 rows a pass, 4 or more
 // measured best; docs/benchmarks/log.md, 2026-12-07).
@@ -201,9 +214,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
               // Lane i's pair (sc, sc) of sub-group s.
               const __m256i scale = s == 0 ? _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs[half], 0xA0), 0xA0)
                                            : _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(pairs[half], 0xF5), 0xF5);
-              const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low[half], x0),
-                                                     _mm256_maddubs_epi16(hi[half], x1));
-              acc[half][r] = _mm256_add_epi32(acc[half][r], _mm256_madd_epi16(sum16, scale));
+              acc[half][r] = add_scaled_dot(acc[half][r], low[half], hi[half], x0, x1, scale);
               in_register(acc[half][r]);
             }
           }
@@ -213,9 +224,7 @@ void tile_rows(const uint8_t* tile, int64_t groups, const int8_t* xq, int64_t ld
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kDOffset + 16 * half)));
         for (int r = 0; r < R; ++r) {
           float* t = total[r] + 8 * half;
-          _mm256_store_ps(t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[half][r]),
-                                             _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g])),
-                                             _mm256_load_ps(t)));
+          _mm256_storeu_ps(t, add_group_total(acc[half][r], d, dx[r * groups + g], _mm256_loadu_ps(t)));
         }
       }
     }
@@ -294,9 +303,7 @@ void unpacked_block_rows(const uint8_t* u, const uint8_t* block, int64_t groups,
         for (int half = 0; half < 2; ++half) {
           const __m256i scale = _mm256_load_si256(
               reinterpret_cast<const __m256i*>(u + kUnpackedScales + g * 128 + 64 * (j / 2) + 32 * half));
-          const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low[half], x0),
-                                                 _mm256_maddubs_epi16(hi[half], x1));
-          acc[half][r] = _mm256_add_epi32(acc[half][r], _mm256_madd_epi16(sum16, scale));
+          acc[half][r] = add_scaled_dot(acc[half][r], low[half], hi[half], x0, x1, scale);
           in_register(acc[half][r]);
         }
       }
@@ -305,9 +312,7 @@ void unpacked_block_rows(const uint8_t* u, const uint8_t* block, int64_t groups,
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kDOffset + 16 * half)));
       for (int r = 0; r < R; ++r) {
         float* t = total + r * kTile + 8 * half;
-        _mm256_storeu_ps(t, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[half][r]),
-                                            _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g])),
-                                            _mm256_loadu_ps(t)));
+        _mm256_storeu_ps(t, add_group_total(acc[half][r], d, dx[r * groups + g], _mm256_loadu_ps(t)));
       }
     }
   }
