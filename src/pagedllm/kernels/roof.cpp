@@ -6,7 +6,10 @@
 //   4-bit tiles' pair, q4_tiles_avx2.h); avx512: vpdpbusd; portable: plain C++ the
 //   compiler vectorises for its baseline.
 // - roof_fma: float32 FMAs in registers (the exact tiles' arithmetic at avx2).
-// - roof_read: bytes read from a buffer larger than the caches (the decode floor).
+// - roof_read: bytes read from a buffer larger than the caches (the decode floor), asked for
+//   ahead as the kernels ask for their codes (lowbit::prefetch_ahead): without it, on an
+//   Intel Xeon, one core's read came ~20 % under a plain torch sum and under what the
+//   kernels themselves read (docs/benchmarks/log.md, twenty-third session).
 // Independent chains (more than latency x issue width) keep every pipe busy.
 #include <atomic>
 
@@ -130,16 +133,19 @@ double roof_fma(int64_t iterations) {
 #undef PAGEDLLM_FMA
 
 int64_t roof_read(const uint8_t* data, int64_t bytes) {
-  // Each thread sums its own stretch, 64 bytes a step in 4 chains (the kernels' loads).
+  // Each thread sums its own stretch, 64 bytes a step in 4 chains (the kernels' loads),
+  // asking for the lines 16 blocks ahead into L2 as the kernels do.
   std::atomic<int64_t> total{0};
   parallel_for(0, bytes / 256, 1 << 12, [&](int64_t begin, int64_t end) {
     uint64_t lanes[4] = {};
-    for (int64_t i = begin; i < end; ++i)
+    for (int64_t i = begin; i < end; ++i) {
+      lowbit::prefetch_ahead(data + 256 * i, 256);
       for (int c = 0; c < 4; ++c) {
         uint64_t word[8];
         std::memcpy(word, data + 256 * i + 64 * c, 64);
         for (uint64_t w : word) lanes[c] ^= w;
       }
+    }
     total += static_cast<int64_t>(lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3]);
   });
   return total;
