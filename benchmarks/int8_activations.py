@@ -8,19 +8,27 @@ Q4_EXACT_MAX_ROWS rows: exact activations everywhere (q4_gemm), int8 everywhere
 each: every position's logits of six real-text prompts (22-600 tokens, each prefilled in
 one batch) against the float32 model (mean |logit difference|, greedy agreement), and the
 time of those prefills, as a ratio to the exact setting.
+
+On a CPU with AMX tiles no step rounds activations to int8 (the tiles keep them exact), so
+there the script turns the tiles off (PAGEDLLM_CPU_AMX=0 unless set) to measure the rounding
+the other CPUs serve.
 """
 from __future__ import annotations
 
+import os
 import time
 
-import torch
+# Before pagedllm reads the CPU's capabilities.
+os.environ.setdefault("PAGEDLLM_CPU_AMX", "0")
 
-from pagedllm import LLM
-from pagedllm.attention import AttentionMetadata, LayerKVCache
-from pagedllm.models.build import EXACT_EDGE_LAYERS
-from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS, QuantLinear
-from pagedllm.tools.text_prompts import make_prompt_token_ids
-from timing import parse_args, smoke_or
+import torch  # noqa: E402
+
+from pagedllm import LLM  # noqa: E402
+from pagedllm.attention import AttentionMetadata, LayerKVCache  # noqa: E402
+from pagedllm.models.build import EXACT_EDGE_LAYERS  # noqa: E402
+from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS, QuantLinear  # noqa: E402
+from pagedllm.tools.text_prompts import make_prompt_token_ids  # noqa: E402
+from timing import parse_args, smoke_or  # noqa: E402
 
 BLOCK = 16
 
