@@ -134,7 +134,7 @@ double roof_fma(int64_t iterations) {
 
 int64_t roof_read(const uint8_t* data, int64_t bytes) {
   // Each thread sums its own stretch, 64 bytes a step in 4 chains (the kernels' loads),
-  // asking for the lines 16 blocks ahead into L2 as the kernels do.
+  // asking for the lines kPrefetchBlocks blocks ahead into L2 as the kernels do.
   std::atomic<int64_t> total{0};
   parallel_for(0, bytes / 256, 1 << 12, [&](int64_t begin, int64_t end) {
     uint64_t lanes[4] = {};
