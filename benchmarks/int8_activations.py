@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/int8_activations.py [--threads 2]
 
 The bfloat16 model with three settings of its 4-bit projections for batches above
-Q4_EXACT_MAX_ROWS rows: exact activations everywhere (q4_gemm), int8 everywhere
+q4_exact_max_rows (per level and vendor) rows: exact activations everywhere (q4_gemm), int8 everywhere
 (q4_q8_gemm), and the default, int8 except the EXACT_EDGE_LAYERS layers at each end. For
 each: every position's logits of six real-text prompts (22-600 tokens, each prefilled in
 one batch) against the float32 model (mean |logit difference|, greedy agreement), and the
@@ -25,8 +25,9 @@ import torch  # noqa: E402
 
 from pagedllm import LLM  # noqa: E402
 from pagedllm.attention import AttentionMetadata, LayerKVCache  # noqa: E402
+from pagedllm.kernels.cpu import cpu_vendor  # noqa: E402
 from pagedllm.models.build import EXACT_EDGE_LAYERS  # noqa: E402
-from pagedllm.models.quant_linear import ALL_ROWS, Q4_EXACT_MAX_ROWS, QuantLinear  # noqa: E402
+from pagedllm.models.quant_linear import ALL_ROWS, QuantLinear, q4_exact_max_rows  # noqa: E402
 from pagedllm.tools.text_prompts import make_prompt_token_ids  # noqa: E402
 from timing import parse_args, smoke_or  # noqa: E402
 
@@ -49,7 +50,8 @@ def set_int8_layers(model, int8_layers: set[int]) -> None:
     for i, layer in enumerate(model.layers):
         for linear in layer.modules():
             if isinstance(linear, QuantLinear):
-                linear.exact_max_rows = Q4_EXACT_MAX_ROWS[linear.q4_ops.isa()] if i in int8_layers else ALL_ROWS
+                linear.exact_max_rows = (q4_exact_max_rows(linear.q4_ops.isa(), cpu_vendor()) if i in int8_layers
+                                         else ALL_ROWS)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import torch
 from pagedllm.backends import cpu_backend
 from pagedllm.kernels import capabilities, cpu, kernels_for
 from pagedllm.models.quant_linear import (ALL_ROWS, AMX_EXACT_MIN_ROWS, INT16_MAX_ROWS,
-                                          Q4_EXACT_MAX_ROWS, QuantLinear)
+                                          QuantLinear, q4_exact_max_rows)
 from pagedllm.weights.q4 import Q4Weight
 from test_amx import q4_1, q4_k
 
@@ -221,9 +221,9 @@ def test_layers_take_the_int16_rows_the_cpu_chooses(int16, amx):
         assert layer.amx_exact_min_rows == max(AMX_EXACT_MIN_ROWS, layer.int16_max_rows + 1)
     ops = backend.kernels
     x = torch.randn(12, 512).bfloat16()
-    assert layer.exact_max_rows == (ALL_ROWS if amx else Q4_EXACT_MAX_ROWS[ops.isa()])
+    assert layer.exact_max_rows == (ALL_ROWS if amx else q4_exact_max_rows(ops.isa(), backend.cpu.vendor))
     for rows in (1, 4, 5, 8):
-        # int16 is an exact-range product: past exact_max_rows (1 row at avx2) int8 rows win
+        # int16 is an exact-range product: past exact_max_rows (1 row at avx2, none on Intel) int8 rows win
         if rows <= min(layer.int16_max_rows, layer.exact_max_rows):
             assert torch.equal(layer(x[:rows]), ops.q4_i16_gemm(x[:rows], layer.packed)), rows
         elif not amx and rows <= layer.exact_max_rows:

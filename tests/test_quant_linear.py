@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from pagedllm.backends import cpu_backend
-from pagedllm.kernels import torch_ops
+from pagedllm.kernels import cpu, torch_ops
 from pagedllm.models.output_head import Q8Head, RefinedHead, output_head
 from pagedllm.models.quant_linear import (ALL_ROWS, INT4_MAX_ROWS, INT8_MAX_ROWS, Q4_EXACT_MAX_ROWS,
-                                          DenseLinear, Int8Linear, QuantLinear)
+                                          DenseLinear, Int8Linear, QuantLinear, q4_exact_max_rows)
 from pagedllm.weights.q4 import GROUP_SIZE, Q4Weight
 from pagedllm.weights.q8 import Q8Rows
 
@@ -147,7 +147,7 @@ def _torch_int4_only():
 
 
 # kernel -> (exact_max_rows, max_rows, keeps a dense copy)
-LAYER_KERNELS = {"q4_q8_gemm": (None, ALL_ROWS, False),  # exact rows: the level's
+LAYER_KERNELS = {"q4_q8_gemm": (None, ALL_ROWS, False),  # exact rows: the level's (and vendor's)
                  "q4_gemm exact only": (ALL_ROWS, ALL_ROWS, False),
                  "torch_int4": (INT4_MAX_ROWS, INT4_MAX_ROWS, True)}
 
@@ -166,13 +166,50 @@ def test_int4_layer_matches_dequantized_weights(at_isa, kernel, rows):
     layer = QuantLinear(weight.bfloat16(), bias, q4, backend,
                         int8_activations=kernel != "q4_gemm exact only")
     exact_max_rows, max_rows, dense = LAYER_KERNELS[kernel]
-    exact_max_rows = exact_max_rows or Q4_EXACT_MAX_ROWS[at_isa]
+    exact_max_rows = exact_max_rows or q4_exact_max_rows(at_isa, backend.cpu.vendor)
     assert (layer.exact_max_rows, layer.max_rows, layer.dense is not None) == (exact_max_rows, max_rows, dense)
     if layer.q4_ops is not None:
         assert layer.q4_ops.isa() == at_isa
     x = torch.randn(rows, 128)
     exact = x @ weight.T + bias.float()
     assert relative_error(layer(x.bfloat16()), exact) < 0.02  # bf16 (or int8) activations
+
+
+def test_one_row_stays_exact_but_on_intel_cores_at_avx2():
+    """Layers that round activations to int8 keep one row exact (a single sequence's decode),
+    but on an Intel core at avx2, whose exact one-row product is bound by the core."""
+    assert q4_exact_max_rows("avx2", "GenuineIntel") == 0
+    assert q4_exact_max_rows("avx2", "AuthenticAMD") == Q4_EXACT_MAX_ROWS["avx2"] == 1
+    assert q4_exact_max_rows("avx2", "") == 1  # a vendor not reported: the level's
+    assert q4_exact_max_rows("avx512", "GenuineIntel") == Q4_EXACT_MAX_ROWS["avx512"]
+    assert q4_exact_max_rows("portable", "GenuineIntel") == Q4_EXACT_MAX_ROWS["portable"]
+    with pytest.raises(KeyError):
+        q4_exact_max_rows("avx10", "GenuineIntel")
+
+
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_a_layer_multiplies_one_row_as_its_vendor_and_level_choose(at_isa, vendor):
+    """One row through a 4-bit layer that rounds activations: bit for bit the int8 product
+    where q4_exact_max_rows says 0, else the level's exact one (int16 where the CPU takes it)."""
+    backend = cpu_backend()
+    if backend.kernels is None:
+        pytest.skip("the C++ kernels are not built here")
+    int16 = cpu.int16_products(at_isa, vendor, None)
+    backend = dataclasses.replace(backend, cpu=dataclasses.replace(
+        backend.cpu, amx=False, vendor=vendor, int16=int16))
+    layer = QuantLinear(None, None, random_q4(64, 256), backend)
+    ops = layer.q4_ops
+    assert ops.isa() == at_isa
+    assert layer.exact_max_rows == q4_exact_max_rows(at_isa, vendor)
+    x = torch.randn(2, 256).bfloat16()
+    exact = ops.q4_i16_gemm if int16 else ops.q4_gemm
+    for rows in (1, 2):
+        kernel = exact if rows <= layer.exact_max_rows else ops.q4_q8_gemm
+        assert torch.equal(layer(x[:rows]), kernel(x[:rows], layer.packed)), rows
+    if at_isa == "avx2" and vendor == "GenuineIntel":
+        # int8 from one row: a sequence's row is the same alone as beside another
+        assert layer.exact_max_rows == 0
+        assert torch.equal(layer(x[:1])[0], layer(x)[0])
 
 
 def test_int4_layer_runs_dense_for_outputs_the_kernels_cannot_tile():

@@ -30,12 +30,26 @@ from pagedllm.weights.q8 import Q8Rows
 # The exact kernel up to Q4_EXACT_MAX_ROWS[level], where the int8 one stops costing the same:
 # on avx512 a decode step of up to 8 sequences keeps exact activations. At avx2 the exact
 # product is the int16 tile (two vpmaddubsw a code where the int8 tile has one), at about
-# two thirds of the int8 kernel's rate from 2 rows on and the same at one row, where both
-# read at the memory floor (benchmarks/roof.py), so only a single sequence's decode step
+# two thirds of the int8 kernel's rate from 2 rows on and near it at one row, where both
+# read near the memory floor on AMD's cores (benchmarks/roof.py), so only a single sequence's decode step
 # stays exact there; the portable level's exact tile is float32 throughout. A layer built without int8
 # activations takes q4_gemm at every row count (0.91x dense at 256 rows, and no dense copy).
 # Without the C++ kernels, torch's int4 kernel up to INT4_MAX_ROWS, dense above.
 Q4_EXACT_MAX_ROWS = {"avx512": 8, "avx2": 1, "portable": 1}
+# Except on these vendors' cores at these levels, where a single sequence's exact product is
+# bound by the core rather than by memory: an Intel core at avx2 (three vector ports, two of
+# them for vpmaddubsw, as on the pre-Ice-Lake Xeons that run this level) reads well below the
+# memory's peak with the int16 tile's doubled products and a 1.7B decode step is faster with
+# int8 rows, where AMD's cores read near the peak either way and gained nothing
+# (docs/benchmarks/log.md, twenty-second and twenty-fourth sessions). Only layers that round
+# activations at all are concerned: models from 1B parameters, not their edge layers.
+Q4_EXACT_MAX_ROWS_BY_VENDOR = {("avx2", "GenuineIntel"): 0}
+
+
+def q4_exact_max_rows(level: str, vendor: str) -> int:
+    """The rows up to which a layer that rounds activations to int8 keeps them exact."""
+    return Q4_EXACT_MAX_ROWS_BY_VENDOR.get((level, vendor), Q4_EXACT_MAX_ROWS[level])
+
 # On a CPU with AMX tiles (kernels/cpu.py), a step of at least this many rows dequantizes the
 # 4-bit (or Q8_0: Q8Linear) weight to bfloat16 (kernels/q4_dequant.cpp, into a buffer shared by the layers) and
 # multiplies on the tiles through oneDNN: 1.5-2.7x the int8 kernel and 7x the exact one at 512
@@ -123,7 +137,8 @@ class QuantLinear(nn.Module):
         if self.q4_ops is not None:
             self.packed = q4.kernel_pack(self.q4_ops)
             self.max_rows = ALL_ROWS
-            self.exact_max_rows = Q4_EXACT_MAX_ROWS[self.q4_ops.isa()] if int8_activations else ALL_ROWS
+            self.exact_max_rows = (q4_exact_max_rows(self.q4_ops.isa(), backend.cpu.vendor)
+                                   if int8_activations else ALL_ROWS)
         elif backend.torch_ops.int4_matmul and tileable:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.codes.to(torch.int32), 1)
             # The kernel takes [in / 32, out, 2] (scale, zero) in the activation dtype.
