@@ -121,3 +121,47 @@ def test_kernels_refuse_an_unsupported_head_size_and_negative_options(ops):
         ops.paged_decode_attention(q, cache, cache, tables, lens, 0.1, window=-1)
     with pytest.raises(RuntimeError, match="softcap and window must be >= 0"):
         ops.paged_prefill_attention(q, cache, cache, torch.tensor([0]), 0, 0.1, softcap=-2.0)
+
+
+# Contexts across the split into parts of 256 tokens (paged_attention.cpp: kPartTokens): just
+# under, at, just over, several parts and a short last one; a window of 300 splits what it
+# sees, one of 20 does not.
+SPLIT_LENS = [255, 256, 257, 700, 1, 513]
+
+
+@pytest.mark.parametrize("cache_kind", [torch.float32, torch.bfloat16, "int8"])
+@pytest.mark.parametrize("scale,softcap,window", OPTIONS[:2] + [(None, None, 300), (0.2, 30.0, 280)])
+@pytest.mark.parametrize("shape", [(9, 3, 64), (16, 1, 64), (8, 2, 80)])
+def test_decode_attention_over_contexts_split_into_parts(at_isa, shape, scale, softcap, window,
+                                                         cache_kind):
+    torch.manual_seed(1)
+    assert_kernels_match_plain_torch(shape, dict(scale=scale, softcap=softcap, window=window),
+                                     cache_kind, SPLIT_LENS, [1] * len(SPLIT_LENS), 16, 180)
+
+
+def test_a_split_context_gives_the_same_bits_alone_beside_others_and_on_one_thread(ops):
+    """The parts follow from a sequence's own context, so its row does not depend on the rows
+    beside it or on the threads."""
+    torch.manual_seed(2)
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    lens = [700, 30, 300, 1000]
+    tables = layout(lens, block_size, 160)
+    key = torch.randn(160, block_size, kv_heads, head_dim).bfloat16()
+    value = torch.randn(160, block_size, kv_heads, head_dim).bfloat16()
+    query = torch.randn(len(lens), heads, head_dim).bfloat16()
+
+    def decode(rows):
+        width = max(len(tables[i]) for i in rows)
+        table = torch.tensor([tables[i] + [0] * (width - len(tables[i])) for i in rows])
+        return ops.paged_decode_attention(query[rows], key, value, table, torch.tensor([lens[i] for i in rows]),
+                                          head_dim ** -0.5, None, None)
+
+    together = decode([0, 1, 2, 3])
+    for i in range(len(lens)):
+        assert torch.equal(decode([i])[0], together[i]), i
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(decode([0, 1, 2, 3]), together)
+    finally:
+        torch.set_num_threads(threads)
