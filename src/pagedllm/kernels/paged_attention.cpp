@@ -166,39 +166,15 @@ void decode_kernel(const scalar_t* query, const PagedCache& cache, const int64_t
   const int64_t num_kv_heads = cache.kv_heads, group = num_heads / num_kv_heads;
   const int64_t parts = group / GROUP;  // query-head groups per KV head (pagedllm::task_group)
   const int64_t units_per_seq = num_kv_heads * parts;  // (KV head, group) units of a sequence
-  const auto pieces_of = [&](int64_t seq) {
-    return context_parts(seq_lens[seq] - options.first_visible(seq_lens[seq]));
-  };
-  // Where some context splits: per sequence, its first task and its first partial result.
-  std::vector<int64_t> first_task, first_partial;
-  std::vector<Partial> partials;
-  int64_t tasks = num_seqs * units_per_seq;
-  bool split = false;
-  for (int64_t seq = 0; seq < num_seqs && !split; ++seq) split = pieces_of(seq) > 1;
-  if (split) {
-    first_task.assign(num_seqs + 1, 0);
-    first_partial.assign(num_seqs + 1, 0);
-    for (int64_t seq = 0; seq < num_seqs; ++seq) {
-      const int64_t pieces = pieces_of(seq);
-      first_task[seq + 1] = first_task[seq] + units_per_seq * pieces;
-      first_partial[seq + 1] = first_partial[seq] + (pieces > 1 ? units_per_seq * pieces : 0);
-    }
-    tasks = first_task[num_seqs];
-    partials.resize(static_cast<size_t>(first_partial[num_seqs]));
+  // Per sequence, its first task and its first partial result (where its context splits).
+  std::vector<int64_t> first_task(num_seqs + 1), first_partial(num_seqs + 1);
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
+    const int64_t len = seq_lens[seq], pieces = context_parts(len - options.first_visible(len));
+    first_task[seq + 1] = first_task[seq] + units_per_seq * pieces;
+    first_partial[seq + 1] = first_partial[seq] + (pieces > 1 ? units_per_seq * pieces : 0);
   }
-  // Task -> (sequence, unit, piece, pieces).
-  const auto locate = [&](int64_t task, int64_t& seq, int64_t& unit, int64_t& piece, int64_t& pieces) {
-    if (first_task.empty()) {
-      seq = task / units_per_seq, unit = task % units_per_seq, piece = 0, pieces = 1;
-      return;
-    }
-    seq = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
-    pieces = (first_task[seq + 1] - first_task[seq]) / units_per_seq;
-    unit = (task - first_task[seq]) / pieces, piece = (task - first_task[seq]) % pieces;
-  };
-  const auto head_offset = [&](int64_t seq, int64_t unit) {
-    return (seq * num_heads + unit / parts * group + unit % parts * GROUP) * HEAD_DIM;
-  };
+  const int64_t tasks = first_task[num_seqs];
+  std::vector<Partial> partials(static_cast<size_t>(first_partial[num_seqs]));
   // Tasks handed out one at a time, last first: in a prefill chunk the last tokens have the
   // longest contexts, and starting with them balances the threads (a static split gave one
   // thread 3x the work of the other).
@@ -208,9 +184,12 @@ void decode_kernel(const scalar_t* query, const PagedCache& cache, const int64_t
     std::vector<float> scores;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < tasks; ++i) {
-      int64_t seq, unit, piece, pieces;
-      locate(tasks - 1 - i, seq, unit, piece, pieces);
-      const int64_t kv_head = unit / parts, head0 = head_offset(seq, unit);
+      const int64_t task = tasks - 1 - i;
+      const int64_t seq = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
+      const int64_t local = task - first_task[seq], pieces = (first_task[seq + 1] - first_task[seq]) / units_per_seq;
+      const int64_t unit = local / pieces, piece = local % pieces;
+      const int64_t kv_head = unit / parts;
+      const int64_t head0 = (seq * num_heads + kv_head * group + unit % parts * GROUP) * HEAD_DIM;
       const auto keys = cache.head_rows<cache_t>(cache.key, cache.key_scales, kv_head);
       const auto values = cache.head_rows<cache_t>(cache.value, cache.value_scales, kv_head);
       const int64_t* table = block_tables + seq * max_blocks;
@@ -222,19 +201,18 @@ void decode_kernel(const scalar_t* query, const PagedCache& cache, const int64_t
         const int64_t begin = options.first_visible(len) + piece * kPartTokens;
         attend_part<scalar_t, cache_t, HEAD_DIM, GROUP>(query + head0, keys, values, table, begin,
                                                         std::min(len, begin + kPartTokens), options, scores,
-                                                        partials[first_partial[seq] + unit * pieces + piece]);
+                                                        partials[first_partial[seq] + local]);
       }
     }
     // Each split (sequence, unit): its parts, in context order, into its output.
-    if (!partials.empty()) {
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < num_seqs * units_per_seq; ++i) {
-        const int64_t seq = i / units_per_seq, unit = i % units_per_seq;
-        const int64_t pieces = (first_task[seq + 1] - first_task[seq]) / units_per_seq;
-        if (pieces > 1)
-          merge_parts<scalar_t, HEAD_DIM, GROUP>(partials.data() + first_partial[seq] + unit * pieces, pieces,
-                                                 out + head_offset(seq, unit));
-      }
+    for (int64_t i = 0; i < num_seqs * units_per_seq; ++i) {
+      const int64_t seq = i / units_per_seq, unit = i % units_per_seq;
+      const int64_t pieces = (first_task[seq + 1] - first_task[seq]) / units_per_seq;
+      if (pieces == 1) continue;
+      const int64_t head0 = (seq * num_heads + unit / parts * group + unit % parts * GROUP) * HEAD_DIM;
+      merge_parts<scalar_t, HEAD_DIM, GROUP>(partials.data() + first_partial[seq] + unit * pieces, pieces,
+                                             out + head0);
     }
   }
 }
