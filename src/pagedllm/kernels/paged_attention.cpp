@@ -1,8 +1,7 @@
 // Paged attention straight from the block-paged cache: decode tokens (one query per
 // sequence) and prefill chunks (each token over its causal context) share one per-token
 // path, with no gather copy and one pass over the context per KV head, shared by the query
-// heads of its group (GQA); a context over kPartTokens is taken in parts, each a task of its
-// own, merged by their maxima. Math in float32 whatever the cache dtype; the q.k scores come
+// heads of its group (GQA). Math in float32 whatever the cache dtype; the q.k scores come
 // from attention_scores.h, which uses the instructions of the build's CPU level
 // (benchmarks/attention_kernels.py: 12x the torch gather path at 16 sequences x 600 tokens).
 // int8 caches (paged_cache.h) hold half the bytes: q.k multiplies the key codes by the
