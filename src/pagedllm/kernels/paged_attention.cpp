@@ -11,9 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <tuple>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "attention_scores.h"
@@ -46,15 +44,6 @@ void group_scores(const scalar_t* __restrict__ query, const HeadRows<cache_t>& k
     const float cap = options.softcap, inv_cap = 1.f / options.softcap;
     for (int64_t t = 0; t < G * (len - first); ++t) scores[t] = cap * std::tanh(scores[t] * inv_cap);
   }
-}
-
-// One query head's scores made exp(score - max) in place: (the max, the sum).
-inline std::pair<float, float> exponentiate(float* __restrict__ sg, int64_t ctx) {
-  float m = sg[0];
-  for (int64_t t = 1; t < ctx; ++t) m = std::max(m, sg[t]);
-  float sum = 0.f;
-  for (int64_t t = 0; t < ctx; ++t) { sg[t] = std::exp(sg[t] - m); sum += sg[t]; }
-  return {m, sum};
 }
 
 // acc[g] += sum_t p[g][t] v_t over positions first .. len - 1 (p [G][len - first]).
@@ -93,7 +82,11 @@ void attend(const scalar_t* __restrict__ query, const HeadRows<cache_t>& keys,
   group_scores<scalar_t, cache_t, D, G>(query, keys, table, first, len, options, scores);
   for (int g = 0; g < G; ++g) {
     float* sg = scores + g * ctx;
-    const float inv = 1.f / exponentiate(sg, ctx).second;
+    float m = sg[0];
+    for (int64_t t = 1; t < ctx; ++t) m = std::max(m, sg[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < ctx; ++t) { sg[t] = std::exp(sg[t] - m); sum += sg[t]; }
+    const float inv = 1.f / sum;
     for (int64_t t = 0; t < ctx; ++t) sg[t] *= inv;
     for (int d = 0; d < D; ++d) acc[g][d] = 0.f;
   }
@@ -131,7 +124,13 @@ void attend_part(const scalar_t* __restrict__ query, const HeadRows<cache_t>& ke
   float* __restrict__ scores = score_buffer.data();
   group_scores<scalar_t, cache_t, D, G>(query, keys, table, first, len, options, scores);
   for (int g = 0; g < G; ++g) {
-    std::tie(part.m[g], part.s[g]) = exponentiate(scores + g * ctx, ctx);
+    float* sg = scores + g * ctx;
+    float m = sg[0];
+    for (int64_t t = 1; t < ctx; ++t) m = std::max(m, sg[t]);
+    float sum = 0.f;
+    for (int64_t t = 0; t < ctx; ++t) { sg[t] = std::exp(sg[t] - m); sum += sg[t]; }
+    part.m[g] = m;
+    part.s[g] = sum;
     for (int d = 0; d < D; ++d) part.acc[g][d] = 0.f;
   }
   add_weighted_values<scalar_t, cache_t, D, G>(values, table, first, len, scores, part.acc);
