@@ -109,7 +109,7 @@ def main() -> None:
     torch_backend = BatchedBackend(HEADS, KV_HEADS, HEAD_DIM)
     print(f"threads={args.threads}, bfloat16, {HEADS} heads / {KV_HEADS} KV heads, head_dim {HEAD_DIM}")
     print("decode, 30 layers:   torch gather ms   C++ ms   speed-up   C++ int8 cache ms   bf16/int8")
-    for seqs, length in smoke_or(((1, 600), (8, 600), (16, 600), (16, 1500)), ((2, 40),)):
+    for seqs, length in smoke_or(((1, 600), (1, 2000), (8, 600), (16, 600), (16, 1500)), ((2, 40),)):
         base, ours, int8 = decode_case(ops, torch_backend, seqs, length, layers=smoke_or(30, 1))
         print(f"  S={seqs:>2} L={length:>4}      {base:9.2f}   {ours:8.2f}   {base / ours:6.2f}x"
               f"   {int8:17.2f}   {ours / int8:8.2f}x")
