@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/int8_activations.py [--threads 2]
 
 The bfloat16 model with three settings of its 4-bit projections for batches above
-q4_exact_max_rows (per level and vendor) rows: exact activations everywhere (q4_gemm), int8 everywhere
-(q4_q8_gemm), and the default, int8 except the EXACT_EDGE_LAYERS layers at each end. For
+q4_exact_max_rows (per level and vendor) rows: exact activations everywhere (q4_gemm), int8
+everywhere (q4_q8_gemm), and the default, int8 except the EXACT_EDGE_LAYERS layers at each end. For
 each: every position's logits of six real-text prompts (22-600 tokens, each prefilled in
 one batch) against the float32 model (mean |logit difference|, greedy agreement), and the
 time of those prefills, as a ratio to the exact setting.
@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from pagedllm import LLM  # noqa: E402
 from pagedllm.attention import AttentionMetadata, LayerKVCache  # noqa: E402
-from pagedllm.kernels.cpu import cpu_vendor  # noqa: E402
+from pagedllm.kernels import capabilities  # noqa: E402
 from pagedllm.models.build import EXACT_EDGE_LAYERS  # noqa: E402
 from pagedllm.models.quant_linear import ALL_ROWS, QuantLinear, q4_exact_max_rows  # noqa: E402
 from pagedllm.tools.text_prompts import make_prompt_token_ids  # noqa: E402
@@ -47,10 +47,11 @@ def prompt_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 def set_int8_layers(model, int8_layers: set[int]) -> None:
+    vendor = capabilities().vendor
     for i, layer in enumerate(model.layers):
         for linear in layer.modules():
             if isinstance(linear, QuantLinear):
-                linear.exact_max_rows = (q4_exact_max_rows(linear.q4_ops.isa(), cpu_vendor()) if i in int8_layers
+                linear.exact_max_rows = (q4_exact_max_rows(linear.q4_ops.isa(), vendor) if i in int8_layers
                                          else ALL_ROWS)
 
 

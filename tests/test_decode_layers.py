@@ -6,8 +6,7 @@ import torch
 from paged_helpers import make_kv_caches, run_paged
 from pagedllm.attention import AttentionMetadata
 from pagedllm.models.decode_loop import DecodeLoop
-from pagedllm.kernels import kernel_ops
-from pagedllm.kernels.cpu import cpu_vendor
+from pagedllm.kernels import capabilities, kernel_ops
 from pagedllm.models.build import EXACT_EDGE_LAYERS, decode_loop_for
 from pagedllm.models.quant_linear import ALL_ROWS, q4_exact_max_rows
 
@@ -30,8 +29,8 @@ def fast_model(isa):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
 def test_decode_loop_is_bit_identical_to_the_python_layers(fast_model, monkeypatch, kv_cache_dtype):
-    # Twelve sequences: steps above q4_exact_max_rows(level, vendor) rows round activations to int8 in the
-    # middle layers, then fewer than that run exact. With an int8 cache the loop passes the
+    # Twelve sequences: steps above q4_exact_max_rows(level, vendor) rows round activations to
+    # int8 in the middle layers, then fewer than that run exact. With an int8 cache the loop passes the
     # scales too.
     # The longest (20 tokens) crosses into a second block and decodes alone at the end.
     seqs = [[1, 504, 3300, 28, 253, 1135, 30, 216], [9690, 17, 2],
@@ -59,7 +58,8 @@ def test_decode_loop_applies_to_decode_only_steps(fast_model):
     assert len(loop.weights) == 6 * layers
     edge = [ALL_ROWS] * EXACT_EDGE_LAYERS
     assert loop.max_rows == ALL_ROWS
-    assert loop.exact_max_rows == edge + [q4_exact_max_rows(loop.ops.isa(), cpu_vendor())] * (layers - 2 * EXACT_EDGE_LAYERS) + edge
+    middle = q4_exact_max_rows(loop.ops.isa(), capabilities().vendor)
+    assert loop.exact_max_rows == edge + [middle] * (layers - 2 * EXACT_EDGE_LAYERS) + edge
     decode = AttentionMetadata.build([5, 40], [0, 1, 2], [6, 9], [[0], [2]], 16)
     mixed = AttentionMetadata.build([5, 40, 41], [0, 1, 3], [6, 10], [[0], [2]], 16)
     assert loop.applies(decode, 2)
@@ -129,7 +129,7 @@ def test_exact_activations_option_keeps_every_layer_exact(fast_model, isa):
     assert linears and all(m.exact_max_rows == ALL_ROWS and m.dense is None for m in linears)
     assert exact.decode_loop.exact_max_rows == [ALL_ROWS] * exact.config.num_layers
     default = {m.exact_max_rows for m in fast_model.modules() if isinstance(m, QuantLinear)}
-    assert default == {ALL_ROWS, q4_exact_max_rows(isa, cpu_vendor())}
+    assert default == {ALL_ROWS, q4_exact_max_rows(isa, capabilities().vendor)}
     # The same prompt prefilled both ways: close, not equal (the int8 rounding is in use).
     ids = make_prompt_token_ids(exact_llm.tokenizer, [64], seed=3)[0]
     exact_logits, = run_paged(exact, [ids], block_size=16)

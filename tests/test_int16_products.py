@@ -223,7 +223,8 @@ def test_layers_take_the_int16_rows_the_cpu_chooses(int16, amx):
     x = torch.randn(12, 512).bfloat16()
     assert layer.exact_max_rows == (ALL_ROWS if amx else q4_exact_max_rows(ops.isa(), backend.cpu.vendor))
     for rows in (1, 4, 5, 8):
-        # int16 is an exact-range product: past exact_max_rows (1 row at avx2, none on Intel) int8 rows win
+        # int16 is an exact-range product: past exact_max_rows (1 row at avx2, none on Intel)
+        # int8 rows win
         if rows <= min(layer.int16_max_rows, layer.exact_max_rows):
             assert torch.equal(layer(x[:rows]), ops.q4_i16_gemm(x[:rows], layer.packed)), rows
         elif not amx and rows <= layer.exact_max_rows:

@@ -31,8 +31,9 @@ from pagedllm.weights.q8 import Q8Rows
 # on avx512 a decode step of up to 8 sequences keeps exact activations. At avx2 the exact
 # product is the int16 tile (two vpmaddubsw a code where the int8 tile has one), at about
 # two thirds of the int8 kernel's rate from 2 rows on and near it at one row, where both
-# read near the memory floor on AMD's cores (benchmarks/roof.py), so only a single sequence's decode step
-# stays exact there; the portable level's exact tile is float32 throughout. A layer built without int8
+# read near the memory floor on AMD's cores (benchmarks/roof.py), so only a single
+# sequence's decode step stays exact there; the portable level's exact tile is float32
+# throughout. A layer built without int8
 # activations takes q4_gemm at every row count (0.91x dense at 256 rows, and no dense copy).
 # Without the C++ kernels, torch's int4 kernel up to INT4_MAX_ROWS, dense above.
 Q4_EXACT_MAX_ROWS = {"avx512": 8, "avx2": 1, "portable": 1}
